@@ -1,0 +1,179 @@
+"""KV block pool.
+
+Owns: the KV block ids, one reference count and one recency stamp per block, the free list
+and the logical clock that produces the stamps. Every holder of a block (a sequence's block
+table entry, the trie's node, a frozen checkpoint) owns exactly one reference.
+
+Stamps come from an integer logical clock that advances once per mutating call, so recency
+has no resolution limit and ties only happen inside one call.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hybridcache.errors import (
+    DoubleFreeError,
+    InvalidArgumentError,
+    InvalidBlockIdError,
+    InvalidTypeError,
+    OutOfBlocksError,
+    RefcountUnderflowError,
+)
+from hybridcache.sequence import Sequence
+
+BLOCK_DTYPE = np.int32
+
+
+class BlockPool:
+    """Reference-counted KV block ids with a LIFO free list."""
+
+    def __init__(self, num_blocks: int) -> None:
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 0:
+            raise InvalidArgumentError(f"num_blocks must be a non-negative int, got {num_blocks!r}")
+        self.num_blocks = num_blocks
+        self._refcount = np.zeros(num_blocks, dtype=np.int32)
+        self._stamp = np.zeros(num_blocks, dtype=np.int64)
+        # The free list is a stack; block 0 is handed out first on a new pool.
+        self._free = np.arange(num_blocks - 1, -1, -1, dtype=BLOCK_DTYPE)
+        self._num_free = num_blocks
+        self._clock = 0
+
+    # --- queries -------------------------------------------------------------------------------
+
+    @property
+    def num_free(self) -> int:
+        return self._num_free
+
+    @property
+    def clock(self) -> int:
+        """The logical time of the last mutating call."""
+        return self._clock
+
+    def refcounts(self, block_ids: object) -> np.ndarray:
+        return self._refcount[self._validated(block_ids)].copy()
+
+    def stamps(self, block_ids: object) -> np.ndarray:
+        return self._stamp[self._validated(block_ids)].copy()
+
+    def stamp_of(self, block_id: int) -> int:
+        """Recency of one block (hot path of eviction: no validation beyond indexing)."""
+        return int(self._stamp[block_id])
+
+    def refcount_of(self, block_id: int) -> int:
+        return int(self._refcount[block_id])
+
+    # --- mutations -----------------------------------------------------------------------------
+
+    def allocate(self, count: int) -> np.ndarray:
+        """Take ``count`` free blocks, each with one reference, stamped now."""
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+            raise InvalidArgumentError(f"count must be a non-negative int, got {count!r}")
+        if count > self._num_free:
+            raise OutOfBlocksError(f"need {count} blocks, {self._num_free} free")
+        ids = self._free[self._num_free - count : self._num_free][::-1].copy()
+        self._num_free -= count
+        self._refcount[ids] = 1
+        self._stamp[ids] = self._tick()
+        return ids
+
+    def ref(self, block_ids: object, *, unique: bool = False) -> None:
+        """Add one reference per occurrence of each id; every id must already be in use.
+
+        ``unique=True`` promises the ids are distinct and skips the duplicate count.
+        """
+        ids = self._validated(block_ids)
+        if ids.size == 0:
+            return
+        if np.any(self._refcount[ids] <= 0):
+            raise DoubleFreeError("cannot reference a free block")
+        if unique:
+            self._refcount[ids] += 1
+        else:
+            np.add.at(self._refcount, ids, 1)
+        self._stamp[ids] = self._tick()
+
+    def unref(self, block_ids: object, *, unique: bool = False) -> np.ndarray:
+        """Drop one reference per occurrence; blocks reaching zero return to the free list.
+
+        Returns the ids that were freed. Dropping more references than a block holds raises
+        and changes nothing.
+        """
+        ids = self._validated(block_ids)
+        if ids.size == 0:
+            return ids
+        if unique:
+            distinct, counts = ids, 1
+        else:
+            distinct, counts = np.unique(ids, return_counts=True)
+        if np.any(self._refcount[distinct] < counts):
+            if np.any(self._refcount[distinct] == 0):
+                raise DoubleFreeError("block freed twice")
+            raise RefcountUnderflowError("more references dropped than held")
+        self._refcount[distinct] -= counts
+        self._stamp[distinct] = self._tick()
+        freed = distinct[self._refcount[distinct] == 0]
+        self._free[self._num_free : self._num_free + freed.size] = freed[::-1]
+        self._num_free += freed.size
+        return freed
+
+    def touch(self, block_ids: object) -> None:
+        """Stamp blocks as used now."""
+        ids = self._validated(block_ids)
+        if ids.size:
+            self._stamp[ids] = self._tick()
+
+    # --- sequence block tables -------------------------------------------------------------
+
+    def grow_table(self, seq: Sequence, num_tokens: int, block_size: int) -> np.ndarray:
+        """Give ``seq`` fresh blocks until its table covers ``num_tokens`` tokens.
+
+        Returns the new ids. Raises ``OutOfBlocksError`` (nothing taken) when short.
+        """
+        needed = -(-num_tokens // block_size) - seq.num_blocks
+        if needed <= 0:
+            return np.empty(0, dtype=BLOCK_DTYPE)
+        ids = self.allocate(needed)
+        seq.write_blocks(seq.num_blocks, ids)
+        return ids
+
+    def release_table(self, seq: Sequence) -> np.ndarray:
+        """Drop the sequence's reference on every block of its table and empty the table.
+
+        The table is emptied only after ``unref`` succeeded, so an error changes nothing.
+        """
+        freed = self.unref(seq.block_table)
+        seq.truncate_blocks(0)
+        return freed
+
+    # --- internals -------------------------------------------------------------------------
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def _validated(self, block_ids: object) -> np.ndarray:
+        ids = np.asarray(block_ids)
+        if ids.size == 0:
+            return np.empty(0, dtype=BLOCK_DTYPE)
+        if ids.dtype.kind not in "iu":
+            raise InvalidTypeError(f"block ids must be integers, got {ids.dtype}")
+        ids = ids.reshape(-1)
+        if int(ids.min()) < 0 or int(ids.max()) >= self.num_blocks:
+            raise InvalidBlockIdError(f"block id outside [0, {self.num_blocks})")
+        return ids
+
+    def check_invariants(self, expected_refcounts: np.ndarray | None = None) -> None:
+        """Free list disjoint from used blocks and complete; refcounts equal their owners."""
+        free = self._free[: self._num_free]
+        assert np.unique(free).size == free.size, "free list holds a block twice"
+        assert np.all(self._refcount >= 0), "negative refcount"
+        assert np.all(self._refcount[free] == 0), "a free block has references"
+        assert int(np.count_nonzero(self._refcount == 0)) == self._num_free, "a block leaked"
+        assert np.all(self._stamp <= self._clock), "stamp from the future"
+        if expected_refcounts is not None:
+            mismatch = np.flatnonzero(self._refcount != expected_refcounts)
+            assert mismatch.size == 0, (
+                f"refcount differs from its owners at blocks {mismatch[:8].tolist()}: "
+                f"{self._refcount[mismatch[:8]].tolist()} != {expected_refcounts[mismatch[:8]].tolist()}"
+            )

@@ -1,0 +1,110 @@
+"""Prefix identity: namespace seeds, keyed block keys and multimodal identity of a block.
+
+Owns: the secret that keys every hash. A keyer computes, for each complete block of a
+sequence, a 64-bit *prefix key* that depends on the namespace, every token up to the block's
+end and the multimodal identity of every block so far. Keys are cached on the sequence
+(``prefix_state.block_keys``) and extended incrementally as tokens arrive.
+
+How a key is made (all vectorized, no Python loop per block):
+1. block hash: a multilinear hash of the block's tokens packed in pairs into 64-bit words,
+   ``sum_k word_k * K_k mod 2**64`` with secret odd multipliers ``K`` (universal: two
+   different blocks collide with probability <= 2**-32 over the secret);
+2. the block's position and the hash of its multimodal spans are mixed in, and a keyed
+   SplitMix64 finalizer makes it non-linear;
+3. the prefix key is the finalized running sum of those values, seeded by the namespace.
+
+A key only narrows a lookup: tokens and multimodal identity are always compared exactly, so a
+collision can cost time but never correctness. By default the secret is drawn per process;
+``BlockKeyer.deterministic`` gives keys that are equal across processes (cross-process sharing).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+
+import numpy as np
+
+from hybridcache.sequence import MultimodalSpan, Namespace, Sequence
+
+_keyer_ids = itertools.count()
+_DETERMINISTIC_SECRET = b"hybridcache/deterministic-block-keys/v1"
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+def _splitmix(values: np.ndarray) -> np.ndarray:
+    z = values + _GOLDEN
+    z = (z ^ (z >> np.uint64(30))) * _MIX1
+    z = (z ^ (z >> np.uint64(27))) * _MIX2
+    return z ^ (z >> np.uint64(31))
+
+
+class BlockKeyer:
+    """Computes and caches keyed prefix keys of a sequence's complete blocks."""
+
+    def __init__(self, block_size: int, secret: bytes | None = None) -> None:
+        self.block_size = block_size
+        self.keyer_id = next(_keyer_ids)
+        self._secret = os.urandom(32) if secret is None else bytes(secret)
+        seed = int.from_bytes(hashlib.blake2b(self._secret, digest_size=16).digest(), "little")
+        rng = np.random.Generator(np.random.PCG64(seed))
+        self._word_keys = rng.integers(0, 2**64, size=block_size // 2, dtype=np.uint64, endpoint=False)
+        self._word_keys |= np.uint64(1)
+        self._position_key, self._block_key, self._prefix_key = (
+            rng.integers(0, 2**64, size=3, dtype=np.uint64, endpoint=False)
+        )
+
+    @classmethod
+    def deterministic(cls, block_size: int) -> "BlockKeyer":
+        """A keyer whose keys are equal in every process (no per-process secret)."""
+        return cls(block_size, secret=_DETERMINISTIC_SECRET)
+
+    def _digest(self, payload: bytes) -> int:
+        return int.from_bytes(hashlib.blake2b(payload, key=self._secret, digest_size=8).digest(), "little")
+
+    def namespace_seed(self, namespace: Namespace) -> int:
+        return self._digest(repr((namespace.adapter, namespace.cache_salt)).encode())
+
+    def spans_hash(self, spans: tuple[MultimodalSpan, ...]) -> int:
+        return self._digest(repr(tuple((s.start, s.end, s.modality, s.content_id) for s in spans)).encode())
+
+    def block_hashes(self, tokens: np.ndarray, first_block: int) -> np.ndarray:
+        """Finalized per-block values for whole blocks of ``tokens`` starting at ``first_block``."""
+        words = tokens.view(np.uint64).reshape(-1, self.block_size // 2)
+        hashes = np.einsum("ij,j->i", words, self._word_keys)
+        positions = np.arange(first_block + 1, first_block + 1 + hashes.size, dtype=np.uint64)
+        return hashes ^ (positions * self._position_key)
+
+    def extend(self, seq: Sequence) -> np.ndarray:
+        """Keys of every complete block of ``seq`` (index i = the block ending at (i+1)*B)."""
+        state = seq.prefix_state
+        if state.keyer_id != self.keyer_id:
+            state.keyer_id = self.keyer_id
+            state.num_keys = 0
+            state.key_sum = self.namespace_seed(seq.namespace)
+            state.mm_blocks = self._multimodal_blocks(seq)
+        first, end = state.num_keys, seq.num_valid // self.block_size
+        if end > first:
+            values = self.block_hashes(seq.token_view(first * self.block_size, end * self.block_size), first)
+            for index, spans in state.mm_blocks.items():
+                if first <= index < end:
+                    values[index - first] ^= np.uint64(self.spans_hash(spans))
+            sums = np.cumsum(_splitmix(values ^ self._block_key), dtype=np.uint64)
+            sums += np.uint64(state.key_sum)
+            if state.block_keys.size < end:
+                grown = np.empty(max(end, 2 * state.block_keys.size), dtype=np.uint64)
+                grown[:first] = state.block_keys[:first]
+                state.block_keys = grown
+            state.block_keys[first:end] = _splitmix(sums ^ self._prefix_key)
+            state.key_sum = int(sums[-1])
+            state.num_keys = end
+        return state.block_keys[:end]
+
+    def _multimodal_blocks(self, seq: Sequence) -> dict[int, tuple[MultimodalSpan, ...]]:
+        """Block index -> the spans overlapping that block (only blocks that have any)."""
+        size = self.block_size
+        indices = sorted({i for span in seq.spans for i in range(span.start // size, (span.end - 1) // size + 1)})
+        return {i: seq.spans_overlapping(i * size, (i + 1) * size) for i in indices}

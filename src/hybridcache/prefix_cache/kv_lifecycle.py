@@ -1,0 +1,96 @@
+"""Trie KV references and LRU leaf eviction.
+
+Owns: the trie's single reference on each node's KV block, and the persistent LRU heap of
+leaf candidates. The heap is never rebuilt from all candidates: entries carry the stamp and
+the node generation they were pushed with and are re-validated when popped (lazy
+invalidation). A popped entry whose block was touched since is pushed again with the new stamp;
+one whose block a sequence still holds is set aside for this call. Each evicted block costs
+O(log n) amortized. The heap is compacted when stale entries outnumber live nodes.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Callable
+
+import numpy as np
+
+from hybridcache.memory.block_pool import BlockPool
+from hybridcache.prefix_cache.node import NodeTable
+
+
+class KVLifecycle:
+    def __init__(self, nodes: NodeTable, pool: BlockPool) -> None:
+        self._nodes = nodes
+        self._pool = pool
+        self._heap: list[tuple[int, int, int]] = []
+
+    def take_references(self, slots: np.ndarray) -> None:
+        """The trie takes its reference on newly attached nodes' blocks."""
+        self._pool.ref(self._nodes.block[slots], unique=True)
+
+    def offer_leaf(self, slot: int) -> None:
+        """Make a node that just became a leaf an eviction candidate."""
+        self._push(slot)
+        if len(self._heap) > 2 * self._nodes.num_attached + 1024:
+            self._compact()
+
+    def _push(self, slot: int) -> None:
+        nodes = self._nodes
+        heapq.heappush(self._heap, (self._pool.stamp_of(int(nodes.block[slot])), slot, int(nodes.generation[slot])))
+
+    def _is_candidate(self, slot: int, generation: int) -> bool:
+        nodes = self._nodes
+        return (
+            int(nodes.generation[slot]) == generation
+            and bool(nodes.attached[slot])
+            and not nodes.is_root[slot]
+            and nodes.num_children[slot] == 0
+        )
+
+    def _compact(self) -> None:
+        live = {(slot, gen) for _, slot, gen in self._heap if self._is_candidate(slot, gen)}
+        self._heap = [(self._pool.stamp_of(int(self._nodes.block[s])), s, g) for s, g in live]
+        heapq.heapify(self._heap)
+
+    def evict(self, count: int, is_protected: Callable[[int], bool] | None = None) -> list[int]:
+        """Evict up to ``count`` least recently used leaves only the trie holds.
+
+        ``is_protected(slot)`` lets the owner of checkpoints keep pinned nodes. Evicting a leaf
+        may make its parent a leaf, which then competes with its own stamp (cascade). Returns
+        the evicted slots (already detached; their blocks freed).
+        """
+        nodes, pool, heap = self._nodes, self._pool, self._heap
+        evicted: list[int] = []
+        freed_blocks: list[int] = []
+        set_aside: list[tuple[int, int, int]] = []
+        while heap and len(evicted) < count:
+            entry = heapq.heappop(heap)
+            stamp, slot, generation = entry
+            if not self._is_candidate(slot, generation):
+                continue
+            block = int(nodes.block[slot])
+            current = pool.stamp_of(block)
+            if current != stamp:
+                heapq.heappush(heap, (current, slot, generation))
+                continue
+            if pool.refcount_of(block) > 1 or (is_protected is not None and is_protected(slot)):
+                set_aside.append(entry)
+                continue
+            parent = nodes.detach_leaf(slot)
+            evicted.append(slot)
+            freed_blocks.append(block)
+            if not nodes.is_root[parent] and nodes.num_children[parent] == 0:
+                self._push(parent)
+        for entry in set_aside:
+            heapq.heappush(heap, entry)
+        if freed_blocks:
+            pool.unref(np.asarray(freed_blocks, dtype=np.int64), unique=True)
+        return evicted
+
+    def check_invariants(self) -> None:
+        nodes = self._nodes
+        offered = {(slot, gen) for _, slot, gen in self._heap}
+        for slot in nodes.attached_slots().tolist():
+            if nodes.num_children[slot] == 0:
+                assert (slot, int(nodes.generation[slot])) in offered, f"leaf {slot} is not an eviction candidate"

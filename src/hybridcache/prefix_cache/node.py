@@ -1,0 +1,247 @@
+"""Trie topology.
+
+Owns: every trie node record (struct of arrays indexed by slot), the namespace roots and the
+prefix-key index of attached nodes.
+
+Topology is monotonic: a node attaches once and only leaves detach, so while a node is
+attached its whole ancestry is attached and unchanged. A node handle is ``(slot,
+generation)``; the generation changes when the slot is detached, so "is this handle still
+valid" is O(1).
+
+Runs: ``run_head[s]`` is the first slot of the longest run ``h, h+1, ..., s`` in which every
+slot is the parent of the next. A path is walked run by run (``path_runs``) rather than node by
+node, and nodes attached together get consecutive slots, so a path made by one request is a
+single run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hybridcache.errors import TopologyError
+from hybridcache.sequence import MultimodalSpan, Namespace
+
+NO_SLOT = -1
+
+
+class NodeTable:
+    def __init__(self, capacity: int = 256) -> None:
+        self.parent = np.full(capacity, NO_SLOT, dtype=np.int64)
+        self.depth = np.zeros(capacity, dtype=np.int64)
+        self.block = np.full(capacity, NO_SLOT, dtype=np.int64)
+        self.key = np.zeros(capacity, dtype=np.uint64)
+        self.run_head = np.zeros(capacity, dtype=np.int64)
+        self.generation = np.zeros(capacity, dtype=np.int64)
+        self.num_children = np.zeros(capacity, dtype=np.int64)
+        self.attached = np.zeros(capacity, dtype=bool)
+        self.is_root = np.zeros(capacity, dtype=bool)
+        # Number of nodes with multimodal identity on the path root..slot (inclusive).
+        self.mm_count = np.zeros(capacity, dtype=np.int64)
+        self.extra_identity: dict[int, tuple[MultimodalSpan, ...]] = {}
+        self._index: dict[int, int] = {}
+        self._collisions: dict[int, list[int]] = {}
+        self._roots: dict[Namespace, int] = {}
+        self._free_slots: list[int] = []
+        self._high = 0
+        self._num_attached = 0
+
+    # --- capacity ------------------------------------------------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        return self.parent.size
+
+    @property
+    def num_attached(self) -> int:
+        """Attached non-root nodes."""
+        return self._num_attached
+
+    def _grow(self, needed: int) -> None:
+        capacity = max(needed, 2 * self.capacity)
+        for name in ("parent", "depth", "block", "key", "run_head", "generation", "num_children",
+                     "attached", "is_root", "mm_count"):
+            old = getattr(self, name)
+            fill = NO_SLOT if name in ("parent", "block") else 0
+            new = np.full(capacity, fill, dtype=old.dtype)
+            new[: old.size] = old
+            setattr(self, name, new)
+
+    def _take_slots(self, count: int) -> np.ndarray:
+        reused = min(count, len(self._free_slots))
+        taken = self._free_slots[len(self._free_slots) - reused :]
+        del self._free_slots[len(self._free_slots) - reused :]
+        fresh = count - reused
+        if self._high + fresh > self.capacity:
+            self._grow(self._high + fresh)
+        slots = np.array(sorted(taken) + list(range(self._high, self._high + fresh)), dtype=np.int64)
+        self._high += fresh
+        return slots
+
+    # --- roots and handles ---------------------------------------------------------------------
+
+    def root(self, namespace: Namespace) -> int:
+        slot = self._roots.get(namespace)
+        if slot is None:
+            slot = int(self._take_slots(1)[0])
+            self.parent[slot] = NO_SLOT
+            self.depth[slot] = 0
+            self.block[slot] = NO_SLOT
+            self.run_head[slot] = slot
+            self.num_children[slot] = 0
+            self.attached[slot] = True
+            self.is_root[slot] = True
+            self.mm_count[slot] = 0
+            self._roots[namespace] = slot
+        return slot
+
+    def is_valid(self, slot: int, generation: int) -> bool:
+        return 0 <= slot < self._high and bool(self.attached[slot]) and int(self.generation[slot]) == generation
+
+    def candidates(self, key: int) -> list[int]:
+        """Attached nodes whose prefix key is ``key`` (more than one only on a collision)."""
+        first = self._index.get(key)
+        if first is None:
+            return []
+        return [first, *self._collisions.get(key, ())]
+
+    def has_key(self, key: int) -> bool:
+        return key in self._index
+
+    # --- topology changes ----------------------------------------------------------------------
+
+    def attach_run(
+        self,
+        parent: int,
+        keys: np.ndarray,
+        blocks: np.ndarray,
+        identities: dict[int, tuple[MultimodalSpan, ...]],
+    ) -> np.ndarray:
+        """Attach a chain of new nodes below ``parent`` (each the parent of the next).
+
+        ``identities`` maps a position in the chain to that node's multimodal identity.
+        Returns the new slots, shallowest first.
+        """
+        if not self.attached[parent]:
+            raise TopologyError(f"cannot attach below detached node {parent}")
+        count = keys.size
+        slots = self._take_slots(count)
+        parents = np.empty(count, dtype=np.int64)
+        parents[0] = parent
+        parents[1:] = slots[:-1]
+        self.parent[slots] = parents
+        self.depth[slots] = self.depth[parent] + 1 + np.arange(count)
+        self.block[slots] = blocks
+        self.key[slots] = keys
+        continues = (slots == parents + 1) & ~self.is_root[parents]
+        heads = np.where(continues, -1, slots)
+        if continues[0]:
+            heads[0] = self.run_head[parent]
+        self.run_head[slots] = np.maximum.accumulate(heads)
+        self.num_children[parent] += 1
+        self.num_children[slots] = 1
+        self.num_children[slots[-1]] = 0
+        self.attached[slots] = True
+        self.is_root[slots] = False
+        has_mm = np.zeros(count, dtype=np.int64)
+        for position, spans in identities.items():
+            has_mm[position] = 1
+            self.extra_identity[int(slots[position])] = spans
+        self.mm_count[slots] = self.mm_count[parent] + np.cumsum(has_mm)
+        key_list = keys.tolist()
+        slot_list = slots.tolist()
+        if self._index.keys().isdisjoint(key_list) and len(set(key_list)) == count:
+            self._index.update(zip(key_list, slot_list))
+        else:
+            for key, slot in zip(key_list, slot_list):
+                if key in self._index:
+                    self._collisions.setdefault(key, []).append(slot)
+                else:
+                    self._index[key] = slot
+        self._num_attached += count
+        return slots
+
+    def detach_leaf(self, slot: int) -> int:
+        """Detach an attached non-root leaf; returns its former parent."""
+        if not (0 <= slot < self._high) or not self.attached[slot] or self.is_root[slot]:
+            raise TopologyError(f"node {slot} is not an attached non-root node")
+        if self.num_children[slot]:
+            raise TopologyError(f"cannot detach non-leaf node {slot}")
+        key = int(self.key[slot])
+        extra = self._collisions.get(key)
+        if self._index[key] == slot:
+            if extra:
+                self._index[key] = extra.pop(0)
+            else:
+                del self._index[key]
+        else:
+            extra.remove(slot)
+        if extra is not None and not extra:
+            del self._collisions[key]
+        parent = int(self.parent[slot])
+        self.num_children[parent] -= 1
+        self.attached[slot] = False
+        self.generation[slot] += 1
+        self.parent[slot] = NO_SLOT
+        self.block[slot] = NO_SLOT
+        self.extra_identity.pop(slot, None)
+        self._free_slots.append(slot)
+        self._num_attached -= 1
+        return parent
+
+    # --- paths ---------------------------------------------------------------------------------
+
+    def path_runs(self, slot: int, stop_depth: int) -> tuple[list[tuple[int, int]], int]:
+        """Runs ``(first, last)`` of the path from ``slot`` up to depth ``stop_depth`` (exclusive),
+        deepest run first, and the ancestor at ``stop_depth``."""
+        runs = []
+        depth = self.depth
+        while depth[slot] > stop_depth:
+            head = int(self.run_head[slot])
+            if depth[head] <= stop_depth:
+                head = slot - int(depth[slot] - stop_depth - 1)
+            runs.append((head, slot))
+            slot = int(self.parent[head])
+        return runs, slot
+
+    @staticmethod
+    def slot_at_depth(runs: list[tuple[int, int]], depth: np.ndarray, target: int) -> int:
+        """The slot at ``target`` depth on a path given as runs."""
+        for first, last in runs:
+            if depth[first] <= target <= depth[last]:
+                return int(first + target - depth[first])
+        raise KeyError(target)
+
+    def attached_slots(self) -> np.ndarray:
+        """Attached non-root slots."""
+        return np.flatnonzero(self.attached[: self._high] & ~self.is_root[: self._high])
+
+    def check_invariants(self) -> None:
+        high = self._high
+        attached = self.attached[:high]
+        roots = self.is_root[:high]
+        nodes = np.flatnonzero(attached & ~roots)
+        assert nodes.size == self._num_attached, "attached-node count drifted"
+        parents = self.parent[nodes]
+        assert np.all(parents >= 0) and np.all(self.attached[parents]), "attached node under a detached parent"
+        assert np.all(self.depth[nodes] == self.depth[parents] + 1), "depth is not parent depth + 1"
+        counts = np.bincount(parents, minlength=high)[:high]
+        assert np.array_equal(counts[attached], self.num_children[:high][attached]), "child counts drifted"
+        heads = self.run_head[nodes]
+        assert np.all(heads <= nodes), "run head after its node"
+        for slot, head in zip(nodes.tolist(), heads.tolist()):
+            if slot != head:
+                assert self.parent[slot] == slot - 1 and self.run_head[slot - 1] == head, "broken run"
+        has_mm = np.zeros(high, dtype=np.int64)
+        has_mm[list(self.extra_identity)] = 1
+        assert set(self.extra_identity) <= set(nodes.tolist()), "identity kept for a detached node"
+        assert np.array_equal(self.mm_count[nodes], self.mm_count[parents] + has_mm[nodes]), "mm counts drifted"
+        indexed = dict(self._index)
+        listed = sorted([*indexed.values(), *(s for extra in self._collisions.values() for s in extra)])
+        assert listed == nodes.tolist(), "key index differs from attached nodes"
+        for key, slot in indexed.items():
+            assert int(self.key[slot]) == key, "index key differs from node key"
+        for key, extra in self._collisions.items():
+            assert extra and key in indexed and all(int(self.key[s]) == key for s in extra)
+        assert not set(self._free_slots) & set(np.flatnonzero(attached).tolist()), "free slot in use"
+        assert len(set(self._free_slots)) == len(self._free_slots), "slot freed twice"
+        assert len(self._free_slots) + int(attached.sum()) == high, "slot leaked"

@@ -1,0 +1,85 @@
+"""Prefix-cache statistics.
+
+Owns: the match counters (query and hit tokens, hits and misses by reason, hits shortened by
+reason) and the eviction counters. Match counters take part in admission rollback through
+``snapshot``/``restore``; eviction counters do not, because an eviction done while trying to
+admit a request really happened even when the admission is rolled back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+class MissReason(str, enum.Enum):
+    """Why a match returned fewer tokens than the trie holds (or none at all)."""
+
+    NOTHING_TO_MATCH = "nothing_to_match"  # the request has no complete block before its last token
+    NO_CACHED_PREFIX = "no_cached_prefix"  # the first uncomputed block is not cached
+    RECOMPUTE_OVERLAP = "recompute_overlap"  # dropped so the forward recomputes the overlap blocks
+    MULTIMODAL_BOUNDARY = "multimodal_boundary"  # dropped so the suffix does not start inside a span
+    ROUTED_EXPERTS = "routed_experts"  # dropped because cached blocks lack routed experts
+    DISABLED = "disabled"  # prefix caching is off
+
+
+@dataclass
+class MatchCounters:
+    query_tokens: int = 0
+    hit_tokens: int = 0
+    matches: int = 0
+    hits: int = 0
+    misses: Counter = field(default_factory=Counter)
+    shortened: Counter = field(default_factory=Counter)
+
+
+def _copy(counters: MatchCounters) -> MatchCounters:
+    return dataclasses.replace(counters, misses=Counter(counters.misses), shortened=Counter(counters.shortened))
+
+
+@dataclass
+class PrefixCacheStats:
+    match: MatchCounters = field(default_factory=MatchCounters)
+    evicted_blocks: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        query = self.match.query_tokens
+        return self.match.hit_tokens / query if query > 0 else 0.0
+
+    def record_match(self, query: int, hit: int, reason: MissReason | None) -> None:
+        counters = self.match
+        counters.matches += 1
+        counters.query_tokens += query
+        counters.hit_tokens += hit
+        if hit > 0:
+            counters.hits += 1
+            if reason is not None:
+                counters.shortened[reason.value] += 1
+        else:
+            counters.misses[(reason or MissReason.NO_CACHED_PREFIX).value] += 1
+
+    def snapshot(self) -> MatchCounters:
+        return _copy(self.match)
+
+    def restore(self, snapshot: MatchCounters) -> None:
+        self.match = _copy(snapshot)
+
+    def reset(self) -> None:
+        self.match = MatchCounters()
+        self.evicted_blocks = 0
+
+    def as_dict(self) -> dict:
+        counters = self.match
+        return {
+            "query_tokens": counters.query_tokens,
+            "hit_tokens": counters.hit_tokens,
+            "hit_rate": self.hit_rate,
+            "matches": counters.matches,
+            "hits": counters.hits,
+            "misses": dict(counters.misses),
+            "shortened": dict(counters.shortened),
+            "evicted_blocks": self.evicted_blocks,
+        }

@@ -1,0 +1,46 @@
+"""Block tokens, stored once.
+
+Owns: one int32 row of ``block_size`` tokens per trie node slot. Nodes attached together get
+consecutive slots, so the tokens of a path are a few contiguous runs of rows and an exact
+prefix comparison reads them in place (no gather, no copy).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hybridcache.sequence import TOKEN_DTYPE
+
+
+class TokenStore:
+    def __init__(self, block_size: int, capacity: int = 0) -> None:
+        self.block_size = block_size
+        self._rows = np.zeros((capacity, block_size), dtype=TOKEN_DTYPE)
+
+    @property
+    def capacity(self) -> int:
+        return self._rows.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return self._rows.nbytes
+
+    def ensure_capacity(self, capacity: int) -> None:
+        if capacity > self.capacity:
+            grown = np.zeros((max(capacity, 2 * self.capacity), self.block_size), dtype=TOKEN_DTYPE)
+            grown[: self.capacity] = self._rows
+            self._rows = grown
+
+    def write(self, slots: np.ndarray, tokens: np.ndarray) -> None:
+        """Store whole blocks: ``tokens`` is flat, ``len(slots) * block_size`` long."""
+        rows = tokens.reshape(-1, self.block_size)
+        if slots.size and slots[-1] - slots[0] == slots.size - 1:
+            self._rows[slots[0] : slots[-1] + 1] = rows
+        else:
+            self._rows[slots] = rows
+
+    def run(self, first: int, last: int) -> np.ndarray:
+        """Flat read-only view of the tokens of slots ``first..last`` (inclusive)."""
+        view = self._rows[first : last + 1].reshape(-1)
+        view.flags.writeable = False
+        return view

@@ -1,0 +1,314 @@
+"""A request as the cache sees it.
+
+Owns: the request's int32 token buffer, its computed-token counter, its block table, its
+namespace, its multimodal spans and its routed-expert history. The per-request protocol state
+that the prefix cache writes lives in :class:`hybridcache.prefix_state.PrefixState`, reachable
+as ``sequence.prefix_state``.
+
+Tokens are append-only. The buffer grows by reallocation (amortized doubling), and every view
+handed out covers only tokens that already exist and is read-only, so no later growth or
+append can change what a view shows.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from dataclasses import dataclass
+from typing import Iterable, Sequence as SequenceLike
+
+import numpy as np
+
+from hybridcache.errors import (
+    InvalidArgumentError,
+    InvalidBlockIdError,
+    InvalidNamespaceError,
+    InvalidSpanError,
+    InvalidStepError,
+    InvalidTokenError,
+    InvalidTypeError,
+)
+from hybridcache.prefix_state import PrefixState
+
+TOKEN_DTYPE = np.int32
+EXPERT_DTYPE = np.int16
+MAX_TOKEN_ID = 2**31 - 1
+MAX_EXPERT_ID = np.iinfo(EXPERT_DTYPE).max
+_INITIAL_CAPACITY = 64
+_ids = itertools.count()
+
+
+@dataclass(frozen=True, order=True)
+class MultimodalSpan:
+    """Placeholder positions ``[start, end)`` whose embeddings come from ``content_id``'s data.
+
+    ``content_id`` is the caller's content hash (for example a SHA-256 hex digest of the image
+    bytes); equal ids are trusted to mean equal content.
+    """
+
+    start: int
+    end: int
+    modality: str
+    content_id: str
+
+    def __post_init__(self) -> None:
+        for name in ("start", "end"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise InvalidTypeError(f"span {name} must be an int")
+        if not isinstance(self.modality, str) or not self.modality:
+            raise InvalidSpanError("span modality must be a non-empty str")
+        if not isinstance(self.content_id, str) or not self.content_id:
+            raise InvalidSpanError("span content_id must be a non-empty str")
+        if self.start < 0 or self.end <= self.start:
+            raise InvalidSpanError(f"span [{self.start}, {self.end}) is empty or negative")
+        object.__setattr__(self, "start", int(self.start))
+        object.__setattr__(self, "end", int(self.end))
+
+
+@dataclass(frozen=True)
+class Namespace:
+    """What selects a trie root: the adapter (``None`` = base model) and an optional tenant salt.
+
+    Equal tokens in different namespaces never share a block or a checkpoint.
+    """
+
+    adapter: str | None = None
+    cache_salt: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("adapter", "cache_salt"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise InvalidNamespaceError(f"{name} must be None or a non-empty str, got {value!r}")
+
+
+def as_token_array(tokens: object) -> np.ndarray:
+    """Validate token ids and return them as a fresh contiguous int32 array."""
+    if isinstance(tokens, np.ndarray):
+        array = tokens
+    else:
+        if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Iterable):
+            raise InvalidTypeError("tokens must be a sequence of ints")
+        items = list(tokens)
+        if any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) for t in items):
+            raise InvalidTypeError("token ids must be ints")
+        # Range-check the Python ints before the int64 conversion, which would overflow.
+        if any(t < 0 or t > MAX_TOKEN_ID for t in items):
+            raise InvalidTokenError("token ids must lie in [0, 2**31)")
+        array = np.asarray(items if items else [], dtype=np.int64)
+    if array.ndim != 1:
+        raise InvalidTypeError("tokens must be one-dimensional")
+    if array.dtype.kind not in "iu" and array.size:
+        raise InvalidTypeError(f"token ids must have an integer dtype, got {array.dtype}")
+    if array.size and (int(array.min()) < 0 or int(array.max()) > MAX_TOKEN_ID):
+        raise InvalidTokenError("token ids must lie in [0, 2**31)")
+    return np.array(array, dtype=TOKEN_DTYPE, copy=True)
+
+
+def _validate_spans(spans: Iterable[MultimodalSpan], num_tokens: int) -> tuple[MultimodalSpan, ...]:
+    spans = list(spans)
+    if any(not isinstance(span, MultimodalSpan) for span in spans):
+        raise InvalidTypeError("multimodal spans must be MultimodalSpan instances")
+    ordered = tuple(sorted(spans))
+    for span in ordered:
+        if span.end > num_tokens:
+            raise InvalidSpanError(f"span [{span.start}, {span.end}) ends beyond {num_tokens} tokens")
+    for left, right in zip(ordered, ordered[1:]):
+        if right.start < left.end:
+            raise InvalidSpanError(f"spans {left} and {right} overlap")
+    return ordered
+
+
+class Sequence:
+    """One request: tokens, counters, block table, namespace, multimodal spans, routed experts."""
+
+    def __init__(
+        self,
+        tokens: object,
+        *,
+        adapter: str | None = None,
+        cache_salt: str | None = None,
+        multimodal: SequenceLike[MultimodalSpan] = (),
+        want_routed_experts: bool = False,
+        seq_id: int | None = None,
+    ) -> None:
+        initial = as_token_array(tokens)
+        self.namespace = Namespace(adapter, cache_salt)
+        self.spans = _validate_spans(multimodal, initial.size)
+        self._span_starts = [span.start for span in self.spans]
+        self.want_routed_experts = bool(want_routed_experts)
+        self.seq_id = next(_ids) if seq_id is None else int(seq_id)
+        self._tokens = np.empty(max(_INITIAL_CAPACITY, initial.size), dtype=TOKEN_DTYPE)
+        self._tokens[: initial.size] = initial
+        self._num_tokens = int(initial.size)
+        self._num_computed = 0
+        self._blocks = np.full(8, -1, dtype=np.int32)
+        self._num_blocks = 0
+        self._experts: np.ndarray | None = None
+        self._num_experts = 0
+        self.prefix_state = PrefixState()
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence(id={self.seq_id}, tokens={self._num_tokens}, computed={self._num_computed}, "
+            f"blocks={self._num_blocks}, namespace={self.namespace})"
+        )
+
+    # --- tokens ------------------------------------------------------------------------------
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens known so far (prompt plus appended)."""
+        return self._num_tokens
+
+    @property
+    def num_valid(self) -> int:
+        """Tokens that may be cached; equal to ``num_tokens`` (no draft tokens are held here)."""
+        return self._num_tokens
+
+    @property
+    def num_computed(self) -> int:
+        """Tokens whose KV and recurrent state exist (the resume step)."""
+        return self._num_computed
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """Read-only int32 view of every token."""
+        return self.token_view(0, self._num_tokens)
+
+    def token_view(self, start: int, end: int) -> np.ndarray:
+        """Read-only view of tokens ``[start, end)``; it stays valid after later appends."""
+        if not 0 <= start <= end <= self._num_tokens:
+            raise InvalidStepError(f"token range [{start}, {end}) outside [0, {self._num_tokens})")
+        view = self._tokens[start:end]
+        view.flags.writeable = False
+        return view
+
+    def append_tokens(self, tokens: object) -> None:
+        """Append generated or user tokens (validated int ids)."""
+        new = as_token_array(tokens)
+        needed = self._num_tokens + new.size
+        if needed > self._tokens.size:
+            grown = np.empty(max(needed, 2 * self._tokens.size), dtype=TOKEN_DTYPE)
+            grown[: self._num_tokens] = self._tokens[: self._num_tokens]
+            self._tokens = grown
+        self._tokens[self._num_tokens : needed] = new
+        self._num_tokens = needed
+
+    def set_computed(self, step: int) -> None:
+        """Move the resume step (forward after a forward or a hit, back on rollback).
+
+        The routed-expert history is truncated to the new step: rows beyond it describe tokens
+        that will be computed again.
+        """
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
+            raise InvalidTypeError("step must be an int")
+        if not 0 <= step <= self._num_tokens:
+            raise InvalidStepError(f"step {step} outside [0, {self._num_tokens}]")
+        self._num_computed = int(step)
+        self._num_experts = min(self._num_experts, self._num_computed)
+
+    # --- block table -------------------------------------------------------------------------
+
+    @property
+    def num_blocks(self) -> int:
+        return self._num_blocks
+
+    @property
+    def block_table(self) -> np.ndarray:
+        """Read-only view of the block ids held, by block index."""
+        view = self._blocks[: self._num_blocks]
+        view.flags.writeable = False
+        return view
+
+    def write_blocks(self, index: int, block_ids: object) -> np.ndarray:
+        """Write ``block_ids`` at table positions ``[index, index + len)`` and return the ids
+        they replaced (the caller owns dropping those references).
+
+        Writing starts at or before the current end of the table: a table has no holes.
+        """
+        ids = np.asarray(block_ids, dtype=np.int32).reshape(-1)
+        if not 0 <= index <= self._num_blocks:
+            raise InvalidBlockIdError(f"block index {index} outside [0, {self._num_blocks}]")
+        end = index + ids.size
+        if end > self._blocks.size:
+            grown = np.full(max(end, 2 * self._blocks.size), -1, dtype=np.int32)
+            grown[: self._num_blocks] = self._blocks[: self._num_blocks]
+            self._blocks = grown
+        replaced = self._blocks[index : min(end, self._num_blocks)].copy()
+        self._blocks[index:end] = ids
+        self._num_blocks = max(self._num_blocks, end)
+        return replaced
+
+    def truncate_blocks(self, count: int) -> np.ndarray:
+        """Shorten the table to ``count`` blocks and return the removed ids (caller unrefs)."""
+        if not 0 <= count <= self._num_blocks:
+            raise InvalidBlockIdError(f"cannot truncate {self._num_blocks} blocks to {count}")
+        removed = self._blocks[count : self._num_blocks].copy()
+        self._blocks[count : self._num_blocks] = -1
+        self._num_blocks = count
+        return removed
+
+    # --- multimodal ----------------------------------------------------------------------------
+
+    def spans_overlapping(self, start: int, end: int) -> tuple[MultimodalSpan, ...]:
+        """Spans with any position in ``[start, end)``, in canonical (start) order."""
+        if not self.spans or end <= start:
+            return ()
+        first = max(0, bisect.bisect_right(self._span_starts, start) - 1)
+        last = bisect.bisect_left(self._span_starts, end)
+        return tuple(s for s in self.spans[first:last] if s.end > start and s.start < end)
+
+    def is_boundary_safe(self, step: int) -> bool:
+        """True when ``step`` is not strictly inside a multimodal span."""
+        if not self.spans:
+            return True
+        index = bisect.bisect_left(self._span_starts, step) - 1
+        return index < 0 or self.spans[index].end <= step
+
+    def clamp_to_safe_block_boundary(self, step: int, block_size: int) -> int:
+        """The deepest block boundary at or below ``step`` that is outside every span."""
+        step = max(0, step - step % block_size)
+        while step > 0 and not self.is_boundary_safe(step):
+            index = bisect.bisect_left(self._span_starts, step) - 1
+            start = self.spans[index].start
+            step = start - start % block_size
+        return step
+
+    # --- routed experts ------------------------------------------------------------------------
+
+    @property
+    def num_routed_experts(self) -> int:
+        """Tokens for which routed-expert rows are recorded (a prefix of the tokens)."""
+        return self._num_experts
+
+    @property
+    def routed_experts(self) -> np.ndarray | None:
+        """Read-only ``(tokens, width)`` routed-expert history, or None before the first row."""
+        if self._experts is None:
+            return None
+        view = self._experts[: self._num_experts]
+        view.flags.writeable = False
+        return view
+
+    def append_routed_experts(self, rows: object) -> None:
+        """Append routed-expert rows for the next tokens (one row per token, fixed width)."""
+        array = np.asarray(rows)
+        if array.ndim != 2 or array.dtype.kind not in "iu":
+            raise InvalidTypeError("routed experts must be a 2-D integer array (tokens, width)")
+        if array.size and (int(array.min()) < 0 or int(array.max()) > MAX_EXPERT_ID):
+            raise InvalidArgumentError(f"expert ids must lie in [0, {MAX_EXPERT_ID}]")
+        if self._experts is not None and array.shape[1] != self._experts.shape[1]:
+            raise InvalidArgumentError("routed-expert row width changed")
+        needed = self._num_experts + array.shape[0]
+        if needed > self._num_tokens:
+            raise InvalidStepError("routed experts beyond the known tokens")
+        if self._experts is None or needed > self._experts.shape[0]:
+            capacity = max(needed, 2 * (0 if self._experts is None else self._experts.shape[0]), 64)
+            grown = np.zeros((capacity, array.shape[1]), dtype=EXPERT_DTYPE)
+            if self._experts is not None:
+                grown[: self._num_experts] = self._experts[: self._num_experts]
+            self._experts = grown
+        self._experts[self._num_experts : needed] = array
+        self._num_experts = needed
