@@ -56,10 +56,12 @@ class MultimodalSpan:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise InvalidTypeError(f"span {name} must be an int")
-        if not isinstance(self.modality, str) or not self.modality:
-            raise InvalidSpanError("span modality must be a non-empty str")
-        if not isinstance(self.content_id, str) or not self.content_id:
-            raise InvalidSpanError("span content_id must be a non-empty str")
+        for name in ("modality", "content_id"):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise InvalidTypeError(f"span {name} must be a str")
+            if not value:
+                raise InvalidSpanError(f"span {name} must not be empty")
         if self.start < 0 or self.end <= self.start:
             raise InvalidSpanError(f"span [{self.start}, {self.end}) is empty or negative")
         object.__setattr__(self, "start", int(self.start))
@@ -107,6 +109,8 @@ def as_token_array(tokens: object) -> np.ndarray:
 
 
 def _validate_spans(spans: Iterable[MultimodalSpan], num_tokens: int) -> tuple[MultimodalSpan, ...]:
+    if isinstance(spans, MultimodalSpan) or not isinstance(spans, Iterable):
+        raise InvalidTypeError("multimodal must be a sequence of MultimodalSpan")
     spans = list(spans)
     if any(not isinstance(span, MultimodalSpan) for span in spans):
         raise InvalidTypeError("multimodal spans must be MultimodalSpan instances")
@@ -228,7 +232,12 @@ class Sequence:
 
         Writing starts at or before the current end of the table: a table has no holes.
         """
-        ids = np.asarray(block_ids, dtype=np.int32).reshape(-1)
+        ids = np.asarray(block_ids)
+        if ids.size and (ids.dtype.kind not in "iu" or int(ids.min()) < 0):
+            raise InvalidBlockIdError("block ids must be non-negative integers")
+        ids = ids.astype(np.int32, copy=False).reshape(-1)
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+            raise InvalidTypeError("block index must be an int")
         if not 0 <= index <= self._num_blocks:
             raise InvalidBlockIdError(f"block index {index} outside [0, {self._num_blocks}]")
         end = index + ids.size

@@ -16,6 +16,7 @@ from hybridcache.errors import (
     DoubleFreeError,
     InvalidArgumentError,
     InvalidBlockIdError,
+    InvalidTypeError,
     OutOfStateSlotsError,
     WrongRoleError,
 )
@@ -97,7 +98,7 @@ class StatePool:
 
     def _check_range(self, slot: int) -> None:
         if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)):
-            raise InvalidArgumentError(f"slot must be an int, got {slot!r}")
+            raise InvalidTypeError(f"slot must be an int, got {slot!r}")
         if not 0 <= slot < self.num_slots:
             raise InvalidBlockIdError(f"slot {slot} outside [0, {self.num_slots})")
 
