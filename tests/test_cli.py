@@ -38,3 +38,14 @@ def test_kv_match_smoke_writes_json_records(tmp_path):
 def test_unknown_scenario_is_rejected():
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "no-such-scenario"])
+
+
+def test_memory_smoke_reports_metadata_and_host_bytes(tmp_path):
+    out = tmp_path / "memory.json"
+    result = _run_cli("bench", "memory", "--smoke", "--json", str(out), tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    (record,) = json.loads(out.read_text())
+    assert record["scenario"] == "memory"
+    assert record["checkpoints"] == record["batch"]
+    assert record["metadata_bytes"] > 0
+    assert record["host_bytes_per_token"] > 0

@@ -8,6 +8,7 @@ import pytest
 
 from hybridcache import errors
 from hybridcache.errors import (
+    AlreadyPublishedError,
     DoubleFreeError,
     HybridCacheError,
     InvalidArgumentError,
@@ -21,6 +22,8 @@ from hybridcache.errors import (
     LifecycleError,
     OutOfBlocksError,
     OutOfStateSlotsError,
+    PinnedError,
+    PinUnderflowError,
     RefcountUnderflowError,
     ResourceExhaustedError,
     StaleHandleError,
@@ -44,6 +47,9 @@ HIERARCHY = {
     WrongRoleError: (LifecycleError, RuntimeError),
     TopologyError: (LifecycleError, RuntimeError),
     StaleHandleError: (LifecycleError, RuntimeError),
+    AlreadyPublishedError: (LifecycleError, RuntimeError),
+    PinnedError: (LifecycleError, RuntimeError),
+    PinUnderflowError: (LifecycleError, RuntimeError),
     ResourceExhaustedError: (HybridCacheError, MemoryError),
     OutOfBlocksError: (ResourceExhaustedError, MemoryError),
     OutOfStateSlotsError: (ResourceExhaustedError, MemoryError),

@@ -71,6 +71,18 @@ class TopologyError(LifecycleError):
     """A trie node was re-attached, replaced, or detached while it still has children."""
 
 
+class AlreadyPublishedError(LifecycleError):
+    """A checkpoint was published twice."""
+
+
+class PinnedError(LifecycleError):
+    """A pinned checkpoint was released, evicted or replaced."""
+
+
+class PinUnderflowError(LifecycleError):
+    """A checkpoint was unpinned more often than it was pinned."""
+
+
 class StaleHandleError(LifecycleError):
     """A transaction or handle refers to state that has changed since it was issued."""
 

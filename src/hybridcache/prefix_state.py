@@ -8,19 +8,36 @@ suppression flag. The trie writes these fields; nothing else does.
 Lifetimes:
 - ``block_keys`` / ``key_sum`` / ``mm_blocks``: grow with the sequence; valid for one keyer
   (``keyer_id``). ``mm_blocks`` maps a block index to the multimodal spans overlapping it.
-- ``cursor``: deepest trie node known to match, with the generation it had; set by match and
-  allocate, reset by rollback and release. A cursor whose node was evicted is detected in O(1).
+- ``cursor``: the trie node up to which the block table holds the path's blocks (canonical, or
+  private blocks mapped in ``trie_block_map``), with its generation; set by match and allocate,
+  reset by rollback and release. A cursor whose node was evicted is detected in O(1).
+- ``verified``: the deepest trie node whose whole path was compared exactly with the
+  sequence's tokens (ingest); a later match or allocate only compares tokens beyond it. It is
+  a cache of a fact, not tentative state, so rollback keeps it.
 - ``fresh_range``: set by match, consumed and cleared by the next allocate.
 - ``trie_block_map``: lives as long as the private blocks it maps stay on the sequence.
 - ``recompute_blocks``: policy of the sequence's decoding strategy; never cleared.
 - ``experts_cached_blocks``: blocks whose routed experts were already offered to the trie.
+- ``restore`` / ``restore_pinned``: the published checkpoint a hybrid match selected; pinned
+  from admission until its restore copy is queued; cleared by unpin, rollback and release.
+- ``pending_save``: the reserved (unpublished) checkpoint this sequence's next forward saves
+  into; cleared by publish, discard and release.
+- ``producer_pin``: the checkpoint this sequence just published and whose save copy is still
+  in flight; cleared at the engine's output boundary (``unpin_save``).
+- ``decode_checkpoint``: the sequence's single replaceable decode checkpoint.
+- ``records_missing_experts``: its published partial checkpoints still waiting for the tail's
+  routed-expert rows (they arrive with the forward's output).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord
 
 NO_NODE = -1
 
@@ -34,12 +51,20 @@ class PrefixState:
     mm_blocks: dict = field(default_factory=dict)
     cursor: int = NO_NODE
     cursor_generation: int = -1
+    verified: int = NO_NODE
+    verified_generation: int = -1
     fresh_range: tuple[int, int] = (0, 0)
     trie_block_map: dict[int, int] = field(default_factory=dict)
     recompute_blocks: int = 0
     match_start_step: int = -1
     experts_cached_blocks: int = 0
     suppress_stats: bool = False
+    restore: CheckpointRecord | None = None
+    restore_pinned: bool = False
+    pending_save: CheckpointRecord | None = None
+    producer_pin: CheckpointRecord | None = None
+    decode_checkpoint: CheckpointRecord | None = None
+    records_missing_experts: list = field(default_factory=list)
 
     def in_fresh_range(self, block_index: int) -> bool:
         start, end = self.fresh_range

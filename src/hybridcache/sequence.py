@@ -294,8 +294,8 @@ class Sequence:
 
     @property
     def routed_experts(self) -> np.ndarray | None:
-        """Read-only ``(tokens, width)`` routed-expert history, or None before the first row."""
-        if self._experts is None:
+        """Read-only ``(tokens, width)`` routed-expert history, or None while it has no row."""
+        if self._experts is None or self._num_experts == 0:
             return None
         view = self._experts[: self._num_experts]
         view.flags.writeable = False

@@ -74,7 +74,7 @@ class BlockPool:
         ids = self._free[self._num_free - count : self._num_free][::-1].copy()
         self._num_free -= count
         self._refcount[ids] = 1
-        self._stamp[ids] = self._tick()
+        self._stamp[ids] = self.tick()
         return ids
 
     def ref(self, block_ids: object, *, unique: bool = False) -> None:
@@ -91,7 +91,7 @@ class BlockPool:
             self._refcount[ids] += 1
         else:
             np.add.at(self._refcount, ids, 1)
-        self._stamp[ids] = self._tick()
+        self._stamp[ids] = self.tick()
 
     def unref(self, block_ids: object, *, unique: bool = False) -> np.ndarray:
         """Drop one reference per occurrence; blocks reaching zero return to the free list.
@@ -111,7 +111,7 @@ class BlockPool:
                 raise DoubleFreeError("block freed twice")
             raise RefcountUnderflowError("more references dropped than held")
         self._refcount[distinct] -= counts
-        self._stamp[distinct] = self._tick()
+        self._stamp[distinct] = self.tick()
         freed = distinct[self._refcount[distinct] == 0]
         self._free[self._num_free : self._num_free + freed.size] = freed[::-1]
         self._num_free += freed.size
@@ -121,7 +121,7 @@ class BlockPool:
         """Stamp blocks as used now."""
         ids = self._validated(block_ids)
         if ids.size:
-            self._stamp[ids] = self._tick()
+            self._stamp[ids] = self.tick()
 
     # --- sequence block tables -------------------------------------------------------------
 
@@ -146,11 +146,13 @@ class BlockPool:
         seq.truncate_blocks(0)
         return freed
 
-    # --- internals -------------------------------------------------------------------------
-
-    def _tick(self) -> int:
+    def tick(self) -> int:
+        """Advance the logical clock and return the new time (also used for recency stamps
+        kept elsewhere, such as checkpoints, so they compare with block stamps)."""
         self._clock += 1
         return self._clock
+
+    # --- internals -------------------------------------------------------------------------
 
     def _validated(self, block_ids: object) -> np.ndarray:
         ids = np.asarray(block_ids)

@@ -26,6 +26,7 @@ import os
 
 import numpy as np
 
+from hybridcache.errors import InvalidArgumentError, InvalidTypeError
 from hybridcache.sequence import MultimodalSpan, Namespace, Sequence
 
 _keyer_ids = itertools.count()
@@ -46,6 +47,10 @@ class BlockKeyer:
     """Computes and caches keyed prefix keys of a sequence's complete blocks."""
 
     def __init__(self, block_size: int, secret: bytes | None = None) -> None:
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 2 or block_size % 2:
+            raise InvalidArgumentError(f"block_size must be an even int >= 2, got {block_size!r}")
+        if secret is not None and not isinstance(secret, (bytes, bytearray)):
+            raise InvalidTypeError(f"secret must be bytes, got {type(secret).__name__}")
         self.block_size = block_size
         self.keyer_id = next(_keyer_ids)
         self._secret = os.urandom(32) if secret is None else bytes(secret)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from hybridcache.errors import TopologyError
+from hybridcache.prefix_cache.key_index import KeyIndex
 from hybridcache.sequence import MultimodalSpan, Namespace
 
 NO_SLOT = -1
@@ -26,20 +27,20 @@ NO_SLOT = -1
 
 class NodeTable:
     def __init__(self, capacity: int = 256) -> None:
-        self.parent = np.full(capacity, NO_SLOT, dtype=np.int64)
-        self.depth = np.zeros(capacity, dtype=np.int64)
-        self.block = np.full(capacity, NO_SLOT, dtype=np.int64)
+        # int32 fields: slots, depths and block ids stay below 2**31; lean at a million nodes.
+        self.parent = np.zeros(capacity, dtype=np.int32)
+        self.depth = np.zeros(capacity, dtype=np.int32)
+        self.block = np.zeros(capacity, dtype=np.int32)
         self.key = np.zeros(capacity, dtype=np.uint64)
-        self.run_head = np.zeros(capacity, dtype=np.int64)
-        self.generation = np.zeros(capacity, dtype=np.int64)
-        self.num_children = np.zeros(capacity, dtype=np.int64)
+        self.run_head = np.zeros(capacity, dtype=np.int32)
+        self.generation = np.zeros(capacity, dtype=np.int32)
+        self.num_children = np.zeros(capacity, dtype=np.int32)
         self.attached = np.zeros(capacity, dtype=bool)
         self.is_root = np.zeros(capacity, dtype=bool)
         # Number of nodes with multimodal identity on the path root..slot (inclusive).
-        self.mm_count = np.zeros(capacity, dtype=np.int64)
+        self.mm_count = np.zeros(capacity, dtype=np.int32)
         self.extra_identity: dict[int, tuple[MultimodalSpan, ...]] = {}
-        self._index: dict[int, int] = {}
-        self._collisions: dict[int, list[int]] = {}
+        self._index = KeyIndex()
         self._roots: dict[Namespace, int] = {}
         self._free_slots: list[int] = []
         self._high = 0
@@ -61,8 +62,7 @@ class NodeTable:
         for name in ("parent", "depth", "block", "key", "run_head", "generation", "num_children",
                      "attached", "is_root", "mm_count"):
             old = getattr(self, name)
-            fill = NO_SLOT if name in ("parent", "block") else 0
-            new = np.full(capacity, fill, dtype=old.dtype)
+            new = np.zeros(capacity, dtype=old.dtype)  # zeroed lazily by the OS: untouched rows cost nothing
             new[: old.size] = old
             setattr(self, name, new)
 
@@ -79,10 +79,15 @@ class NodeTable:
 
     # --- roots and handles ---------------------------------------------------------------------
 
-    def root(self, namespace: Namespace) -> int:
+    def find_root(self, namespace: Namespace) -> int | None:
+        return self._roots.get(namespace)
+
+    def root(self, namespace: Namespace, key: int = 0) -> int:
+        """The namespace's root, created with ``key`` (the namespace seed) on first use."""
         slot = self._roots.get(namespace)
         if slot is None:
             slot = int(self._take_slots(1)[0])
+            self.key[slot] = key
             self.parent[slot] = NO_SLOT
             self.depth[slot] = 0
             self.block[slot] = NO_SLOT
@@ -99,13 +104,10 @@ class NodeTable:
 
     def candidates(self, key: int) -> list[int]:
         """Attached nodes whose prefix key is ``key`` (more than one only on a collision)."""
-        first = self._index.get(key)
-        if first is None:
-            return []
-        return [first, *self._collisions.get(key, ())]
+        return self._index.all(key)
 
     def has_key(self, key: int) -> bool:
-        return key in self._index
+        return self._index.first(key) is not None
 
     # --- topology changes ----------------------------------------------------------------------
 
@@ -147,16 +149,7 @@ class NodeTable:
             has_mm[position] = 1
             self.extra_identity[int(slots[position])] = spans
         self.mm_count[slots] = self.mm_count[parent] + np.cumsum(has_mm)
-        key_list = keys.tolist()
-        slot_list = slots.tolist()
-        if self._index.keys().isdisjoint(key_list) and len(set(key_list)) == count:
-            self._index.update(zip(key_list, slot_list))
-        else:
-            for key, slot in zip(key_list, slot_list):
-                if key in self._index:
-                    self._collisions.setdefault(key, []).append(slot)
-                else:
-                    self._index[key] = slot
+        self._index.insert_many(keys, slots)
         self._num_attached += count
         return slots
 
@@ -166,17 +159,7 @@ class NodeTable:
             raise TopologyError(f"node {slot} is not an attached non-root node")
         if self.num_children[slot]:
             raise TopologyError(f"cannot detach non-leaf node {slot}")
-        key = int(self.key[slot])
-        extra = self._collisions.get(key)
-        if self._index[key] == slot:
-            if extra:
-                self._index[key] = extra.pop(0)
-            else:
-                del self._index[key]
-        else:
-            extra.remove(slot)
-        if extra is not None and not extra:
-            del self._collisions[key]
+        self._index.remove(int(self.key[slot]), slot)
         parent = int(self.parent[slot])
         self.num_children[parent] -= 1
         self.attached[slot] = False
@@ -211,6 +194,17 @@ class NodeTable:
                 return int(first + target - depth[first])
         raise KeyError(target)
 
+    def clip_runs(self, runs: list[tuple[int, int]], max_depth: int, min_depth: int = 0) -> list[tuple[int, int]]:
+        """The part of a path (runs, deepest first) at depths in ``(min_depth, max_depth]``."""
+        depth = self.depth
+        clipped = []
+        for first, last in runs:
+            low, high = int(depth[first]), int(depth[last])
+            if low > max_depth or high <= min_depth:
+                continue
+            clipped.append((first + max(0, min_depth + 1 - low), last - max(0, high - max_depth)))
+        return clipped
+
     def attached_slots(self) -> np.ndarray:
         """Attached non-root slots."""
         return np.flatnonzero(self.attached[: self._high] & ~self.is_root[: self._high])
@@ -235,13 +229,10 @@ class NodeTable:
         has_mm[list(self.extra_identity)] = 1
         assert set(self.extra_identity) <= set(nodes.tolist()), "identity kept for a detached node"
         assert np.array_equal(self.mm_count[nodes], self.mm_count[parents] + has_mm[nodes]), "mm counts drifted"
-        indexed = dict(self._index)
-        listed = sorted([*indexed.values(), *(s for extra in self._collisions.values() for s in extra)])
-        assert listed == nodes.tolist(), "key index differs from attached nodes"
-        for key, slot in indexed.items():
-            assert int(self.key[slot]) == key, "index key differs from node key"
-        for key, extra in self._collisions.items():
-            assert extra and key in indexed and all(int(self.key[s]) == key for s in extra)
+        self._index.check_invariants()
+        entries = self._index.items()
+        assert sorted(slot for _, slot in entries) == nodes.tolist(), "key index differs from attached nodes"
+        assert all(int(self.key[slot]) == key for key, slot in entries), "index key differs from node key"
         assert not set(self._free_slots) & set(np.flatnonzero(attached).tolist()), "free slot in use"
         assert len(set(self._free_slots)) == len(self._free_slots), "slot freed twice"
         assert len(self._free_slots) + int(attached.sum()) == high, "slot leaked"

@@ -1,9 +1,9 @@
 """Prefix-cache statistics.
 
 Owns: the match counters (query and hit tokens, hits and misses by reason, hits shortened by
-reason) and the eviction counters. Match counters take part in admission rollback through
-``snapshot``/``restore``; eviction counters do not, because an eviction done while trying to
-admit a request really happened even when the admission is rolled back.
+reason) and the eviction counters. Match counters take part in admission rollback (a rolled-back
+match is undone with ``unrecord_match``); eviction counters do not, because an eviction done
+while trying to admit a request really happened even when the admission is rolled back.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ class MissReason(str, enum.Enum):
     RECOMPUTE_OVERLAP = "recompute_overlap"  # dropped so the forward recomputes the overlap blocks
     MULTIMODAL_BOUNDARY = "multimodal_boundary"  # dropped so the suffix does not start inside a span
     ROUTED_EXPERTS = "routed_experts"  # dropped because cached blocks lack routed experts
+    NO_CHECKPOINT = "no_checkpoint"  # hybrid model: KV blocks cached, but no usable state checkpoint
     DISABLED = "disabled"  # prefix caching is off
 
 
@@ -39,10 +40,17 @@ def _copy(counters: MatchCounters) -> MatchCounters:
     return dataclasses.replace(counters, misses=Counter(counters.misses), shortened=Counter(counters.shortened))
 
 
+def _decrement(counter: Counter, key: str) -> None:
+    counter[key] -= 1
+    if counter[key] <= 0:
+        del counter[key]
+
+
 @dataclass
 class PrefixCacheStats:
     match: MatchCounters = field(default_factory=MatchCounters)
     evicted_blocks: int = 0
+    evicted_checkpoints: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -61,6 +69,23 @@ class PrefixCacheStats:
         else:
             counters.misses[(reason or MissReason.NO_CACHED_PREFIX).value] += 1
 
+    def unrecord_match(self, query: int, hit: int, reason: MissReason | None) -> None:
+        """Exact inverse of one ``record_match`` with the same arguments (a rolled-back match).
+
+        Undoing a delta, rather than restoring a snapshot, keeps the counters of other matches
+        recorded in between (transactions of several sequences can be open at once).
+        """
+        counters = self.match
+        counters.matches -= 1
+        counters.query_tokens -= query
+        counters.hit_tokens -= hit
+        if hit > 0:
+            counters.hits -= 1
+            if reason is not None:
+                _decrement(counters.shortened, reason.value)
+        else:
+            _decrement(counters.misses, (reason or MissReason.NO_CACHED_PREFIX).value)
+
     def snapshot(self) -> MatchCounters:
         return _copy(self.match)
 
@@ -70,6 +95,7 @@ class PrefixCacheStats:
     def reset(self) -> None:
         self.match = MatchCounters()
         self.evicted_blocks = 0
+        self.evicted_checkpoints = 0
 
     def as_dict(self) -> dict:
         counters = self.match
@@ -82,4 +108,5 @@ class PrefixCacheStats:
             "misses": dict(counters.misses),
             "shortened": dict(counters.shortened),
             "evicted_blocks": self.evicted_blocks,
+            "evicted_checkpoints": self.evicted_checkpoints,
         }

@@ -22,13 +22,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hybridcache.errors import InvalidArgumentError, StaleHandleError
+from hybridcache.errors import InvalidArgumentError, InvalidTypeError, PinnedError, StaleHandleError
 from hybridcache.memory.block_pool import BlockPool
+from hybridcache.memory.state_pool import StatePool
+from hybridcache.prefix_cache.checkpoint_index import CheckpointIndex, RequestPath, VerifyStatus
+from hybridcache.prefix_cache.checkpoint_lifecycle import CheckpointLifecycle
+from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord
 from hybridcache.prefix_cache.identity import BlockKeyer
 from hybridcache.prefix_cache.kv_lifecycle import KVLifecycle
 from hybridcache.prefix_cache.node import NodeTable
 from hybridcache.prefix_cache.routed_experts import RoutedExpertStore
-from hybridcache.prefix_cache.stats import MatchCounters, MissReason, PrefixCacheStats
+from hybridcache.prefix_cache.stats import MissReason, PrefixCacheStats
 from hybridcache.prefix_cache.token_store import TokenStore
 from hybridcache.prefix_state import NO_NODE
 from hybridcache.sequence import Sequence
@@ -50,18 +54,30 @@ class MatchTxn:
     cursor_before: tuple[int, int]
     fresh_before: tuple[int, int]
     match_start_before: int
-    stats_before: MatchCounters
     num_blocks_before: int
     table_start: int = 0
     taken: np.ndarray = None  # type: ignore[assignment]
     displaced: np.ndarray = None  # type: ignore[assignment]
     step_after: int = 0
+    cursor_after: tuple[int, int] = (NO_NODE, -1)
     hit_tokens: int = 0
+    recorded: tuple[int, int, MissReason | None] | None = None  # the stats delta, undone on rollback
+    restore_before: CheckpointRecord | None = None
     open: bool = True
 
 
 def _empty_ids() -> np.ndarray:
     return np.empty(0, dtype=np.int32)
+
+
+def _require_sequence(seq: object) -> None:
+    if not isinstance(seq, Sequence):
+        raise InvalidTypeError(f"expected a Sequence, got {type(seq).__name__}")
+
+
+def _require_txn(txn: object) -> None:
+    if not isinstance(txn, MatchTxn):
+        raise InvalidTypeError(f"expected a MatchTxn, got {type(txn).__name__}")
 
 
 class BlockTrie:
@@ -72,9 +88,15 @@ class BlockTrie:
         *,
         enabled: bool = True,
         keyer: BlockKeyer | None = None,
+        state_pool: StatePool | None = None,
+        max_checkpoints_per_anchor: int = 4,
     ) -> None:
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 2 or block_size % 2:
             raise InvalidArgumentError(f"block_size must be an even int >= 2, got {block_size!r}")
+        if not isinstance(pool, BlockPool):
+            raise InvalidTypeError(f"pool must be a BlockPool, got {type(pool).__name__}")
+        if keyer is not None and not isinstance(keyer, BlockKeyer):
+            raise InvalidTypeError(f"keyer must be a BlockKeyer, got {type(keyer).__name__}")
         if keyer is not None and keyer.block_size != block_size:
             raise InvalidArgumentError("keyer block size differs from the trie's")
         self.pool = pool
@@ -87,62 +109,178 @@ class BlockTrie:
         self.experts.ensure_capacity(self.nodes.capacity)
         self.kv = KVLifecycle(self.nodes, pool)
         self.stats = PrefixCacheStats()
+        self.state_pool = state_pool
+        self.index: CheckpointIndex | None = None
+        self.checkpoints: CheckpointLifecycle | None = None
+        if state_pool is not None:
+            if not isinstance(state_pool, StatePool):
+                raise InvalidTypeError(f"state_pool must be a StatePool, got {type(state_pool).__name__}")
+            self.index = CheckpointIndex(self.nodes, self.experts, block_size)
+            self.checkpoints = CheckpointLifecycle(
+                self.nodes, self.index, pool, state_pool, block_size, max_checkpoints_per_anchor
+            )
+
+    @property
+    def is_hybrid(self) -> bool:
+        """A hybrid trie needs a published state checkpoint for every hit."""
+        return self.checkpoints is not None
+
+    def _root(self, namespace) -> int:
+        slot = self.nodes.find_root(namespace)
+        return self.nodes.root(namespace, self.keyer.namespace_seed(namespace)) if slot is None else slot
 
     # --- match ---------------------------------------------------------------------------------
 
+    def prepare(self, seq: Sequence) -> RequestPath:
+        """Ingest: compute the request's keys and verify its deepest cached path exactly.
+
+        Safe to run when a request arrives, outside the scheduler loop. The result is remembered
+        on the sequence (``prefix_state.verified``), so a later ``prepare``, ``match`` or
+        ``allocate`` only compares tokens beyond what was already verified.
+        """
+        _require_sequence(seq)
+        keys = self.keyer.extend(seq)
+        node, depth = self._extend_verified(seq, keys, (seq.num_valid - 1) // self.block_size)
+        runs, root = self.nodes.path_runs(node, 0)
+        return RequestPath(seq=seq, node=node, depth=depth, runs=runs, root=root)
+
     def match(self, seq: Sequence) -> MatchTxn:
-        """Tentatively reuse the longest exactly cached prefix beyond ``seq.num_computed``."""
+        """Tentatively reuse the longest exactly cached prefix beyond ``seq.num_computed``.
+
+        Attention-only trie: the deepest cached block path, after the policy cuts. Hybrid trie:
+        the deepest exactly verified published checkpoint; a KV path without one is a miss.
+        """
+        _require_sequence(seq)
         state = seq.prefix_state
+        if state.restore_pinned:
+            raise PinnedError("match while the sequence's restore is pinned; unpin or roll back first")
         txn = MatchTxn(
             seq=seq,
             step_before=seq.num_computed,
             cursor_before=(state.cursor, state.cursor_generation),
             fresh_before=state.fresh_range,
             match_start_before=state.match_start_step,
-            stats_before=self.stats.snapshot(),
             num_blocks_before=seq.num_blocks,
             taken=_empty_ids(),
             displaced=_empty_ids(),
             step_after=seq.num_computed,
+            restore_before=state.restore,
+            cursor_after=(state.cursor, state.cursor_generation),
         )
         state.fresh_range = _EMPTY_RANGE
         state.match_start_step = seq.num_computed
+        state.restore = None
         if not self.enabled:
             return txn
-        size = self.block_size
-        keys = self.keyer.extend(seq)
-        start = seq.num_computed
+        path = self.prepare(seq)
         base, base_depth = self._resume_point(seq)
-        limit = (seq.num_valid - 1) // size
-        raw_depth, raw_node, runs = self._deepest_cached(seq, keys, base, base_depth, limit)
-        accepted, reason = self._accepted_depth(seq, raw_depth, base_depth, runs, limit)
-        node = raw_node if accepted == raw_depth else (
-            base if accepted == base_depth else NodeTable.slot_at_depth(runs, self.nodes.depth, accepted)
-        )
-        if accepted * size > start:
-            self._apply_hit(seq, txn, runs, base_depth, accepted)
-        elif limit <= start // size:
-            reason = MissReason.NOTHING_TO_MATCH
-        elif raw_depth * size <= start:
-            reason = MissReason.NO_CACHED_PREFIX
+        if self.checkpoints is None:
+            node, reason = self._match_blocks(seq, txn, path, base, base_depth)
+        else:
+            node, reason = self._match_checkpoint(seq, txn, path, base, base_depth)
         state.cursor, state.cursor_generation = node, int(self.nodes.generation[node])
-        if raw_depth > accepted:
-            state.fresh_range = (accepted, raw_depth)
+        txn.cursor_after = (state.cursor, state.cursor_generation)
         if not state.suppress_stats:
-            self.stats.record_match(seq.num_tokens - start, txn.hit_tokens, reason)
+            txn.recorded = (seq.num_tokens - txn.step_before, txn.hit_tokens, reason)
+            self.stats.record_match(*txn.recorded)
         return txn
+
+    def _match_blocks(
+        self, seq: Sequence, txn: MatchTxn, path: RequestPath, base: int, base_depth: int
+    ) -> tuple[int, MissReason | None]:
+        size, start = self.block_size, seq.num_computed
+        limit = (seq.num_valid - 1) // size
+        raw_depth = path.depth
+        if raw_depth <= base_depth:
+            return base, (MissReason.NOTHING_TO_MATCH if limit <= start // size else MissReason.NO_CACHED_PREFIX)
+        window = self.nodes.clip_runs(path.runs, raw_depth, base_depth)
+        accepted, reason = self._accepted_depth(seq, raw_depth, base_depth, window, limit)
+        if raw_depth > accepted:
+            seq.prefix_state.fresh_range = (accepted, raw_depth)
+        if accepted * size <= start:
+            return base, reason or MissReason.NO_CACHED_PREFIX
+        self._apply_hit(seq, txn, window, base_depth, accepted)
+        return path.slot_at(self.nodes, accepted), reason
+
+    def _match_checkpoint(
+        self, seq: Sequence, txn: MatchTxn, path: RequestPath, base: int, base_depth: int
+    ) -> tuple[int, MissReason | None]:
+        size, start = self.block_size, seq.num_computed
+        overlap = seq.prefix_state.recompute_blocks * size
+        keys = seq.prefix_state.block_keys
+        highest = min(seq.num_valid - 1, path.depth * size + size - 1)
+        if highest <= start:
+            return base, MissReason.NOTHING_TO_MATCH
+        reason = MissReason.NO_CHECKPOINT if path.depth * size > start else MissReason.NO_CACHED_PREFIX
+        for step in self.index.candidate_steps(seq.namespace, start, highest):
+            anchor_depth = step // size
+            key = (step, int(keys[anchor_depth - 1]) if anchor_depth else int(self.nodes.key[path.root]))
+            for record in self.index.bucket(key):
+                verdict = self.index.verify(record, key, path)
+                if verdict.status is VerifyStatus.HIT:
+                    if overlap and path.depth * size < step + overlap:
+                        reason = MissReason.RECOMPUTE_OVERLAP
+                        continue
+                    self._apply_restore(seq, txn, path, base_depth, record)
+                    return path.slot_at(self.nodes, anchor_depth), None
+                if verdict.status is not VerifyStatus.REQUEST_MISMATCH:
+                    self.checkpoints.clean_stale(record, key, verdict)
+        return base, reason
+
+    def _apply_restore(
+        self, seq: Sequence, txn: MatchTxn, path: RequestPath, base_depth: int, record: CheckpointRecord
+    ) -> None:
+        size, start, step = self.block_size, seq.num_computed, record.step
+        anchor_depth = step // size
+        window = self.nodes.clip_runs(path.runs, anchor_depth, base_depth)
+        self._take_path_blocks(seq, txn, window, base_depth, anchor_depth)
+        seq.set_computed(step)
+        txn.step_after = step
+        txn.hit_tokens = step - start
+        self.checkpoints.select_restore(seq, record)
+        if seq.want_routed_experts and seq.num_routed_experts == start:
+            rows = self.experts.gather(window)
+            if record.tail_experts is not None:
+                rows = np.concatenate([rows, record.tail_experts]) if rows.size else record.tail_experts
+            seq.append_routed_experts(rows[start - base_depth * size :])
+        seq.prefix_state.fresh_range = (anchor_depth, max(path.depth, -(-step // size)))
+
+    def _extend_verified(self, seq: Sequence, keys: np.ndarray, limit: int) -> tuple[int, int]:
+        """The deepest node at or above ``limit`` whose path equals the sequence's tokens,
+        comparing only tokens beyond the node verified before."""
+        nodes, state = self.nodes, seq.prefix_state
+        if nodes.is_valid(state.verified, state.verified_generation):
+            node = state.verified
+        elif nodes.is_valid(state.cursor, state.cursor_generation):
+            node = state.cursor
+        else:
+            node = self._root(seq.namespace)
+        depth = int(nodes.depth[node])
+        if depth > limit:
+            _, node = nodes.path_runs(node, limit)
+            return node, limit
+        depth, node, _ = self._deepest_cached(seq, keys, node, depth, limit)
+        state.verified, state.verified_generation = node, int(nodes.generation[node])
+        return node, depth
 
     def commit(self, txn: MatchTxn) -> None:
         """Make a match final: drop the references on blocks it displaced."""
+        _require_txn(txn)
         self._close(txn)
         if txn.displaced.size:
             self.pool.unref(txn.displaced)
 
     def rollback(self, txn: MatchTxn) -> None:
         """Undo a match exactly: table, references, step, cursor, fresh range and statistics."""
+        _require_txn(txn)
         seq = txn.seq
         expected_blocks = max(txn.num_blocks_before, txn.table_start + txn.taken.size)
-        if seq.num_computed != txn.step_after or seq.num_blocks != expected_blocks:
+        state = seq.prefix_state
+        if (
+            seq.num_computed != txn.step_after
+            or seq.num_blocks != expected_blocks
+            or (state.cursor, state.cursor_generation) != txn.cursor_after
+        ):
             raise StaleHandleError("the sequence changed after the match; roll back before allocating")
         self._close(txn)
         if txn.taken.size:
@@ -151,10 +289,14 @@ class BlockTrie:
             self.pool.unref(txn.taken, unique=True)
         seq.set_computed(txn.step_before)
         state = seq.prefix_state
+        if state.restore_pinned:
+            self.checkpoints.unpin_restore(seq)
+        state.restore = txn.restore_before
         state.cursor, state.cursor_generation = txn.cursor_before
         state.fresh_range = txn.fresh_before
         state.match_start_step = txn.match_start_before
-        self.stats.restore(txn.stats_before)
+        if txn.recorded is not None:
+            self.stats.unrecord_match(*txn.recorded)
 
     @staticmethod
     def _close(txn: MatchTxn) -> None:
@@ -173,7 +315,7 @@ class BlockTrie:
                 _, node = self.nodes.path_runs(node, computed_blocks)
                 depth = computed_blocks
             return node, depth
-        return self.nodes.root(seq.namespace), 0
+        return self._root(seq.namespace), 0
 
     def _accepted_depth(
         self, seq: Sequence, raw_depth: int, base_depth: int, runs: Runs, limit: int
@@ -192,18 +334,24 @@ class BlockTrie:
             accepted, reason = max(clamped, base_depth), MissReason.MULTIMODAL_BOUNDARY
         return accepted, reason
 
-    def _apply_hit(self, seq: Sequence, txn: MatchTxn, runs: Runs, base_depth: int, accepted: int) -> None:
-        start = seq.num_computed
-        ids = self._path_blocks(runs, accepted)
+    def _take_path_blocks(self, seq: Sequence, txn: MatchTxn, runs: Runs, base_depth: int, depth: int) -> None:
+        """Reference the path's blocks for table positions [base_depth, depth) and write them."""
+        ids = self._path_blocks(runs, depth)
+        if ids.size == 0:
+            return
         self.pool.ref(ids, unique=True)
         txn.table_start = base_depth
         txn.taken = ids
         txn.displaced = seq.write_blocks(base_depth, ids)
+
+    def _apply_hit(self, seq: Sequence, txn: MatchTxn, runs: Runs, base_depth: int, accepted: int) -> None:
+        start = seq.num_computed
+        self._take_path_blocks(seq, txn, runs, base_depth, accepted)
         seq.set_computed(accepted * self.block_size)
         txn.step_after = seq.num_computed
         txn.hit_tokens = seq.num_computed - start
         if seq.want_routed_experts and seq.num_routed_experts == start:
-            rows = self.experts.gather(self._clip_runs(runs, accepted))
+            rows = self.experts.gather(self.nodes.clip_runs(runs, accepted))
             seq.append_routed_experts(rows[start - base_depth * self.block_size :])
 
     # --- exact lookup --------------------------------------------------------------------------
@@ -271,34 +419,26 @@ class BlockTrie:
             for index, spans in expected.items()
         )
 
-    def _clip_runs(self, runs: Runs, max_depth: int) -> Runs:
-        """The part of a path (runs, deepest first) at depths <= ``max_depth``."""
-        depth = self.nodes.depth
-        clipped = []
-        for first, last in runs:
-            if depth[first] > max_depth:
-                continue
-            clipped.append((first, last - max(0, int(depth[last]) - max_depth)))
-        return clipped
-
     def _path_blocks(self, runs: Runs, max_depth: int) -> np.ndarray:
         """Block ids of a path in table order, up to ``max_depth``."""
         block = self.nodes.block
-        parts = [block[first : last + 1] for first, last in reversed(self._clip_runs(runs, max_depth))]
+        parts = [block[first : last + 1] for first, last in reversed(self.nodes.clip_runs(runs, max_depth))]
         return np.concatenate(parts).astype(np.int32) if parts else _empty_ids()
 
     # --- allocate ------------------------------------------------------------------------------
 
     def allocate(self, seq: Sequence) -> None:
         """Attach the sequence's complete blocks beyond its cursor to the trie."""
+        _require_sequence(seq)
         state = seq.prefix_state
         if not self.enabled:
             state.fresh_range = _EMPTY_RANGE
             return
         keys = self.keyer.extend(seq)
         if not self.nodes.is_valid(state.cursor, state.cursor_generation):
-            state.cursor = self.nodes.root(seq.namespace)
+            state.cursor = self._root(seq.namespace)
             state.cursor_generation = int(self.nodes.generation[state.cursor])
+            state.experts_cached_blocks = 0
         node = state.cursor
         depth = int(self.nodes.depth[node])
         end = min(seq.num_valid // self.block_size, seq.num_blocks)
@@ -307,13 +447,20 @@ class BlockTrie:
         if depth >= end:
             state.fresh_range = _EMPTY_RANGE
             return
-        found_depth, found_node, runs = self._deepest_cached(seq, keys, node, depth, end)
+        found_node, found_depth = self._extend_verified(seq, keys, end)
         if found_depth > depth:
+            runs, ancestor = self.nodes.path_runs(found_node, depth)
+            if ancestor != node:  # unreachable while exact paths are unique; stay exact anyway
+                found_depth, found_node, runs = self._deepest_cached(seq, keys, node, depth, end)
             self._adopt_existing(seq, depth, self._path_blocks(runs, found_depth))
             node = found_node
+        else:
+            found_depth = depth
         if found_depth < end:
             node = self._attach_new(seq, keys, node, found_depth, end)
-        state.cursor, state.cursor_generation = node, int(self.nodes.generation[node])
+        generation = int(self.nodes.generation[node])
+        state.cursor, state.cursor_generation = node, generation
+        state.verified, state.verified_generation = node, generation
         state.fresh_range = _EMPTY_RANGE
 
     def _adopt_existing(self, seq: Sequence, first_index: int, canonical: np.ndarray) -> None:
@@ -378,9 +525,12 @@ class BlockTrie:
 
         Only blocks completed since the last call are visited (a watermark on the sequence).
         """
+        _require_sequence(seq)
         state = seq.prefix_state
         if not self.enabled or not seq.want_routed_experts:
             return
+        if self.checkpoints is not None:
+            self.checkpoints.attach_pending_tail_experts(seq)
         if not self.nodes.is_valid(state.cursor, state.cursor_generation):
             return
         size = self.block_size
@@ -391,7 +541,7 @@ class BlockTrie:
         runs, _ = self.nodes.path_runs(state.cursor, first)
         rows = seq.routed_experts
         depth = self.nodes.depth
-        for run_first, run_last in self._clip_runs(runs, covered):
+        for run_first, run_last in self.nodes.clip_runs(runs, covered):
             slots = np.arange(run_first, run_last + 1)
             missing = slots[~self.experts.has_rows[slots]]
             if missing.size:
@@ -403,23 +553,52 @@ class BlockTrie:
     # --- eviction and release ------------------------------------------------------------------
 
     def evict(self, count: int) -> int:
-        """Free up to ``count`` KV blocks by evicting least recently used trie leaves."""
-        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
-            raise InvalidArgumentError(f"count must be a non-negative int, got {count!r}")
+        """Free up to ``count`` KV blocks: frozen blocks of least recently used mid-block
+        checkpoints first, then least recently used trie leaves (with their checkpoints).
+        A leaf anchoring a pinned checkpoint is never evicted. Returns the blocks freed."""
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)):
+            raise InvalidTypeError(f"count must be an int, got {count!r}")
+        if count < 0:
+            raise InvalidArgumentError(f"count must be non-negative, got {count}")
         if not self.enabled or count == 0:
             return 0
-        evicted = self.kv.evict(int(count))
-        for slot in evicted:
-            self.experts.forget(slot)
-        self.stats.evicted_blocks += len(evicted)
-        return len(evicted)
+        checkpoints = self.checkpoints
+        freed = 0
+        if checkpoints is not None:
+            freed = checkpoints.evict_frozen(int(count))
+            self.stats.evicted_checkpoints += freed
+        if freed < count:
+            protected = None if checkpoints is None else checkpoints.is_anchor_protected
+            evicted = self.kv.evict(int(count) - freed, protected)
+            for slot in evicted:
+                self.experts.forget(slot)
+                if checkpoints is not None:
+                    released = checkpoints.release_anchored(slot)
+                    freed += released.frozen_blocks
+                    self.stats.evicted_checkpoints += released.records
+            self.stats.evicted_blocks += len(evicted)
+            freed += len(evicted)
+        return freed
+
+    def evict_checkpoints(self, count: int) -> int:
+        """Free up to ``count`` state slots by releasing least recently used unpinned
+        checkpoints (state-slot pressure). Returns how many were released."""
+        if self.checkpoints is None or not self.enabled:
+            return 0
+        released = self.checkpoints.evict(count)
+        self.stats.evicted_checkpoints += released
+        return released
 
     def clear(self) -> int:
-        """Evict every block only the trie holds."""
-        return self.evict(self.nodes.num_attached)
+        """Evict every unpinned checkpoint and every block only the trie holds."""
+        released = self.evict_checkpoints(self.state_pool.num_slots) if self.checkpoints is not None else 0
+        return released + self.evict(self.nodes.num_attached)
 
     def free_sequence(self, seq: Sequence) -> None:
         """Release a finished or cancelled sequence: its block references and its tracking."""
+        _require_sequence(seq)
+        if self.checkpoints is not None:
+            self.checkpoints.forget_sequence(seq)
         self.pool.release_table(seq)
         seq.prefix_state.clear_tracking()
         seq.set_computed(0)
@@ -442,6 +621,10 @@ class BlockTrie:
         for seq in sequences:
             np.add.at(expected, seq.block_table.astype(np.int64), 1)
             self._check_sequence(seq)
+        if self.checkpoints is not None:
+            np.add.at(expected, np.asarray(self.checkpoints.frozen_blocks(), dtype=np.int64), 1)
+            self.checkpoints.check_invariants(sequences)
+            self.state_pool.check_invariants()
         self.pool.check_invariants(expected)
 
     def _check_sequence(self, seq: Sequence) -> None:
@@ -450,7 +633,7 @@ class BlockTrie:
             return
         depth = int(self.nodes.depth[state.cursor])
         runs, root = self.nodes.path_runs(state.cursor, 0)
-        assert root == self.nodes.root(seq.namespace), "cursor path leads to another namespace"
+        assert root == self.nodes.find_root(seq.namespace), "cursor path leads to another namespace"
         assert depth * self.block_size <= seq.num_valid and depth <= seq.num_blocks
         assert self._same_tokens(seq, runs), "cursor path differs from the sequence's tokens"
         canonical = self._path_blocks(runs, depth)

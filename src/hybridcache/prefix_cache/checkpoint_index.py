@@ -1,0 +1,174 @@
+"""Sparse lookup of published checkpoints and their exact verification.
+
+Owns: the buckets ``(step, anchor prefix key) -> records`` and, per namespace, the sorted list
+of steps that have at least one bucket (with a count per step). A request's own key at step
+``s`` is ``(s, its prefix key at the anchor block)``; the tail of a mid-block checkpoint is
+compared exactly, not hashed. Candidate steps are read from the sorted list with bisect (never
+re-sorted per request); removal is O(bucket) through the key stored in the record.
+
+The index is auxiliary: an entry may go stale (its record released, its anchor evicted). The
+records are the source of truth; ``verify`` reports what it found and the lifecycle cleans up.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord, CheckpointState
+from hybridcache.prefix_cache.node import NodeTable
+from hybridcache.prefix_cache.routed_experts import RoutedExpertStore
+from hybridcache.sequence import Namespace, Sequence
+
+Runs = list[tuple[int, int]]
+
+
+class VerifyStatus(enum.Enum):
+    HIT = "hit"
+    REQUEST_MISMATCH = "request_mismatch"  # a valid checkpoint that does not fit this request
+    STALE_INDEX_ENTRY = "stale_index_entry"  # the entry does not describe its record any more
+    STALE_CHECKPOINT = "stale_checkpoint"  # the record is not a usable published checkpoint
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: VerifyStatus
+    reason: str = ""
+
+
+HIT = Verdict(VerifyStatus.HIT)
+
+
+@dataclass
+class RequestPath:
+    """What ingest verified about a request: its deepest exactly matching trie node and the
+    runs of that node's path (deepest first, down to the root)."""
+
+    seq: Sequence
+    node: int
+    depth: int
+    runs: Runs
+
+    root: int
+
+    def slot_at(self, nodes: NodeTable, depth: int) -> int:
+        """The path's node at ``depth`` (the namespace root at 0)."""
+        if depth == 0:
+            return self.root
+        return NodeTable.slot_at_depth(self.runs, nodes.depth, depth)
+
+
+class CheckpointIndex:
+    def __init__(self, nodes: NodeTable, experts: RoutedExpertStore, block_size: int) -> None:
+        self._nodes = nodes
+        self._experts = experts
+        self._block_size = block_size
+        self._buckets: dict[tuple[int, int], list[CheckpointRecord]] = {}
+        self._steps: dict[Namespace, list[int]] = {}
+        self._step_counts: dict[tuple[Namespace, int], int] = {}
+
+    def __len__(self) -> int:
+        return sum(len(bucket) for bucket in self._buckets.values())
+
+    def add(self, record: CheckpointRecord, key: tuple[int, int] | None = None) -> None:
+        """Index ``record`` under ``key`` (its own key by default); adding twice is a no-op."""
+        key = record.key if key is None else key
+        bucket = self._buckets.setdefault(key, [])
+        if any(entry is record for entry in bucket):
+            return
+        bucket.append(record)
+        if len(bucket) == 1:
+            self._count_step(record.namespace, key[0], +1)
+
+    def remove(self, record: CheckpointRecord, key: tuple[int, int] | None = None) -> bool:
+        """Remove the entry of ``record`` under ``key`` (its own key by default)."""
+        key = record.key if key is None else key
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            return False
+        kept = [entry for entry in bucket if entry is not record]
+        if len(kept) == len(bucket):
+            return False
+        if kept:
+            self._buckets[key] = kept
+        else:
+            del self._buckets[key]
+            self._count_step(record.namespace, key[0], -1)
+        return True
+
+    def _count_step(self, namespace: Namespace, step: int, delta: int) -> None:
+        count = self._step_counts.get((namespace, step), 0) + delta
+        steps = self._steps.setdefault(namespace, [])
+        if count == 0:
+            del self._step_counts[(namespace, step)]
+            del steps[bisect.bisect_left(steps, step)]
+            if not steps:
+                del self._steps[namespace]
+        else:
+            if delta > 0 and count == 1:
+                bisect.insort(steps, step)
+            self._step_counts[(namespace, step)] = count
+
+    def candidate_steps(self, namespace: Namespace, after: int, up_to: int) -> list[int]:
+        """Indexed steps ``s`` with ``after < s <= up_to``, deepest first."""
+        steps = self._steps.get(namespace)
+        if not steps:
+            return []
+        low = bisect.bisect_right(steps, after)
+        high = bisect.bisect_right(steps, up_to)
+        return steps[low:high][::-1]
+
+    def bucket(self, key: tuple[int, int]) -> tuple[CheckpointRecord, ...]:
+        return tuple(self._buckets.get(key, ()))
+
+    def entries(self):
+        """Every (key, record) entry, for cleanup and invariant checks."""
+        for key, bucket in self._buckets.items():
+            for record in bucket:
+                yield key, record
+
+    def num_steps(self, namespace: Namespace) -> int:
+        return len(self._steps.get(namespace, ()))
+
+    # --- exact verification ----------------------------------------------------------------
+
+    def verify(self, record: CheckpointRecord, key: tuple[int, int], path: RequestPath) -> Verdict:
+        """Decide whether ``record`` is an exact, usable checkpoint for the request."""
+        nodes, size = self._nodes, self._block_size
+        step = record.step
+        anchor_depth = step // size
+        if record.state is not CheckpointState.PUBLISHED or record.slot < 0:
+            return Verdict(VerifyStatus.STALE_CHECKPOINT, f"record {record.record_id} is {record.state.value}")
+        if step <= 0 or record.is_partial != (record.frozen_block >= 0):
+            return Verdict(VerifyStatus.STALE_CHECKPOINT, "partial checkpoint without frozen block, or the reverse")
+        if not nodes.is_valid(record.anchor, record.anchor_generation):
+            return Verdict(VerifyStatus.STALE_CHECKPOINT, "anchor detached")
+        if int(nodes.depth[record.anchor]) != anchor_depth or record.tail_tokens.size != step % size:
+            return Verdict(VerifyStatus.STALE_CHECKPOINT, "anchor depth or tail length disagrees with the step")
+        if key != record.key:
+            return Verdict(VerifyStatus.STALE_INDEX_ENTRY, "index key differs from the record's key")
+        seq = path.seq
+        if record.namespace != seq.namespace:
+            return Verdict(VerifyStatus.STALE_INDEX_ENTRY, "namespace differs")
+        if step > seq.num_valid - 1:
+            return Verdict(VerifyStatus.REQUEST_MISMATCH, "step not before the request's last token")
+        if not seq.is_boundary_safe(step):
+            return Verdict(VerifyStatus.REQUEST_MISMATCH, "step inside a multimodal span of the request")
+        if anchor_depth > path.depth or path.slot_at(nodes, anchor_depth) != record.anchor:
+            return Verdict(VerifyStatus.REQUEST_MISMATCH, "prefix before the anchor differs")
+        anchor_tokens = anchor_depth * size
+        if record.is_partial:
+            if not np.array_equal(record.tail_tokens, seq.token_view(anchor_tokens, step)):
+                return Verdict(VerifyStatus.REQUEST_MISMATCH, "tail tokens differ")
+            if record.tail_identity != seq.spans_overlapping(anchor_tokens, step):
+                return Verdict(VerifyStatus.REQUEST_MISMATCH, "tail multimodal identity differs")
+        if seq.want_routed_experts:
+            if record.is_partial and record.tail_experts is None:
+                return Verdict(VerifyStatus.REQUEST_MISMATCH, "tail has no routed experts")
+            prefix_runs = nodes.clip_runs(path.runs, anchor_depth)
+            if self._experts.first_missing_depth(prefix_runs, nodes.depth) is not None:
+                return Verdict(VerifyStatus.REQUEST_MISMATCH, "prefix blocks lack routed experts")
+        return HIT

@@ -1,0 +1,487 @@
+"""Checkpoint lifecycle: reserve, publish, pin, unpin, release, evict, stale cleanup.
+
+Owns: every live checkpoint record, its checkpoint-role state slot, its frozen KV block, its
+pins, the records of each anchor node, and two persistent LRU heaps (all published records,
+and published records that own a frozen block). It also writes the checkpoint fields of a
+sequence's ``prefix_state`` (pending save, restore selection, producer pin, decode checkpoint).
+
+States: absent -> RESERVED (slot and frozen block held, save in flight, not matchable) ->
+PUBLISHED (indexed, matchable) -> RELEASED. Pins (restore pins, the producer pin) overlay a
+published record; a pinned record is never released or evicted.
+
+An anchor may hold several records at different steps (bounded by ``max_per_anchor``). A new
+save never replaces a published record before it is itself published; when the anchor then
+holds too many, its least recently used unpinned records go. So an abandoned save loses
+nothing, and a checkpoint that keeps serving hits outlives a newer one that does not.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+from hybridcache.errors import (
+    AlreadyPublishedError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    LifecycleError,
+    OutOfBlocksError,
+    OutOfStateSlotsError,
+    PinnedError,
+    PinUnderflowError,
+)
+from hybridcache.memory.block_pool import BlockPool
+from hybridcache.memory.state_pool import SlotRole, StatePool
+from hybridcache.prefix_cache.checkpoint_index import CheckpointIndex, Verdict, VerifyStatus
+from hybridcache.prefix_cache.checkpoint_record import (
+    NO_BLOCK,
+    CheckpointRecord,
+    CheckpointState,
+    anchor_step,
+)
+from hybridcache.prefix_cache.node import NodeTable
+from hybridcache.sequence import Sequence
+
+NO_SAVE = -1
+
+
+@dataclass(frozen=True)
+class Released:
+    records: int
+    frozen_blocks: int
+
+_HeapEntry = tuple[int, int, CheckpointRecord]
+
+
+class CheckpointLifecycle:
+    def __init__(
+        self,
+        nodes: NodeTable,
+        index: CheckpointIndex,
+        pool: BlockPool,
+        states: StatePool,
+        block_size: int,
+        max_per_anchor: int = 4,
+    ) -> None:
+        if isinstance(max_per_anchor, bool) or not isinstance(max_per_anchor, int) or max_per_anchor < 1:
+            raise InvalidArgumentError("max_per_anchor must be an int >= 1")
+        self._nodes = nodes
+        self._index = index
+        self._pool = pool
+        self._states = states
+        self._block_size = block_size
+        self._max_per_anchor = max_per_anchor
+        self._by_anchor: dict[int, list[CheckpointRecord]] = {}
+        self._lru: list[_HeapEntry] = []
+        self._frozen_lru: list[_HeapEntry] = []
+        self._num_live = 0
+
+    # --- queries -------------------------------------------------------------------------------
+
+    def records_at(self, anchor: int) -> tuple[CheckpointRecord, ...]:
+        return tuple(self._by_anchor.get(anchor, ()))
+
+    def live_records(self) -> list[CheckpointRecord]:
+        return [record for records in self._by_anchor.values() for record in records]
+
+    def is_anchor_protected(self, anchor: int) -> bool:
+        """A node anchoring a pinned record must not be evicted."""
+        return any(record.pin_count for record in self._by_anchor.get(anchor, ()))
+
+    @property
+    def metadata_bytes(self) -> int:
+        return sum(record.metadata_bytes for record in self.live_records())
+
+    # --- reserve -------------------------------------------------------------------------------
+
+    def reserve_save(self, seq: Sequence, step: int | None = None, *, is_decode: bool = False) -> int:
+        """Reserve a checkpoint of ``seq``'s state after ``step`` tokens (default: all valid
+        tokens). Returns the state slot to save into, or -1 when no save is possible now.
+
+        Requires the sequence's blocks up to the anchor to be attached (``BlockTrie.allocate``).
+        A save needs: a step in ``(0, num_valid]`` outside every multimodal span (aligned for a
+        decode save), no equal record at the anchor, a free slot (one checkpoint may be evicted
+        for it) and, mid-block, a free KV block for the frozen copy, checked *before* anything is
+        evicted.
+        """
+        step = seq.num_valid if step is None else step
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
+            raise InvalidTypeError("step must be an int")
+        step = int(step)
+        self.discard_save(seq)
+        if not 0 < step <= seq.num_valid or not seq.is_boundary_safe(step):
+            return NO_SAVE
+        partial = step % self._block_size != 0
+        if is_decode and partial:
+            return NO_SAVE
+        anchor = self._anchor_for(seq, step)
+        if anchor is None or self._has_equal_record(anchor, seq, step):
+            return NO_SAVE
+        if partial and self._pool.num_free == 0:
+            return NO_SAVE
+        if self._states.num_free_checkpoint == 0 and self.evict(1) == 0:
+            return NO_SAVE
+        try:
+            slot = self._states.allocate_checkpoint()
+        except OutOfStateSlotsError:
+            return NO_SAVE
+        frozen = NO_BLOCK
+        if partial:
+            try:
+                frozen = int(self._pool.allocate(1)[0])
+            except OutOfBlocksError:
+                self._states.free_checkpoint(slot)
+                return NO_SAVE
+        start = anchor_step(step, self._block_size)
+        record = CheckpointRecord(
+            namespace=seq.namespace,
+            step=step,
+            anchor=anchor,
+            anchor_generation=int(self._nodes.generation[anchor]),
+            key=(step, int(self._nodes.key[anchor])),
+            slot=slot,
+            frozen_block=frozen,
+            tail_tokens=_frozen_copy(seq.token_view(start, step)),
+            tail_identity=seq.spans_overlapping(start, step),
+            producer_id=seq.seq_id,
+            is_decode=is_decode,
+        )
+        self._attach_tail_experts(seq, record)
+        self._by_anchor.setdefault(anchor, []).append(record)
+        self._num_live += 1
+        seq.prefix_state.pending_save = record
+        return slot
+
+    def reserve_decode_save(self, seq: Sequence, interval: int) -> int:
+        """Reserve the sequence's periodic decode checkpoint at its current length, when that
+        length is a positive multiple of ``interval`` (itself a multiple of the block size)."""
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 0:
+            raise InvalidArgumentError("interval must be a non-negative int")
+        step = seq.num_valid
+        if interval == 0 or step % interval or step % self._block_size:
+            return NO_SAVE
+        previous = seq.prefix_state.decode_checkpoint
+        if previous is not None and previous.step == step and previous.is_published:
+            return NO_SAVE
+        return self.reserve_save(seq, step, is_decode=True)
+
+    def _anchor_for(self, seq: Sequence, step: int) -> int | None:
+        state = seq.prefix_state
+        depth = step // self._block_size
+        if depth == 0:
+            return self._nodes.find_root(seq.namespace)
+        if not self._nodes.is_valid(state.cursor, state.cursor_generation):
+            return None
+        cursor_depth = int(self._nodes.depth[state.cursor])
+        if cursor_depth < depth:
+            return None
+        _, anchor = self._nodes.path_runs(state.cursor, depth)
+        return anchor
+
+    def _has_equal_record(self, anchor: int, seq: Sequence, step: int) -> bool:
+        start = anchor_step(step, self._block_size)
+        for record in self._by_anchor.get(anchor, ()):
+            if record.step == step and np.array_equal(record.tail_tokens, seq.token_view(start, step)):
+                if record.tail_identity == seq.spans_overlapping(start, step):
+                    return True
+        return False
+
+    def _attach_tail_experts(self, seq: Sequence, record: CheckpointRecord) -> None:
+        if not record.is_partial or not seq.want_routed_experts or record.tail_experts is not None:
+            return
+        if seq.num_routed_experts >= record.step:
+            start = anchor_step(record.step, self._block_size)
+            record.tail_experts = _frozen_copy(seq.routed_experts[start : record.step])
+
+    def attach_pending_tail_experts(self, seq: Sequence) -> None:
+        """Give the sequence's published partial checkpoints the tail expert rows that arrived
+        after publication (rows come with a forward's output)."""
+        waiting = seq.prefix_state.records_missing_experts
+        for record in list(waiting):
+            if record.state is not CheckpointState.PUBLISHED:
+                waiting.remove(record)
+                continue
+            self._attach_tail_experts(seq, record)
+            if record.tail_experts is not None:
+                waiting.remove(record)
+
+    # --- discard and publish ---------------------------------------------------------------
+
+    def discard_save(self, seq: Sequence) -> bool:
+        """Drop the sequence's unpublished reservation (its forward was abandoned)."""
+        state = seq.prefix_state
+        record = state.pending_save
+        state.pending_save = None
+        if record is None or record.state is not CheckpointState.RESERVED:
+            return False
+        self._release(record)
+        return True
+
+    def publish_save(self, seq: Sequence, *, pin: bool = False) -> bool:
+        """Make the sequence's reserved save matchable, after its save copy is queued.
+
+        Transactional: the record must still be reserved, owned by this sequence, with its slot
+        and frozen block, on an attached anchor. Otherwise the reservation is released and
+        nothing is indexed. ``pin`` takes the producer pin (held until the copy completes).
+        Returns whether a checkpoint was published.
+        """
+        state = seq.prefix_state
+        record = state.pending_save
+        if record is None:
+            return False
+        if pin and state.producer_pin is not None:
+            raise LifecycleError("the sequence already holds a producer pin")
+        state.pending_save = None
+        if not self._publishable(seq, record):
+            if record.state is CheckpointState.RESERVED:
+                self._release(record)
+            return False
+        self.publish(record)
+        if seq.want_routed_experts and record.is_partial and record.tail_experts is None:
+            state.records_missing_experts.append(record)
+        if record.is_decode:
+            previous, state.decode_checkpoint = state.decode_checkpoint, record
+            if previous is not None and previous.is_published and previous.pin_count == 0:
+                self.release(previous)
+        if pin:
+            record.producer_pins += 1
+            state.producer_pin = record
+        self._enforce_anchor_cap(record)
+        return True
+
+    def _publishable(self, seq: Sequence, record: CheckpointRecord) -> bool:
+        return (
+            record.state is CheckpointState.RESERVED
+            and record.producer_id == seq.seq_id
+            and record.step <= seq.num_valid
+            and self._nodes.is_valid(record.anchor, record.anchor_generation)
+            and self._states.role_of(record.slot) is SlotRole.CHECKPOINT
+            and (record.frozen_block == NO_BLOCK or self._pool.refcount_of(record.frozen_block) == 1)
+        )
+
+    def publish(self, record: CheckpointRecord) -> None:
+        """Index a reserved record. Publishing twice, or a released record, raises."""
+        if record.state is CheckpointState.PUBLISHED:
+            raise AlreadyPublishedError(f"{record} is already published")
+        if record.state is not CheckpointState.RESERVED:
+            raise LifecycleError(f"{record} was released")
+        self._index.add(record)
+        record.state = CheckpointState.PUBLISHED
+        self._touch(record)
+
+    def _enforce_anchor_cap(self, newest: CheckpointRecord) -> None:
+        published = [r for r in self._by_anchor.get(newest.anchor, ()) if r.is_published]
+        surplus = len(published) - self._max_per_anchor
+        if surplus <= 0:
+            return
+        for record in sorted((r for r in published if r is not newest and r.pin_count == 0), key=lambda r: r.stamp):
+            if surplus == 0:
+                break
+            self.release(record)
+            surplus -= 1
+
+    # --- pins ----------------------------------------------------------------------------------
+
+    def select_restore(self, seq: Sequence, record: CheckpointRecord) -> None:
+        state = seq.prefix_state
+        if state.restore_pinned:
+            raise PinnedError("the sequence's current restore is pinned; unpin it first")
+        state.restore = record
+
+    def pin_restore(self, seq: Sequence) -> bool:
+        """Pin the selected restore until its copy is queued. False when nothing is selected,
+        it is already pinned, or the checkpoint is gone (the match must then be dropped)."""
+        state = seq.prefix_state
+        record = state.restore
+        if record is None or state.restore_pinned or not record.is_published:
+            return False
+        record.restore_pins += 1
+        record.hits += 1
+        state.restore_pinned = True
+        self._touch(record)
+        return True
+
+    def unpin_restore(self, seq: Sequence) -> bool:
+        """Release the restore pin (at the boundary after the restore copy is queued) and clear
+        the selection. False when no pin is held."""
+        state = seq.prefix_state
+        if not state.restore_pinned:
+            return False
+        self._unpin(state.restore, producer=False)
+        state.restore = None
+        state.restore_pinned = False
+        return True
+
+    def unpin_save(self, seq: Sequence) -> bool:
+        """Release the producer pin (at the boundary after the save copy completed)."""
+        state = seq.prefix_state
+        record = state.producer_pin
+        if record is None:
+            return False
+        self._unpin(record, producer=True)
+        state.producer_pin = None
+        return True
+
+    def _unpin(self, record: CheckpointRecord, *, producer: bool) -> None:
+        count = record.producer_pins if producer else record.restore_pins
+        if count <= 0:
+            raise PinUnderflowError(f"{record} is not pinned")
+        if producer:
+            record.producer_pins -= 1
+        else:
+            record.restore_pins -= 1
+
+    # --- release and eviction --------------------------------------------------------------
+
+    def release(self, record: CheckpointRecord) -> None:
+        """Return a record's slot and frozen block. A pinned record raises; releasing twice
+        raises."""
+        if record.pin_count:
+            raise PinnedError(f"cannot release pinned {record}")
+        if record.state is CheckpointState.RELEASED:
+            raise LifecycleError(f"{record} was already released")
+        self._release(record)
+
+    def _release(self, record: CheckpointRecord) -> None:
+        if record.state is CheckpointState.PUBLISHED:
+            self._index.remove(record)
+        record.state = CheckpointState.RELEASED
+        if record.frozen_block != NO_BLOCK:
+            self._pool.unref([record.frozen_block])
+        self._states.free_checkpoint(record.slot)
+        records = self._by_anchor[record.anchor]
+        records.remove(record)
+        if not records:
+            del self._by_anchor[record.anchor]
+        self._num_live -= 1
+
+    def release_anchored(self, anchor: int) -> Released:
+        """Release every record on an anchor that was just evicted (none can be pinned)."""
+        records = list(self._by_anchor.get(anchor, ()))
+        frozen = sum(record.frozen_block != NO_BLOCK for record in records)
+        for record in records:
+            self._release(record)
+        return Released(records=len(records), frozen_blocks=frozen)
+
+    def evict(self, count: int) -> int:
+        """Release up to ``count`` least recently used unpinned published records (state-slot
+        pressure). Returns how many were released."""
+        return self._evict_from(self._lru, count)
+
+    def evict_frozen(self, count: int) -> int:
+        """Release up to ``count`` least recently used partial records (KV pressure); each one
+        frees one frozen block. Returns how many were released."""
+        return self._evict_from(self._frozen_lru, count)
+
+    def _evict_from(self, heap: list[_HeapEntry], count: int) -> int:
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+            raise InvalidArgumentError("count must be a non-negative int")
+        released = 0
+        set_aside = []
+        while heap and released < count:
+            entry = heapq.heappop(heap)
+            stamp, _, record = entry
+            if record.state is not CheckpointState.PUBLISHED or record.stamp != stamp:
+                continue
+            if record.pin_count:
+                set_aside.append(entry)
+                continue
+            self._release(record)
+            released += 1
+        for entry in set_aside:
+            heapq.heappush(heap, entry)
+        return released
+
+    def _touch(self, record: CheckpointRecord) -> None:
+        record.stamp = self._pool.tick()
+        entry = (record.stamp, record.record_id, record)
+        heapq.heappush(self._lru, entry)
+        if record.is_partial:
+            heapq.heappush(self._frozen_lru, entry)
+        if len(self._lru) > 2 * self._num_live + 64:
+            self._lru = self._live_entries(self._lru)
+            self._frozen_lru = self._live_entries(self._frozen_lru)
+
+    @staticmethod
+    def _live_entries(heap: list[_HeapEntry]) -> list[_HeapEntry]:
+        live = [entry for entry in heap if entry[2].is_published and entry[2].stamp == entry[0]]
+        heapq.heapify(live)
+        return live
+
+    # --- stale cleanup ---------------------------------------------------------------------
+
+    def clean_stale(self, record: CheckpointRecord, key: tuple[int, int], verdict: Verdict) -> None:
+        """Act on a non-hit verdict from matching: drop a stale index entry, release a stale
+        record unless it is pinned. A request mismatch changes nothing."""
+        if verdict.status is VerifyStatus.STALE_INDEX_ENTRY:
+            self._index.remove(record, key)
+        elif verdict.status is VerifyStatus.STALE_CHECKPOINT:
+            if record.pin_count:
+                return
+            self._index.remove(record, key)
+            if record.state is not CheckpointState.RELEASED:
+                self._release(record)
+
+    # --- sequences -------------------------------------------------------------------------
+
+    def forget_sequence(self, seq: Sequence) -> None:
+        """A sequence ends: drop its reservation and restore pin; the producer pin stays until
+        the engine's output boundary releases it."""
+        self.discard_save(seq)
+        self.unpin_restore(seq)
+        state = seq.prefix_state
+        state.restore = None
+        state.decode_checkpoint = None
+        state.records_missing_experts = []
+
+    def check_invariants(self, sequences=()) -> None:
+        """Every live record owns one checkpoint slot (and at most one frozen block with a single
+        reference); published records are indexed exactly once under their key on an attached
+        anchor; nothing released is indexed; pins are held by sequences."""
+        live = self.live_records()
+        assert len(live) == self._num_live, "live record count drifted"
+        slots = [record.slot for record in live]
+        assert len(set(slots)) == len(slots), "two records share a state slot"
+        assert self._states.num_checkpoint == len(live), "checkpoint slots differ from live records"
+        for record in live:
+            assert self._states.role_of(record.slot) is SlotRole.CHECKPOINT
+            assert record.state is not CheckpointState.RELEASED
+            assert record.pin_count >= 0 and record.restore_pins >= 0 and record.producer_pins >= 0
+            if record.frozen_block != NO_BLOCK:
+                assert self._pool.refcount_of(record.frozen_block) == 1, "frozen block shared"
+            if record.is_published:
+                assert self._nodes.is_valid(record.anchor, record.anchor_generation), "published on a detached anchor"
+                assert int(self._nodes.depth[record.anchor]) == record.step // self._block_size
+            elif record.state is CheckpointState.RESERVED:
+                assert record.pin_count == 0, "a reservation is pinned"
+        entries = list(self._index.entries())
+        indexed = [record for _, record in entries]
+        assert len({id(r) for r in indexed}) == len(indexed), "a record is indexed twice"
+        for key, record in entries:
+            assert record.is_published and key == record.key, "stale or foreign index entry"
+        assert {id(r) for r in indexed} == {id(r) for r in live if r.is_published}, "published record not indexed"
+        frozen = [r.frozen_block for r in live if r.frozen_block != NO_BLOCK]
+        assert len(set(frozen)) == len(frozen), "two records share a frozen block"
+        restore_pins = {}
+        producer_pins = {}
+        for seq in sequences:
+            state = seq.prefix_state
+            if state.restore_pinned:
+                restore_pins[id(state.restore)] = restore_pins.get(id(state.restore), 0) + 1
+            if state.producer_pin is not None:
+                producer_pins[id(state.producer_pin)] = producer_pins.get(id(state.producer_pin), 0) + 1
+        if sequences:
+            for record in live:
+                assert record.restore_pins == restore_pins.get(id(record), 0), "restore pins without owners"
+                assert record.producer_pins == producer_pins.get(id(record), 0), "producer pins without owners"
+
+    def frozen_blocks(self) -> list[int]:
+        return [r.frozen_block for r in self.live_records() if r.frozen_block != NO_BLOCK]
+
+
+def _frozen_copy(array: np.ndarray) -> np.ndarray:
+    copy = np.array(array, copy=True)
+    copy.flags.writeable = False
+    return copy

@@ -1,0 +1,90 @@
+"""A recurrent-state checkpoint record and checkpoint geometry.
+
+A record describes the recurrent state after ``step`` tokens of one prefix, held in a
+checkpoint state slot. It lives on its *anchor*: the trie node at depth ``step // block_size``
+(a namespace root for ``step < block_size``). When ``step`` is mid-block the record also owns a
+*frozen block*: a private copy of the KV block at index ``step // block_size`` as it was after
+``step`` tokens, plus the tokens (and multimodal identity, and routed-expert rows) of that
+partial *tail*. Everything before the anchor is identified by the anchor's trie path, which
+cannot change while the anchor is attached (monotonic topology), so a record's exact-match
+metadata is O(block_size), never a copy of its prefix.
+
+Only ``checkpoint_lifecycle`` changes a record's lifecycle fields (state, slot, pins, stamp).
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hybridcache.sequence import MultimodalSpan, Namespace
+
+_record_ids = itertools.count(1)
+NO_BLOCK = -1
+NO_SLOT = -1
+
+
+def anchor_step(step: int, block_size: int) -> int:
+    """The block boundary at or below ``step``: where the record's trie anchor ends."""
+    return step - step % block_size
+
+
+def tail_start(step: int, block_size: int) -> int:
+    """Start of the last non-empty block-bounded range that ends at ``step``."""
+    return ((step - 1) // block_size) * block_size
+
+
+class CheckpointState(enum.Enum):
+    RESERVED = "reserved"  # slot held, save in flight, not matchable
+    PUBLISHED = "published"  # matchable
+    RELEASED = "released"  # slot and frozen block returned; the record is dead
+
+
+@dataclass(eq=False)
+class CheckpointRecord:
+    namespace: Namespace
+    step: int
+    anchor: int
+    anchor_generation: int
+    key: tuple[int, int]
+    slot: int
+    frozen_block: int
+    tail_tokens: np.ndarray
+    tail_identity: tuple[MultimodalSpan, ...]
+    producer_id: int
+    is_decode: bool
+    state: CheckpointState = CheckpointState.RESERVED
+    restore_pins: int = 0
+    producer_pins: int = 0
+    stamp: int = 0
+    hits: int = 0
+    tail_experts: np.ndarray | None = None
+    record_id: int = field(default_factory=lambda: next(_record_ids))
+
+    @property
+    def is_partial(self) -> bool:
+        return self.tail_tokens.size > 0
+
+    @property
+    def pin_count(self) -> int:
+        return self.restore_pins + self.producer_pins
+
+    @property
+    def is_published(self) -> bool:
+        return self.state is CheckpointState.PUBLISHED
+
+    @property
+    def metadata_bytes(self) -> int:
+        """Host bytes of exact-match metadata: the tail, its identity and the fixed fields."""
+        experts = 0 if self.tail_experts is None else self.tail_experts.nbytes
+        fixed = 16 * 8  # step, anchor, generation, key (2), slot, frozen block, pins, stamp, ...
+        return self.tail_tokens.nbytes + experts + fixed + 64 * len(self.tail_identity)
+
+    def __repr__(self) -> str:
+        return (
+            f"CheckpointRecord(id={self.record_id}, step={self.step}, anchor={self.anchor}, slot={self.slot}, "
+            f"frozen={self.frozen_block}, {self.state.value}, pins={self.restore_pins}+{self.producer_pins})"
+        )

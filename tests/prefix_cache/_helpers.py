@@ -1,0 +1,151 @@
+"""Shared helpers of the prefix-cache tests: building tries, admitting sequences, deep snapshots."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+import numpy as np
+
+from hybridcache.memory.block_pool import BlockPool
+from hybridcache.prefix_cache import BlockTrie
+from hybridcache.prefix_state import NO_NODE
+from hybridcache.sequence import Sequence
+
+B = 16
+
+
+def make_trie(num_blocks: int = 64, block_size: int = B, **kwargs) -> tuple[BlockPool, BlockTrie]:
+    pool = BlockPool(num_blocks)
+    return pool, BlockTrie(pool, block_size, **kwargs)
+
+
+def admit(trie: BlockTrie, seq: Sequence, *, forward: bool = True):
+    """The scheduler's happy path: match, give the rest fresh blocks, attach, commit, run."""
+    txn = trie.match(seq)
+    trie.pool.grow_table(seq, seq.num_tokens, trie.block_size)
+    trie.allocate(seq)
+    trie.commit(txn)
+    if forward:
+        seq.set_computed(seq.num_tokens)
+    return txn
+
+
+def decode(trie: BlockTrie, seq: Sequence, tokens, *, forward: bool = True) -> None:
+    """Append tokens (as a decode step would), grow the table, attach, and run the forward."""
+    seq.append_tokens(tokens)
+    trie.pool.grow_table(seq, seq.num_tokens, trie.block_size)
+    trie.allocate(seq)
+    if forward:
+        seq.set_computed(seq.num_tokens)
+
+
+def produce(trie: BlockTrie, tokens, **kwargs) -> Sequence:
+    """Run a request to completion and free it: its complete blocks stay in the trie."""
+    seq = Sequence(tokens, **kwargs)
+    admit(trie, seq)
+    trie.free_sequence(seq)
+    return seq
+
+
+def refs(pool: BlockPool, seq: Sequence) -> list[int]:
+    return pool.refcounts(seq.block_table).tolist()
+
+
+def cursor_depth(trie: BlockTrie, seq: Sequence) -> int | None:
+    """Depth of the sequence's cursor, or None when it has no valid cursor."""
+    state = seq.prefix_state
+    if state.cursor == NO_NODE or not trie.nodes.is_valid(state.cursor, state.cursor_generation):
+        return None
+    return int(trie.nodes.depth[state.cursor])
+
+
+def path_blocks(trie: BlockTrie, seq: Sequence) -> list[int]:
+    """Canonical block ids of the path from the root to the sequence's cursor, in table order."""
+    if cursor_depth(trie, seq) is None:
+        return []
+    nodes, slot, ids = trie.nodes, seq.prefix_state.cursor, []
+    while not nodes.is_root[slot]:
+        ids.append(int(nodes.block[slot]))
+        slot = int(nodes.parent[slot])
+    return ids[::-1]
+
+
+def leaves(trie: BlockTrie) -> list[int]:
+    nodes = trie.nodes
+    return [s for s in nodes.attached_slots().tolist() if nodes.num_children[s] == 0]
+
+
+def slots_at_depth(trie: BlockTrie, depth: int) -> list[int]:
+    nodes = trie.nodes
+    return [s for s in nodes.attached_slots().tolist() if nodes.depth[s] == depth]
+
+
+def node_tokens(trie: BlockTrie, slot: int) -> list[int]:
+    return trie.tokens.run(slot, slot).tolist()
+
+
+def tokens(n: int, start: int = 1) -> list[int]:
+    return list(range(start, start + n))
+
+
+# --- deep snapshots -----------------------------------------------------------------------------
+
+
+def freeze(obj, _seen=None):
+    """A hashable, comparable deep image of an object graph (numpy arrays by dtype, shape, bytes).
+
+    Objects are followed through ``__dict__``; an object met twice is recorded by type only
+    (the first visit already captured its state).
+    """
+    if _seen is None:
+        _seen = set()
+    if isinstance(obj, np.ndarray):
+        return ("ndarray", obj.dtype.str, obj.shape, obj.tobytes())
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, enum.Enum):
+        return (type(obj).__name__, obj.value)
+    if obj is None or isinstance(obj, (bool, int, float, str, bytes)):
+        return obj
+    if isinstance(obj, dict):
+        items = [(freeze(k, _seen), freeze(v, _seen)) for k, v in obj.items()]
+        return ("dict", type(obj).__name__, tuple(sorted(items, key=repr)))
+    if isinstance(obj, (list, tuple)):
+        return (type(obj).__name__, tuple(freeze(v, _seen) for v in obj))
+    if isinstance(obj, (set, frozenset)):
+        return ("set", tuple(sorted((freeze(v, _seen) for v in obj), key=repr)))
+    if id(obj) in _seen:
+        return ("seen", type(obj).__name__)
+    _seen.add(id(obj))
+    if dataclasses.is_dataclass(obj) and not hasattr(obj, "__dict__"):
+        state = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    else:
+        state = vars(obj)
+    return (type(obj).__name__, freeze(state, _seen))
+
+
+def snapshot(*objects):
+    """Deep image of the given objects (pool, trie, sequences, transactions)."""
+    return tuple(freeze(o) for o in objects)
+
+
+# caches of facts about the tokens (kept by a rollback): the block keys and the verified node
+KEY_CACHE_FIELDS = ("block_keys", "num_keys", "key_sum", "keyer_id", "mm_blocks", "verified", "verified_generation")
+
+
+def seq_state(seq: Sequence):
+    """What a rollback must restore on a sequence: everything but the cached block keys (a pure
+    function of the tokens, extended by any match)."""
+    state = {k: v for k, v in vars(seq.prefix_state).items() if k not in KEY_CACHE_FIELDS}
+    experts = seq.routed_experts
+    return freeze(
+        {
+            "tokens": seq.tokens.copy(),
+            "computed": seq.num_computed,
+            "table": seq.block_table.copy(),
+            # no rows yet (None) and zero rows (an empty array) are the same history
+            "experts": [] if experts is None else experts.tolist(),
+            "prefix_state": state,
+        }
+    )

@@ -1,0 +1,199 @@
+"""BlockKeyer: keyed prefix keys, namespaces, multimodal identity, incremental extension."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hybridcache.prefix_cache import BlockKeyer
+from hybridcache.sequence import MultimodalSpan, Sequence
+
+from ._helpers import B, tokens
+
+
+def keys_of(keyer: BlockKeyer, toks, **kwargs) -> list[int]:
+    return keyer.extend(Sequence(toks, **kwargs)).tolist()
+
+
+def test_extend_returns_one_key_per_complete_block():
+    keyer = BlockKeyer(B)
+    assert len(keys_of(keyer, tokens(0))) == 0
+    assert len(keys_of(keyer, tokens(B - 1))) == 0
+    assert len(keys_of(keyer, tokens(B))) == 1
+    assert len(keys_of(keyer, tokens(5 * B + 3))) == 5
+    keys = keyer.extend(Sequence(tokens(4 * B)))
+    assert keys.dtype == np.uint64
+
+
+def test_default_keyers_have_per_process_secrets():
+    toks = tokens(3 * B)
+    first, second = BlockKeyer(B), BlockKeyer(B)
+    assert first.keyer_id != second.keyer_id
+    a, b = keys_of(first, toks), keys_of(second, toks)
+    assert all(x != y for x, y in zip(a, b))
+    # the same keyer is deterministic
+    assert keys_of(first, toks) == a
+
+
+def test_deterministic_keyers_agree_in_process():
+    toks = tokens(3 * B)
+    a = keys_of(BlockKeyer.deterministic(B), toks)
+    b = keys_of(BlockKeyer.deterministic(B), toks)
+    assert a == b
+    assert a != keys_of(BlockKeyer(B), toks)
+    # block size is part of the key material
+    assert keys_of(BlockKeyer.deterministic(2 * B), toks)[0] not in a
+
+
+def test_deterministic_keyers_agree_across_processes():
+    toks = tokens(3 * B, start=7)
+    code = (
+        "from hybridcache.prefix_cache import BlockKeyer\n"
+        "from hybridcache.sequence import Sequence\n"
+        f"print(BlockKeyer.deterministic({B}).extend(Sequence({toks!r})).tolist())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert eval(out.stdout) == keys_of(BlockKeyer.deterministic(B), toks)
+
+
+@pytest.mark.parametrize(
+    "namespace",
+    [
+        {"adapter": "lora-a"},
+        {"cache_salt": "tenant-1"},
+        {"adapter": "lora-a", "cache_salt": "tenant-1"},
+        {"adapter": "tenant-1"},  # the same string in the other field is another namespace
+    ],
+)
+def test_namespace_changes_every_key(namespace):
+    keyer = BlockKeyer.deterministic(B)
+    toks = tokens(3 * B)
+    base = keys_of(keyer, toks)
+    other = keys_of(keyer, toks, **namespace)
+    assert all(x != y for x, y in zip(base, other))
+    assert keys_of(keyer, toks, **namespace) == other
+    assert keyer.namespace_seed(Sequence(toks).namespace) != keyer.namespace_seed(Sequence(toks, **namespace).namespace)
+
+
+def test_prefix_keys_chain():
+    keyer = BlockKeyer.deterministic(B)
+    toks = tokens(5 * B)
+    base = keys_of(keyer, toks)
+    assert len(set(base)) == 5
+    # changing one token of block 0 changes every key
+    changed = list(toks)
+    changed[3] += 1000
+    assert all(x != y for x, y in zip(base, keys_of(keyer, changed)))
+    # changing a token of block 2 keeps keys 0 and 1 and changes 2, 3, 4
+    changed = list(toks)
+    changed[2 * B + 5] += 1000
+    other = keys_of(keyer, changed)
+    assert other[:2] == base[:2]
+    assert all(x != y for x, y in zip(base[2:], other[2:]))
+
+
+def test_position_is_part_of_the_key():
+    keyer = BlockKeyer.deterministic(B)
+    repeated = [5] * (4 * B)
+    keys = keys_of(keyer, repeated)
+    assert len(set(keys)) == 4
+    values = keyer.block_hashes(np.array(repeated, dtype=np.int32), 0)
+    assert len(set(values.tolist())) == 4
+
+
+def test_swapping_tokens_inside_a_block_changes_the_key():
+    keyer = BlockKeyer.deterministic(B)
+    toks = tokens(B)
+    swapped = list(toks)
+    swapped[0], swapped[1] = swapped[1], swapped[0]
+    assert keys_of(keyer, toks) != keys_of(keyer, swapped)
+    swapped = list(toks)
+    swapped[0], swapped[2] = swapped[2], swapped[0]
+    assert keys_of(keyer, toks) != keys_of(keyer, swapped)
+
+
+def test_multimodal_content_id_changes_keys_from_its_block_on():
+    keyer = BlockKeyer.deterministic(B)
+    toks = tokens(4 * B)
+    plain = keys_of(keyer, toks)
+    a = keys_of(keyer, toks, multimodal=[MultimodalSpan(20, 30, "image", "img-a")])
+    a_again = keys_of(keyer, toks, multimodal=[MultimodalSpan(20, 30, "image", "img-a")])
+    b = keys_of(keyer, toks, multimodal=[MultimodalSpan(20, 30, "image", "img-b")])
+    assert a == a_again
+    # block 0 has no span: identical to text-only
+    assert plain[0] == a[0] == b[0]
+    assert all(len({x, y, z}) == 3 for x, y, z in zip(plain[1:], a[1:], b[1:]))
+
+
+def test_multimodal_span_geometry_and_modality_change_keys():
+    keyer = BlockKeyer.deterministic(B)
+    toks = tokens(3 * B)
+    base = keys_of(keyer, toks, multimodal=[MultimodalSpan(20, 30, "image", "x")])
+    moved = keys_of(keyer, toks, multimodal=[MultimodalSpan(20, 31, "image", "x")])
+    video = keys_of(keyer, toks, multimodal=[MultimodalSpan(20, 30, "video", "x")])
+    assert base[0] == moved[0] == video[0]
+    assert base[1] != moved[1] and base[1] != video[1]
+
+
+def test_span_order_does_not_matter():
+    keyer = BlockKeyer.deterministic(B)
+    toks = tokens(3 * B)
+    image = MultimodalSpan(2, 10, "image", "img")
+    video = MultimodalSpan(20, 40, "video", "vid")
+    assert keys_of(keyer, toks, multimodal=[image, video]) == keys_of(keyer, toks, multimodal=[video, image])
+
+
+def test_multimodal_blocks_map_spans_to_the_blocks_they_overlap():
+    spans = [MultimodalSpan(4, 20, "image", "a"), MultimodalSpan(36, 40, "image", "b"), MultimodalSpan(50, 60, "video", "c")]
+    seq = Sequence(tokens(4 * B), multimodal=spans)
+    keyer = BlockKeyer(B)
+    keyer.extend(seq)
+    blocks = seq.prefix_state.mm_blocks
+    assert sorted(blocks) == [0, 1, 2, 3]
+    assert blocks[0] == blocks[1] == (spans[0],)
+    assert blocks[2] == (spans[1],)
+    assert blocks[3] == (spans[2],)
+    # the stored spans are the sequence's own span objects, not copies
+    assert blocks[0][0] is seq.spans[0] and blocks[3][0] is seq.spans[2]
+    assert len({id(s) for spans_ in blocks.values() for s in spans_}) == 3
+
+
+def test_incremental_extension_equals_one_shot():
+    keyer = BlockKeyer.deterministic(B)
+    toks = tokens(7 * B + 5)
+    span = MultimodalSpan(30, 50, "image", "img")
+    grown = Sequence(toks[:3], multimodal=[])
+    grown_mm = Sequence(toks[:60], multimodal=[span])
+    assert keyer.extend(grown).size == 0
+    assert keyer.extend(grown_mm).size == 3
+    pos = 3
+    for step in (1, 13, 16, 2, 40, 0, 30, 12):
+        grown.append_tokens(toks[pos : pos + step])
+        pos += step
+        keyer.extend(grown)
+    grown_mm.append_tokens(toks[60:])
+    keyer.extend(grown_mm)
+    assert pos == len(toks)
+    assert keyer.extend(grown).tolist() == keys_of(keyer, toks)
+    assert keyer.extend(grown_mm).tolist() == keys_of(keyer, toks, multimodal=[span])
+    assert grown.prefix_state.num_keys == 7
+
+
+def test_switching_keyer_recomputes_keys():
+    first, second = BlockKeyer(B), BlockKeyer.deterministic(B)
+    seq = Sequence(tokens(3 * B))
+    a = first.extend(seq).tolist()
+    assert seq.prefix_state.keyer_id == first.keyer_id
+    b = second.extend(seq).tolist()
+    assert seq.prefix_state.keyer_id == second.keyer_id
+    assert b == keys_of(second, tokens(3 * B)) and a != b
+
+
+def test_small_block_size():
+    keyer = BlockKeyer.deterministic(2)
+    assert len(set(keys_of(keyer, [1, 2, 1, 2, 1, 2]))) == 3
+    assert keys_of(keyer, [1, 2, 3, 4])[0] == keys_of(keyer, [1, 2, 4, 3])[0]
+    assert keys_of(keyer, [1, 2, 3, 4])[1] != keys_of(keyer, [1, 2, 4, 3])[1]

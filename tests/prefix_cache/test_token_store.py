@@ -1,0 +1,54 @@
+"""TokenStore: one int32 row per node slot, read in place as contiguous runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hybridcache.prefix_cache.token_store import TokenStore
+from hybridcache.sequence import TOKEN_DTYPE
+
+
+def test_contiguous_write_and_run_view():
+    store = TokenStore(4, capacity=8)
+    assert store.capacity == 8 and store.nbytes == 8 * 4 * 4
+    flat = np.arange(12, dtype=TOKEN_DTYPE)
+    store.write(np.array([2, 3, 4]), flat)
+    assert store.run(2, 4).tolist() == list(range(12))
+    assert store.run(3, 3).tolist() == [4, 5, 6, 7]
+    view = store.run(2, 4)
+    assert view.dtype == TOKEN_DTYPE and not view.flags.writeable
+    with pytest.raises(ValueError):
+        view[0] = 99
+    assert np.shares_memory(view, store.run(2, 2))  # a view, not a copy
+
+
+def test_scattered_write():
+    store = TokenStore(2, capacity=10)
+    store.write(np.array([1, 5, 7]), np.array([1, 2, 3, 4, 5, 6], dtype=TOKEN_DTYPE))
+    assert store.run(1, 1).tolist() == [1, 2]
+    assert store.run(5, 5).tolist() == [3, 4]
+    assert store.run(7, 7).tolist() == [5, 6]
+    assert store.run(2, 4).tolist() == [0] * 6
+
+
+def test_empty_write_is_a_no_op():
+    store = TokenStore(2, capacity=2)
+    store.write(np.array([], dtype=np.int64), np.array([], dtype=TOKEN_DTYPE))
+    assert store.run(0, 1).tolist() == [0] * 4
+
+
+def test_growth_keeps_rows():
+    store = TokenStore(4, capacity=0)
+    assert store.capacity == 0
+    store.ensure_capacity(3)
+    assert store.capacity >= 3
+    store.write(np.array([0, 1, 2]), np.arange(12, dtype=TOKEN_DTYPE))
+    store.ensure_capacity(2)  # never shrinks
+    assert store.capacity >= 3
+    store.ensure_capacity(100)
+    assert store.capacity >= 100
+    assert store.run(0, 2).tolist() == list(range(12))
+    old = store.capacity
+    store.ensure_capacity(old + 1)
+    assert store.capacity >= 2 * old  # amortized doubling
