@@ -17,11 +17,12 @@ def _run_cli(*args: str, tmp_path) -> subprocess.CompletedProcess:
     )
 
 
-def test_demo_prints_the_hit_rate_table(tmp_path):
+def test_demo_serves_identical_outputs_and_prints_the_hit_rate_table(tmp_path):
     result = _run_cli("demo", tmp_path=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "hit rate" in result.stdout
     assert "overall" in result.stdout
+    assert "identical" in result.stdout and "DIFFERENT" not in result.stdout
 
 
 def test_kv_match_smoke_writes_json_records(tmp_path):

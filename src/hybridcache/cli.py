@@ -103,8 +103,7 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
 def _demo(_: argparse.Namespace, __: list[str]) -> int:
     from hybridcache.demo import run_demo
 
-    run_demo(console)
-    return 0
+    return 0 if run_demo(console) else 1
 
 
 def build_parser() -> argparse.ArgumentParser:

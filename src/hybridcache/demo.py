@@ -1,76 +1,127 @@
-"""``hybridcache demo``: a multi-turn chat workload replayed through the KV prefix cache.
+"""``hybridcache demo``: a multi-turn chat served by the reference engine, with and without
+prefix caching.
 
-Several conversations share one system prompt; every turn sends the whole conversation so far
-plus a new user message, then "generates" a reply (deterministic pseudo-random tokens). The
-table shows, per turn, how many prompt tokens the request asked for and how many the prefix
-cache served.
+Sixteen conversations share a system prompt; every turn sends the whole conversation so far
+(history, the assistant's previous reply, a new user message) and generates a reply. The same
+workload runs twice, with prefix caching off and on; the table compares, per turn and overall,
+prompt tokens, tokens served from the cache, the hit rate, the prefill tokens actually computed
+and the wall time, and the demo checks that every output is identical.
 """
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass, field
+
 import numpy as np
 from rich.console import Console
+from rich.progress import Progress
 from rich.table import Table
 
-from hybridcache.memory.block_pool import BlockPool
-from hybridcache.prefix_cache.trie import BlockTrie
-from hybridcache.sequence import Sequence
+from hybridcache.engine import Engine, EngineConfig, Request, TinyHybridConfig
 
-BLOCK_SIZE = 16
-SYSTEM_PROMPT_TOKENS = 200
-CONVERSATIONS = 4
-TURNS = 4
-USER_TOKENS = (24, 60)
-REPLY_TOKENS = (20, 48)
+CONVERSATIONS = 16
+TURNS = 6
+SYSTEM_PROMPT_TOKENS = 64
+USER_TOKENS = (8, 24)
+REPLY_TOKENS = 8
 
 
-def _serve(trie: BlockTrie, pool: BlockPool, prompt: np.ndarray, reply: np.ndarray) -> tuple[int, int]:
-    """Run one request: match, prefill, decode the reply, free. Returns (query, hit) tokens."""
-    seq = Sequence(prompt)
-    before = trie.stats.snapshot()
-    txn = trie.match(seq)
-    pool.grow_table(seq, seq.num_tokens, BLOCK_SIZE)
-    trie.allocate(seq)
-    trie.commit(txn)
-    seq.set_computed(seq.num_tokens)
-    for token in reply.tolist():
-        seq.append_tokens([token])
-        pool.grow_table(seq, seq.num_tokens, BLOCK_SIZE)
-        trie.allocate(seq)
-        seq.set_computed(seq.num_tokens)
-    trie.free_sequence(seq)
-    after = trie.stats.match
-    return after.query_tokens - before.query_tokens, after.hit_tokens - before.hit_tokens
+@dataclass
+class TurnReport:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    computed_tokens: int = 0
+    seconds: float = 0.0
+    outputs: list[list[int]] = field(default_factory=list)
 
 
-def run_demo(console: Console, seed: int = 0) -> None:
+def engine_config(prefix_caching: bool) -> EngineConfig:
+    return EngineConfig(
+        block_size=16,
+        num_kv_blocks=2048,
+        num_state_slots=96,
+        checkpoint_budget=64,
+        prefix_caching=prefix_caching,
+        max_batch_tokens=512,
+        max_running=16,
+        prefill_chunk=64,
+        model=TinyHybridConfig(),
+    )
+
+
+def user_messages(seed: int) -> list[list[list[int]]]:
+    """user_messages[turn][conversation]: the new user tokens of each turn."""
     rng = np.random.default_rng(seed)
-    pool = BlockPool(4096)
-    trie = BlockTrie(pool, BLOCK_SIZE)
-    system = rng.integers(0, 32000, SYSTEM_PROMPT_TOKENS, dtype=np.int32)
-    history = [system.copy() for _ in range(CONVERSATIONS)]
-    table = Table(title="multi-turn chat through the KV prefix cache (block size 16)")
-    for column in ("turn", "conversation", "query tokens", "hit tokens", "hit rate"):
-        table.add_column(column, justify="right")
-    for turn in range(1, TURNS + 1):
-        turn_query = turn_hit = 0
-        for conversation in range(CONVERSATIONS):
-            user = rng.integers(0, 32000, rng.integers(*USER_TOKENS), dtype=np.int32)
-            prompt = np.concatenate([history[conversation], user])
-            reply = rng.integers(0, 32000, rng.integers(*REPLY_TOKENS), dtype=np.int32)
-            query, hit = _serve(trie, pool, prompt, reply)
-            history[conversation] = np.concatenate([prompt, reply])
-            turn_query, turn_hit = turn_query + query, turn_hit + hit
-            table.add_row(str(turn), str(conversation), str(query), str(hit), f"{hit / query:.1%}")
-        table.add_row(f"turn {turn}", "all", str(turn_query), str(turn_hit), f"{turn_hit / turn_query:.1%}", style="bold")
-        table.add_section()
-    stats = trie.stats
-    table.add_row(
-        "overall", "", str(stats.match.query_tokens), str(stats.match.hit_tokens), f"{stats.hit_rate:.1%}", style="bold green"
-    )
-    console.print(table)
-    console.print(
-        f"cached blocks: {trie.nodes.num_attached}, free blocks: {pool.num_free}/{pool.num_blocks}, "
-        f"misses by reason: {dict(stats.match.misses)}"
-    )
-    trie.check_invariants()
+    return [
+        [rng.integers(0, 512, int(rng.integers(*USER_TOKENS))).tolist() for _ in range(CONVERSATIONS)]
+        for _ in range(TURNS)
+    ]
+
+
+def serve(prefix_caching: bool, system: list[int], users, advance) -> list[TurnReport]:
+    engine = Engine(engine_config(prefix_caching))
+    histories = [list(system) for _ in range(CONVERSATIONS)]
+    reports = []
+    for turn in range(TURNS):
+        requests = [
+            Request(prompt=histories[c] + users[turn][c], max_new_tokens=REPLY_TOKENS) for c in range(CONVERSATIONS)
+        ]
+        computed_before = engine.stats()["computed_tokens"]
+        started = time.perf_counter()
+        results = engine.generate(requests)
+        report = TurnReport(seconds=time.perf_counter() - started)
+        report.computed_tokens = engine.stats()["computed_tokens"] - computed_before
+        for c, (request, result) in enumerate(zip(requests, results)):
+            report.prompt_tokens += len(request.prompt)
+            report.cached_tokens += result.cached_tokens
+            report.outputs.append(result.tokens)
+            histories[c] = list(request.prompt) + result.tokens
+        reports.append(report)
+        advance()
+    engine.check_invariants()
+    return reports
+
+
+def run_demo(console: Console, seed: int = 0) -> bool:
+    rng = np.random.default_rng(seed)
+    system = rng.integers(0, 512, SYSTEM_PROMPT_TOKENS).tolist()
+    users = user_messages(seed + 1)
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("serving 16 conversations x 6 turns, caching off then on", total=2 * TURNS)
+        uncached = serve(False, system, users, lambda: progress.advance(task))
+        cached = serve(True, system, users, lambda: progress.advance(task))
+    identical = all(a.outputs == b.outputs for a, b in zip(uncached, cached))
+    console.print(_table(uncached, cached))
+    later = cached[1:]
+    later_rate = sum(r.cached_tokens for r in later) / sum(r.prompt_tokens for r in later)
+    console.print(f"hit rate for turns 2-{TURNS}: {later_rate:.1%}")
+    verdict = "[bold green]identical[/]" if identical else "[bold red]DIFFERENT[/]"
+    console.print(f"outputs with and without prefix caching: {verdict}")
+    return identical
+
+
+def _table(uncached: list[TurnReport], cached: list[TurnReport]) -> Table:
+    table = Table(title="multi-turn chat on the tiny hybrid model: prefix caching off vs on")
+    for column in ("turn", "prompt tokens", "from cache", "hit rate", "computed off", "computed on", "time off s", "time on s"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for turn, (off, on) in enumerate(zip(uncached, cached), start=1):
+        table.add_row(*_row(str(turn), [off], [on]))
+    table.add_section()
+    table.add_row(*_row("overall", uncached, cached), style="bold")
+    return table
+
+
+def _row(label: str, off: list[TurnReport], on: list[TurnReport]) -> list[str]:
+    prompt = sum(r.prompt_tokens for r in on)
+    hit = sum(r.cached_tokens for r in on)
+    return [
+        label,
+        str(prompt),
+        str(hit),
+        f"{hit / prompt:.1%}",
+        str(sum(r.computed_tokens for r in off)),
+        str(sum(r.computed_tokens for r in on)),
+        f"{sum(r.seconds for r in off):.2f}",
+        f"{sum(r.seconds for r in on):.2f}",
+    ]

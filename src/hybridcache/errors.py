@@ -83,6 +83,10 @@ class PinUnderflowError(LifecycleError):
     """A checkpoint was unpinned more often than it was pinned."""
 
 
+class SharedWriteError(LifecycleError):
+    """A forward tried to write KV into a block it does not own exclusively."""
+
+
 class StaleHandleError(LifecycleError):
     """A transaction or handle refers to state that has changed since it was issued."""
 

@@ -148,6 +148,8 @@ class CheckpointIndex:
             return Verdict(VerifyStatus.STALE_CHECKPOINT, "anchor detached")
         if int(nodes.depth[record.anchor]) != anchor_depth or record.tail_tokens.size != step % size:
             return Verdict(VerifyStatus.STALE_CHECKPOINT, "anchor depth or tail length disagrees with the step")
+        if not record.ready:
+            return Verdict(VerifyStatus.REQUEST_MISMATCH, "the producer's save is still in flight")
         if key != record.key:
             return Verdict(VerifyStatus.STALE_INDEX_ENTRY, "index key differs from the record's key")
         seq = path.seq

@@ -219,12 +219,14 @@ class CheckpointLifecycle:
         self._release(record)
         return True
 
-    def publish_save(self, seq: Sequence, *, pin: bool = False) -> bool:
+    def publish_save(self, seq: Sequence, *, pin: bool = False, in_flight: bool = False) -> bool:
         """Make the sequence's reserved save matchable, after its save copy is queued.
 
         Transactional: the record must still be reserved, owned by this sequence, with its slot
         and frozen block, on an attached anchor. Otherwise the reservation is released and
         nothing is indexed. ``pin`` takes the producer pin (held until the copy completes).
+        ``in_flight`` (with ``pin``) keeps the record unusable until ``unpin_save``, for engines
+        that may still abandon the forward carrying the save copy.
         Returns whether a checkpoint was published.
         """
         state = seq.prefix_state
@@ -247,6 +249,7 @@ class CheckpointLifecycle:
                 self.release(previous)
         if pin:
             record.producer_pins += 1
+            record.ready = not in_flight
             state.producer_pin = record
         self._enforce_anchor_cap(record)
         return True
@@ -315,14 +318,30 @@ class CheckpointLifecycle:
         return True
 
     def unpin_save(self, seq: Sequence) -> bool:
-        """Release the producer pin (at the boundary after the save copy completed)."""
+        """Release the producer pin at the boundary after the save copy completed; the
+        checkpoint becomes usable by later matches."""
         state = seq.prefix_state
         record = state.producer_pin
         if record is None:
             return False
         self._unpin(record, producer=True)
+        record.ready = True
         state.producer_pin = None
         return True
+
+    def abandon_save(self, seq: Sequence) -> None:
+        """The forward that should have written the sequence's save failed: drop the pending
+        reservation, or the record published for it (unpinning it first)."""
+        state = seq.prefix_state
+        record = state.producer_pin
+        if record is not None:
+            self._unpin(record, producer=True)
+            state.producer_pin = None
+            if state.decode_checkpoint is record:
+                state.decode_checkpoint = None
+            if record.state is not CheckpointState.RELEASED and record.pin_count == 0:
+                self._release(record)
+        self.discard_save(seq)
 
     def _unpin(self, record: CheckpointRecord, *, producer: bool) -> None:
         count = record.producer_pins if producer else record.restore_pins

@@ -61,6 +61,7 @@ class CheckpointRecord:
     producer_pins: int = 0
     stamp: int = 0
     hits: int = 0
+    ready: bool = True  # False while the producer's save copy may still be in flight
     tail_experts: np.ndarray | None = None
     record_id: int = field(default_factory=lambda: next(_record_ids))
 

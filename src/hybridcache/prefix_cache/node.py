@@ -37,6 +37,9 @@ class NodeTable:
         self.num_children = np.zeros(capacity, dtype=np.int32)
         self.attached = np.zeros(capacity, dtype=bool)
         self.is_root = np.zeros(capacity, dtype=bool)
+        # A pending node's block is not computed yet: it is attached (so its producer can
+        # checkpoint on it) but must not be matched until the forward that writes it completes.
+        self.pending = np.zeros(capacity, dtype=bool)
         # Number of nodes with multimodal identity on the path root..slot (inclusive).
         self.mm_count = np.zeros(capacity, dtype=np.int32)
         self.extra_identity: dict[int, tuple[MultimodalSpan, ...]] = {}
@@ -60,7 +63,7 @@ class NodeTable:
     def _grow(self, needed: int) -> None:
         capacity = max(needed, 2 * self.capacity)
         for name in ("parent", "depth", "block", "key", "run_head", "generation", "num_children",
-                     "attached", "is_root", "mm_count"):
+                     "attached", "is_root", "pending", "mm_count"):
             old = getattr(self, name)
             new = np.zeros(capacity, dtype=old.dtype)  # zeroed lazily by the OS: untouched rows cost nothing
             new[: old.size] = old
@@ -117,6 +120,7 @@ class NodeTable:
         keys: np.ndarray,
         blocks: np.ndarray,
         identities: dict[int, tuple[MultimodalSpan, ...]],
+        pending: np.ndarray | bool = False,
     ) -> np.ndarray:
         """Attach a chain of new nodes below ``parent`` (each the parent of the next).
 
@@ -144,6 +148,7 @@ class NodeTable:
         self.num_children[slots[-1]] = 0
         self.attached[slots] = True
         self.is_root[slots] = False
+        self.pending[slots] = pending
         has_mm = np.zeros(count, dtype=np.int64)
         for position, spans in identities.items():
             has_mm[position] = 1
@@ -204,6 +209,14 @@ class NodeTable:
                 continue
             clipped.append((first + max(0, min_depth + 1 - low), last - max(0, high - max_depth)))
         return clipped
+
+    def first_pending_depth(self, runs: list[tuple[int, int]]) -> int | None:
+        """Shallowest depth on a path (runs, deepest first) whose node is still pending."""
+        for first, last in reversed(runs):
+            waiting = np.flatnonzero(self.pending[first : last + 1])
+            if waiting.size:
+                return int(self.depth[first] + waiting[0])
+        return None
 
     def attached_slots(self) -> np.ndarray:
         """Attached non-root slots."""

@@ -90,6 +90,7 @@ class BlockTrie:
         keyer: BlockKeyer | None = None,
         state_pool: StatePool | None = None,
         max_checkpoints_per_anchor: int = 4,
+        track_pending: bool = False,
     ) -> None:
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 2 or block_size % 2:
             raise InvalidArgumentError(f"block_size must be an even int >= 2, got {block_size!r}")
@@ -109,6 +110,7 @@ class BlockTrie:
         self.experts.ensure_capacity(self.nodes.capacity)
         self.kv = KVLifecycle(self.nodes, pool)
         self.stats = PrefixCacheStats()
+        self.track_pending = bool(track_pending)
         self.state_pool = state_pool
         self.index: CheckpointIndex | None = None
         self.checkpoints: CheckpointLifecycle | None = None
@@ -142,6 +144,12 @@ class BlockTrie:
         keys = self.keyer.extend(seq)
         node, depth = self._extend_verified(seq, keys, (seq.num_valid - 1) // self.block_size)
         runs, root = self.nodes.path_runs(node, 0)
+        if self.track_pending:
+            waiting = self.nodes.first_pending_depth(runs)
+            if waiting is not None:
+                depth = waiting - 1
+                node = root if depth == 0 else NodeTable.slot_at_depth(runs, self.nodes.depth, depth)
+                runs = self.nodes.clip_runs(runs, depth)
         return RequestPath(seq=seq, node=node, depth=depth, runs=runs, root=root)
 
     def match(self, seq: Sequence) -> MatchTxn:
@@ -425,10 +433,21 @@ class BlockTrie:
         parts = [block[first : last + 1] for first, last in reversed(self.nodes.clip_runs(runs, max_depth))]
         return np.concatenate(parts).astype(np.int32) if parts else _empty_ids()
 
+    def _path_pending(self, runs: Runs, max_depth: int) -> np.ndarray:
+        """Which nodes of a path (table order, up to ``max_depth``) are still pending."""
+        pending = self.nodes.pending
+        parts = [pending[first : last + 1] for first, last in reversed(self.nodes.clip_runs(runs, max_depth))]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=bool)
+
     # --- allocate ------------------------------------------------------------------------------
 
-    def allocate(self, seq: Sequence) -> None:
-        """Attach the sequence's complete blocks beyond its cursor to the trie."""
+    def allocate(self, seq: Sequence, upto: int | None = None) -> None:
+        """Attach the sequence's complete blocks beyond its cursor to the trie.
+
+        ``upto`` caps the tokens considered (a chunked prefill attaches only the blocks its
+        next forward completes). With ``track_pending`` the new nodes whose tokens are not
+        computed yet stay unmatchable until ``mark_computed``.
+        """
         _require_sequence(seq)
         state = seq.prefix_state
         if not self.enabled:
@@ -441,7 +460,8 @@ class BlockTrie:
             state.experts_cached_blocks = 0
         node = state.cursor
         depth = int(self.nodes.depth[node])
-        end = min(seq.num_valid // self.block_size, seq.num_blocks)
+        tokens = seq.num_valid if upto is None else min(seq.num_valid, int(upto))
+        end = min(tokens // self.block_size, seq.num_blocks)
         if state.trie_block_map:
             self._settle_private_blocks(seq)
         if depth >= end:
@@ -452,7 +472,9 @@ class BlockTrie:
             runs, ancestor = self.nodes.path_runs(found_node, depth)
             if ancestor != node:  # unreachable while exact paths are unique; stay exact anyway
                 found_depth, found_node, runs = self._deepest_cached(seq, keys, node, depth, end)
-            self._adopt_existing(seq, depth, self._path_blocks(runs, found_depth))
+            self._adopt_existing(
+                seq, depth, self._path_blocks(runs, found_depth), self._path_pending(runs, found_depth)
+            )
             node = found_node
         else:
             found_depth = depth
@@ -463,15 +485,18 @@ class BlockTrie:
         state.verified, state.verified_generation = node, generation
         state.fresh_range = _EMPTY_RANGE
 
-    def _adopt_existing(self, seq: Sequence, first_index: int, canonical: np.ndarray) -> None:
+    def _adopt_existing(self, seq: Sequence, first_index: int, canonical: np.ndarray, pending: np.ndarray) -> None:
         """Point the table at existing trie blocks where safe; keep private blocks the next
-        forward writes (not yet computed, or in the fresh range) and map them instead."""
+        forward writes (not yet computed, or in the fresh range), and private blocks whose
+        canonical node is still pending, and map them instead."""
         state = seq.prefix_state
         indices = np.arange(first_index, first_index + canonical.size)
         current = seq.block_table[first_index : first_index + canonical.size].copy()
         differs = current != canonical
         fresh_start, fresh_end = state.fresh_range
-        writes_next = (indices >= seq.num_computed // self.block_size) | ((indices >= fresh_start) & (indices < fresh_end))
+        writes_next = (
+            (indices >= seq.num_computed // self.block_size) | ((indices >= fresh_start) & (indices < fresh_end)) | pending
+        )
         swap = differs & ~writes_next
         if swap.any():
             self.pool.ref(canonical[swap], unique=True)
@@ -494,8 +519,10 @@ class BlockTrie:
         runs, _ = self.nodes.path_runs(state.cursor, first)
         if not runs:
             return
-        canonical = self._path_blocks(runs, int(self.nodes.depth[state.cursor]))
-        settled = {i: int(canonical[i - first]) for i in done if i - first < canonical.size}
+        depth = int(self.nodes.depth[state.cursor])
+        canonical = self._path_blocks(runs, depth)
+        pending = self._path_pending(runs, depth)
+        settled = {i: int(canonical[i - first]) for i in done if i - first < canonical.size and not pending[i - first]}
         for index, block in settled.items():
             self.pool.ref([block])
             replaced = seq.write_blocks(index, [block])
@@ -505,7 +532,10 @@ class BlockTrie:
     def _attach_new(self, seq: Sequence, keys: np.ndarray, parent: int, first: int, end: int) -> int:
         size = self.block_size
         identities = {i - first: spans for i, spans in seq.prefix_state.mm_blocks.items() if first <= i < end}
-        slots = self.nodes.attach_run(parent, keys[first:end].copy(), seq.block_table[first:end], identities)
+        pending = False
+        if self.track_pending:
+            pending = np.arange(first, end) >= seq.num_computed // size
+        slots = self.nodes.attach_run(parent, keys[first:end].copy(), seq.block_table[first:end], identities, pending)
         self.tokens.ensure_capacity(self.nodes.capacity)
         self.experts.ensure_capacity(self.nodes.capacity)
         self.tokens.write(slots, seq.token_view(first * size, end * size))
@@ -517,6 +547,81 @@ class BlockTrie:
         for index in range(first, end):
             seq.prefix_state.trie_block_map.pop(index, None)
         return int(slots[-1])
+
+    def exclusive_blocks(self, seq: Sequence, start: int, end: int) -> frozenset[int]:
+        """Blocks the sequence may write for positions ``[start, end)``: held by it alone, or
+        co-owned only by a pending trie node it attached itself (its own uncomputed block)."""
+        size = self.block_size
+        indices = range(start // size, -(-end // size))
+        table = seq.block_table
+        own_pending = set()
+        state = seq.prefix_state
+        if self.track_pending and self.nodes.is_valid(state.cursor, state.cursor_generation):
+            runs, _ = self.nodes.path_runs(state.cursor, start // size)
+            for first, last in runs:
+                slots = np.arange(first, last + 1)
+                own_pending.update(self.nodes.block[slots[self.nodes.pending[slots]]].tolist())
+        allowed = set()
+        for index in indices:
+            if index >= table.size:
+                break
+            block = int(table[index])
+            references = self.pool.refcount_of(block)
+            if references == 1 or (references == 2 and block in own_pending):
+                allowed.add(block)
+        return frozenset(allowed)
+
+    def mark_computed(self, seq: Sequence, start: int) -> None:
+        """A forward computed the sequence's tokens from ``start`` to ``num_computed``: its own
+        pending nodes in that range become matchable."""
+        _require_sequence(seq)
+        state = seq.prefix_state
+        if not self.track_pending or not self.nodes.is_valid(state.cursor, state.cursor_generation):
+            return
+        nodes = self.nodes
+        high = min(int(nodes.depth[state.cursor]), seq.num_computed // self.block_size)
+        low = start // self.block_size
+        if high <= low:
+            return
+        runs, _ = nodes.path_runs(state.cursor, low)
+        table = seq.block_table
+        for first, last in nodes.clip_runs(runs, high, low):
+            slots = np.arange(first, last + 1)
+            own = nodes.block[slots] == table[nodes.depth[slots] - 1]
+            nodes.pending[slots[own]] = False
+
+    def discard_pending(self, seq: Sequence) -> int:
+        """A forward of ``seq`` failed: detach the pending leaves it attached for blocks it did
+        not write (and their checkpoints), so nothing it would have produced stays matchable.
+        Returns how many nodes were detached."""
+        _require_sequence(seq)
+        state = seq.prefix_state
+        nodes = self.nodes
+        detached = 0
+        node = state.cursor
+        while (
+            nodes.is_valid(node, state.cursor_generation if node == state.cursor else int(nodes.generation[node]))
+            and not nodes.is_root[node]
+            and nodes.pending[node]
+            and nodes.num_children[node] == 0
+            and nodes.block[node] == seq.block_table[int(nodes.depth[node]) - 1]
+        ):
+            if self.checkpoints is not None:
+                if self.checkpoints.is_anchor_protected(node):
+                    break
+                self.checkpoints.release_anchored(node)
+            block = int(nodes.block[node])
+            parent = nodes.detach_leaf(node)
+            self.experts.forget(node)
+            self.pool.unref([block])
+            detached += 1
+            node = parent
+        if detached:
+            state.cursor, state.cursor_generation = node, int(nodes.generation[node])
+            state.verified, state.verified_generation = node, int(nodes.generation[node])
+            if not nodes.is_root[node] and nodes.num_children[node] == 0:
+                self.kv.offer_leaf(node)
+        return detached
 
     # --- routed experts ------------------------------------------------------------------------
 

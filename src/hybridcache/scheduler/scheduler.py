@@ -1,0 +1,259 @@
+"""Continuous batching: chunked prefill, decode, preemption by recompute, checkpoint saves.
+
+Owns: the waiting and running queues and each request's serving state (``ServingSequence``):
+its phase, runtime state slot, generated-token count and cached-token count. The cache
+structures it drives (block pool, state pool, trie) own their own state.
+
+One ``schedule`` call builds the next forward under a token budget and a cap on running
+sequences: running sequences first (decode tokens and the next prefill chunks), then waiting
+sequences admitted through ``admission.try_admit``. A running sequence that cannot get a KV
+block preempts the most recently admitted idle sequence (recompute: it goes back to the front
+of the waiting queue with nothing cached on it). Checkpoint saves are reserved for each chunk:
+at the prompt end, at prefill chunk ends (optional), every ``decode_checkpoint_interval`` tokens
+and at the forward that finishes a request (its last processed position).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hybridcache.errors import InvalidConfigError
+from hybridcache.memory.block_pool import BlockPool
+from hybridcache.memory.state_pool import StatePool
+from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord
+from hybridcache.prefix_cache.trie import BlockTrie
+from hybridcache.scheduler.admission import blocks_needed, make_block_room, try_admit
+from hybridcache.sequence import Sequence
+
+NO_SLOT = -1
+
+
+class Phase(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batch_tokens: int = 256
+    max_running: int = 8
+    prefill_chunk: int = 64
+    decode_checkpoint_interval: int = 0
+    checkpoint_chunk_ends: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_tokens", "max_running", "prefill_chunk"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidConfigError(f"{name} must be an int >= 1, got {value!r}")
+        interval = self.decode_checkpoint_interval
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 0:
+            raise InvalidConfigError("decode_checkpoint_interval must be an int >= 0")
+
+
+@dataclass(eq=False)
+class ServingSequence:
+    request_id: int
+    seq: Sequence
+    max_new_tokens: int
+    payload: object = None  # the engine's per-request data (multimodal bytes, ...)
+    phase: Phase = Phase.WAITING
+    runtime_slot: int = NO_SLOT
+    generated: int = 0
+    cached_tokens: int = 0
+    admissions: int = 0
+    in_flight: bool = False
+    final_routed_experts: np.ndarray | None = None  # captured when the request finishes
+
+    @property
+    def finishing(self) -> bool:
+        """The next token this sequence produces is its last."""
+        return self.generated + 1 >= self.max_new_tokens
+
+
+@dataclass(eq=False)
+class ScheduledChunk:
+    entry: ServingSequence
+    start: int
+    end: int
+    restore: CheckpointRecord | None = None
+    zero_state: bool = False
+    save: CheckpointRecord | None = None
+
+    @property
+    def produces_token(self) -> bool:
+        return self.end == self.entry.seq.num_tokens
+
+
+@dataclass
+class ScheduledBatch:
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(chunk.end - chunk.start for chunk in self.chunks)
+
+
+class Scheduler:
+    def __init__(
+        self, config: SchedulerConfig, pool: BlockPool, states: StatePool, trie: BlockTrie
+    ) -> None:
+        self.config = config
+        self.pool = pool
+        self.states = states
+        self.trie = trie
+        self.waiting: deque[ServingSequence] = deque()
+        self.running: list[ServingSequence] = []
+        self.preemptions = 0
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, entry: ServingSequence) -> None:
+        entry.phase = Phase.WAITING
+        self.waiting.append(entry)
+
+    # --- scheduling ------------------------------------------------------------------------
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.config.max_batch_tokens
+        for entry in list(self.running):
+            if budget == 0:
+                break
+            if entry.in_flight or entry.phase is not Phase.RUNNING:
+                continue
+            chunk = self._continue(entry, budget)
+            if chunk is not None:
+                batch.chunks.append(chunk)
+                budget -= chunk.end - chunk.start
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
+            chunk = self._admit(self.waiting[0], budget)
+            if chunk is None:
+                break
+            self.waiting.popleft()
+            batch.chunks.append(chunk)
+            budget -= chunk.end - chunk.start
+        for chunk in batch.chunks:
+            chunk.save = self._reserve_save(chunk)
+            chunk.entry.in_flight = True
+        return batch
+
+    def _continue(self, entry: ServingSequence, budget: int) -> ScheduledChunk | None:
+        seq = entry.seq
+        start = seq.num_computed
+        end = min(seq.num_tokens, start + min(budget, self.config.prefill_chunk))
+        needed = blocks_needed(seq, end, self.trie.block_size)
+        while not make_block_room(self.trie, self.pool, needed):
+            victim = self._preemption_victim(exclude=entry)
+            if victim is None:
+                self.preempt(entry)
+                return None
+            self.preempt(victim)
+        self.pool.grow_table(seq, end, self.trie.block_size)
+        self.trie.allocate(seq, upto=end)
+        return ScheduledChunk(entry, start, end)
+
+    def _admit(self, entry: ServingSequence, budget: int) -> ScheduledChunk | None:
+        seq = entry.seq
+        seq.prefix_state.suppress_stats = entry.admissions > 0  # a recompute replay is not a new query
+        admitted = try_admit(seq, self.trie, self.pool, self.states, budget, self.config.prefill_chunk)
+        if admitted is None:
+            return None
+        if entry.admissions == 0:
+            entry.cached_tokens = admitted.hit_tokens
+        entry.admissions += 1
+        entry.runtime_slot = admitted.runtime_slot
+        entry.phase = Phase.RUNNING
+        self.running.append(entry)
+        return ScheduledChunk(
+            entry, admitted.start, admitted.end, restore=admitted.restore, zero_state=admitted.restore is None
+        )
+
+    def _preemption_victim(self, exclude: ServingSequence) -> ServingSequence | None:
+        for entry in reversed(self.running):
+            if entry is not exclude and not entry.in_flight and entry.seq.num_blocks:
+                return entry
+        return None
+
+    def _reserve_save(self, chunk: ScheduledChunk) -> CheckpointRecord | None:
+        checkpoints = self.trie.checkpoints
+        if checkpoints is None or not self.trie.enabled:
+            return None
+        seq, entry = chunk.entry.seq, chunk.entry
+        if not chunk.produces_token:
+            slot = checkpoints.reserve_save(seq, chunk.end) if self.config.checkpoint_chunk_ends else -1
+        elif entry.generated == 0 or entry.finishing:
+            slot = checkpoints.reserve_save(seq, chunk.end)
+        elif self.config.decode_checkpoint_interval:
+            slot = checkpoints.reserve_decode_save(seq, self.config.decode_checkpoint_interval)
+        else:
+            slot = -1
+        return seq.prefix_state.pending_save if slot >= 0 else None
+
+    # --- completion --------------------------------------------------------------------------
+
+    def complete(self, chunk: ScheduledChunk, next_token: int, expert_rows: np.ndarray | None) -> bool:
+        """Apply a finished forward to the chunk's sequence. Returns True when it finished."""
+        entry, seq = chunk.entry, chunk.entry.seq
+        entry.in_flight = False
+        seq.set_computed(chunk.end)
+        if expert_rows is not None and seq.want_routed_experts and seq.num_routed_experts == chunk.start:
+            seq.append_routed_experts(expert_rows)
+        self.trie.mark_computed(seq, chunk.start)
+        self.trie.cache_routed_experts(seq)
+        if not chunk.produces_token:
+            return False
+        seq.append_tokens([next_token])
+        entry.generated += 1
+        if entry.generated < entry.max_new_tokens:
+            return False
+        if seq.want_routed_experts and seq.routed_experts is not None:
+            entry.final_routed_experts = np.array(seq.routed_experts)
+        self._release(entry)
+        entry.phase = Phase.FINISHED
+        return True
+
+    def abort(self, chunk: ScheduledChunk) -> None:
+        """The forward carrying ``chunk`` failed: drop what it would have produced and send the
+        sequence back to recompute from scratch."""
+        entry, seq = chunk.entry, chunk.entry.seq
+        entry.in_flight = False
+        if self.trie.checkpoints is not None:
+            self.trie.checkpoints.abandon_save(seq)
+        self.trie.discard_pending(seq)
+        self.preempt(entry)
+
+    def preempt(self, entry: ServingSequence) -> None:
+        """Recompute preemption: free everything the sequence holds; it waits at the front."""
+        self._release(entry)
+        entry.phase = Phase.WAITING
+        self.waiting.appendleft(entry)
+        self.preemptions += 1
+
+    def _release(self, entry: ServingSequence) -> None:
+        if entry in self.running:
+            self.running.remove(entry)
+        self.trie.free_sequence(entry.seq)
+        if entry.runtime_slot != NO_SLOT:
+            self.states.free_runtime(entry.runtime_slot)
+            entry.runtime_slot = NO_SLOT
+
+    def live_sequences(self) -> list[Sequence]:
+        return [entry.seq for entry in (*self.running, *self.waiting)]
+
+    def check_invariants(self) -> None:
+        running_slots = [e.runtime_slot for e in self.running]
+        assert NO_SLOT not in running_slots, "a running sequence has no runtime slot"
+        assert len(set(running_slots)) == len(running_slots), "two running sequences share a slot"
+        assert self.states.num_runtime == len(running_slots), "runtime slots leaked"
+        for entry in self.waiting:
+            assert entry.runtime_slot == NO_SLOT and entry.seq.num_blocks == 0, "a waiting sequence holds resources"
+            assert not entry.seq.prefix_state.restore_pinned, "a waiting sequence holds a restore pin"
+        assert len(self.running) <= self.config.max_running
