@@ -24,7 +24,9 @@ Lifetimes:
   into; cleared by publish, discard and release.
 - ``producer_pin``: the checkpoint this sequence just published and whose save copy is still
   in flight; cleared at the engine's output boundary (``unpin_save``).
-- ``decode_checkpoint``: the sequence's single replaceable decode checkpoint.
+- ``decode_checkpoint``: the sequence's single replaceable decode checkpoint;
+  ``retiring_decode_checkpoint`` is the one it replaces while the new one's save is in flight
+  (released when that save completes, restored if it is abandoned).
 - ``records_missing_experts``: its published partial checkpoints still waiting for the tail's
   routed-expert rows (they arrive with the forward's output).
 """
@@ -53,6 +55,7 @@ class PrefixState:
     cursor_generation: int = -1
     verified: int = NO_NODE
     verified_generation: int = -1
+    path: object = None  # the RequestPath of ``verified``, reused while it is unchanged
     fresh_range: tuple[int, int] = (0, 0)
     trie_block_map: dict[int, int] = field(default_factory=dict)
     recompute_blocks: int = 0
@@ -64,6 +67,7 @@ class PrefixState:
     pending_save: CheckpointRecord | None = None
     producer_pin: CheckpointRecord | None = None
     decode_checkpoint: CheckpointRecord | None = None
+    retiring_decode_checkpoint: CheckpointRecord | None = None
     records_missing_experts: list = field(default_factory=list)
 
     def in_fresh_range(self, block_index: int) -> bool:

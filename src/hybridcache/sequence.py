@@ -147,7 +147,7 @@ class Sequence:
         self._tokens[: initial.size] = initial
         self._num_tokens = int(initial.size)
         self._num_computed = 0
-        self._blocks = np.full(8, -1, dtype=np.int32)
+        self._blocks = np.full(8 + initial.size // 16, -1, dtype=np.int32)
         self._num_blocks = 0
         self._experts: np.ndarray | None = None
         self._num_experts = 0

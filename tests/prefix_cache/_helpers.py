@@ -130,8 +130,8 @@ def snapshot(*objects):
     return tuple(freeze(o) for o in objects)
 
 
-# caches of facts about the tokens (kept by a rollback): the block keys and the verified node
-KEY_CACHE_FIELDS = ("block_keys", "num_keys", "key_sum", "keyer_id", "mm_blocks", "verified", "verified_generation")
+# caches of facts about the tokens (kept by a rollback): the block keys, the verified node and its path
+KEY_CACHE_FIELDS = ("block_keys", "num_keys", "key_sum", "keyer_id", "mm_blocks", "verified", "verified_generation", "path")
 
 
 def seq_state(seq: Sequence):

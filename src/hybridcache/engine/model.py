@@ -10,11 +10,12 @@ depend only on the position (matrix-vector products, attention over ``[0, p]``),
 value a later position needs is read back from ``CacheTensors``. So how a sequence is split into
 chunks, what else is in the batch, and whether earlier KV/state was computed now or copied in
 from other blocks/slots cannot change a single bit of the logits, routed experts or tokens
-(within one process and one torch thread setting).
+(``forward`` pins torch to one intra-op thread, so the caller's thread setting does not matter).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 from dataclasses import dataclass, field
@@ -103,7 +104,7 @@ class TinyHybridConfig:
         if not isinstance(self.layer_pattern, str) or not self.layer_pattern:
             raise InvalidConfigError("layer_pattern must be a non-empty str")
         if set(self.layer_pattern) - {"R", "A"}:
-            raise InvalidConfigError(f"layer_pattern may only contain 'R' and 'A', got {self.layer_pattern!r}")
+            raise InvalidConfigError(f"layer_pattern may only hold 'R' and 'A', got {self.layer_pattern!r}")
         # Rotary embedding rotates head_dim as pairs.
         if self.attention_head_dim % 2:
             raise InvalidConfigError(f"attention_head_dim must be even, got {self.attention_head_dim}")
@@ -208,7 +209,7 @@ class _RecurrentWeights:
     conv_weight: torch.Tensor  # (conv_kernel, conv channels); the last row meets the newest input
     conv_bias: torch.Tensor
     dt_bias: torch.Tensor  # (ssm heads,)
-    decay_rate: torch.Tensor  # A = -exp(A_log), (ssm heads,)
+    decay_rate: torch.Tensor  # A = -exp(A_log) with A_log = log U[1, 16], stored as A; (ssm heads,)
     skip: torch.Tensor  # D, (ssm heads, 1)
     out_proj: torch.Tensor  # (hidden, inner)
 
@@ -315,7 +316,7 @@ def _draw_layers(config: TinyHybridConfig, draw: _WeightDrawer) -> list[_Layer]:
     return layers
 
 
-# --- small numeric pieces ----------------------------------------------------------------------------
+# --- small numeric pieces ----------------------------------------------------------------------
 # Tensors here are a few dozen elements, so each torch call costs ~1-2 us of dispatch. The helpers
 # use few calls and avoid kernels that open an OpenMP region (torch.softmax, batched matmul),
 # which cost milliseconds when the machine is busy.
@@ -324,6 +325,23 @@ def _draw_layers(config: TinyHybridConfig, draw: _WeightDrawer) -> list[_Layer]:
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     inverse_rms = 1.0 / math.sqrt(float(x.dot(x)) / x.numel() + _RMS_EPS)
     return x * weight * inverse_rms
+
+
+@contextlib.contextmanager
+def _single_thread():
+    """Run torch on one intra-op thread, restoring the caller's setting afterwards.
+
+    Reductions over long attention rows are split across threads, and how they are split
+    depends on the thread count; pinning one thread makes the bits independent of the caller's
+    setting (so separate processes agree too). It is also faster: these tensors are far too
+    small to pay for waking a thread pool.
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def _softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -343,7 +361,7 @@ def _route(scores: list[float], k: int) -> tuple[list[int], list[float]]:
     return chosen, [value / total for value in exps]
 
 
-# --- validation ----------------------------------------------------------------------------------------
+# --- validation --------------------------------------------------------------------------------
 
 
 def _as_int(name: str, value: object) -> int:
@@ -376,7 +394,7 @@ def _validated_spans(spans: object) -> tuple[_Span, ...]:
     result.sort(key=lambda s: s.start)
     for left, right in zip(result, result[1:]):
         if right.start < left.end:
-            raise InvalidSpanError(f"spans [{left.start}, {left.end}) and [{right.start}, {right.end}) overlap")
+            raise InvalidSpanError(f"spans starting at {left.start} and {right.start} overlap")
     return tuple(result)
 
 
@@ -407,7 +425,8 @@ def _validated_table(block_table: object, end: int, cache: CacheTensors) -> np.n
         raise InvalidTypeError("block_table must be a one-dimensional sequence of ints")
     needed = -(-end // cache.block_size)
     if table.size < needed:
-        raise InvalidArgumentError(f"block table covers {table.size * cache.block_size} positions, chunk ends at {end}")
+        covered = table.size * cache.block_size
+        raise InvalidArgumentError(f"block table covers {covered} positions, chunk ends at {end}")
     table = table[:needed].astype(np.int64)
     for block in table.tolist():
         cache.check_block(block)
@@ -424,7 +443,7 @@ def _check_writable(writes: set[int], writable: object) -> None:
         raise SharedWriteError(f"chunk would write KV into blocks {sorted(foreign)} it does not own")
 
 
-# --- the model -----------------------------------------------------------------------------------------
+# --- the model ---------------------------------------------------------------------------------
 
 
 class TinyHybridModel:
@@ -457,7 +476,7 @@ class TinyHybridModel:
         Chunks run one after another and share nothing, so batching never affects a result.
         """
         plans = self._validated_plans(chunks, cache)
-        with torch.no_grad():
+        with torch.no_grad(), _single_thread():
             return [self._run_chunk(plan, cache) for plan in plans]
 
     # --- validation --------------------------------------------------------------------------
@@ -466,18 +485,24 @@ class TinyHybridModel:
         self._check_cache(cache)
         if isinstance(chunks, ForwardChunk) or not isinstance(chunks, Iterable):
             raise InvalidTypeError("chunks must be a list of ForwardChunk")
-        plans, slots, written = [], set(), set()
+        plans, slots = [], set()
+        written, written_guarded = set(), set()
         for chunk in chunks:
             if not isinstance(chunk, ForwardChunk):
                 raise InvalidTypeError(f"chunks must hold ForwardChunk, got {type(chunk).__name__}")
             plan, chunk_writes = self._validated_plan(chunk, cache)
             if self.config.num_recurrent_layers and plan.state_slot in slots:
                 raise InvalidArgumentError(f"state slot {plan.state_slot} used by two chunks")
-            # Two chunks writing one block means neither owns it exclusively.
-            if written & chunk_writes:
-                raise SharedWriteError(f"two chunks write KV into blocks {sorted(written & chunk_writes)}")
+            # Two chunks writing one block means neither owns it exclusively. Like the per-chunk
+            # guard, this check only runs for chunks that carry ``writable_blocks``.
+            guarded = chunk.writable_blocks is not None
+            clash = chunk_writes & (written if guarded else written_guarded)
+            if clash:
+                raise SharedWriteError(f"two chunks write KV into blocks {sorted(clash)}")
             slots.add(plan.state_slot)
             written |= chunk_writes
+            if guarded:
+                written_guarded |= chunk_writes
             plans.append(plan)
         return plans
 
@@ -594,7 +619,9 @@ class TinyHybridModel:
         """Rotary embedding of ``position`` as unit complex numbers, one per pair of head dims."""
         return torch.polar(self._rope_magnitude, position * self._rope_inverse_frequency)
 
-    def _recurrent_step(self, weights: _RecurrentWeights, x: torch.Tensor, state: list[torch.Tensor]) -> torch.Tensor:
+    def _recurrent_step(
+        self, weights: _RecurrentWeights, x: torch.Tensor, state: list[torch.Tensor]
+    ) -> torch.Tensor:
         """One Mamba2-style step; replaces ``state`` = ``[conv window, ssm state]`` with the new one."""
         config = self.config
         inner, channels, heads = config.ssm_inner_size, config.conv_channels, config.num_ssm_heads

@@ -51,10 +51,10 @@ class BlockPool:
         return self._clock
 
     def refcounts(self, block_ids: object) -> np.ndarray:
-        return self._refcount[self._validated(block_ids)].copy()
+        return self._refcount[self._validated(block_ids)[0]].copy()
 
     def stamps(self, block_ids: object) -> np.ndarray:
-        return self._stamp[self._validated(block_ids)].copy()
+        return self._stamp[self._validated(block_ids)[0]].copy()
 
     def stamp_of(self, block_id: int) -> int:
         """Recency of one block (hot path of eviction: no validation beyond indexing)."""
@@ -82,16 +82,17 @@ class BlockPool:
 
         ``unique=True`` promises the ids are distinct and skips the duplicate count.
         """
-        ids = self._validated(block_ids)
+        ids, low, high = self._validated(block_ids)
         if ids.size == 0:
             return
-        if np.any(self._refcount[ids] <= 0):
+        where = self._run_or_ids(ids, low, high) if unique else ids
+        if np.any(self._refcount[where] <= 0):
             raise DoubleFreeError("cannot reference a free block")
         if unique:
-            self._refcount[ids] += 1
+            self._refcount[where] += 1
         else:
             np.add.at(self._refcount, ids, 1)
-        self._stamp[ids] = self.tick()
+        self._stamp[where] = self.tick()
 
     def unref(self, block_ids: object, *, unique: bool = False) -> np.ndarray:
         """Drop one reference per occurrence; blocks reaching zero return to the free list.
@@ -99,11 +100,11 @@ class BlockPool:
         Returns the ids that were freed. Dropping more references than a block holds raises
         and changes nothing.
         """
-        ids = self._validated(block_ids)
+        ids, low, high = self._validated(block_ids)
         if ids.size == 0:
-            return ids
+            return ids.astype(BLOCK_DTYPE)
         if unique:
-            distinct, counts = ids, 1
+            distinct, counts = self._run_or_ids(ids, low, high), 1
         else:
             distinct, counts = np.unique(ids, return_counts=True)
         if np.any(self._refcount[distinct] < counts):
@@ -112,14 +113,18 @@ class BlockPool:
             raise RefcountUnderflowError("more references dropped than held")
         self._refcount[distinct] -= counts
         self._stamp[distinct] = self.tick()
-        freed = distinct[self._refcount[distinct] == 0]
+        remaining = self._refcount[distinct]
+        if isinstance(distinct, slice):
+            freed = (np.flatnonzero(remaining == 0) + distinct.start).astype(BLOCK_DTYPE)
+        else:
+            freed = distinct[remaining == 0].astype(BLOCK_DTYPE)
         self._free[self._num_free : self._num_free + freed.size] = freed[::-1]
         self._num_free += freed.size
         return freed
 
     def touch(self, block_ids: object) -> None:
         """Stamp blocks as used now."""
-        ids = self._validated(block_ids)
+        ids, _, _ = self._validated(block_ids)
         if ids.size:
             self._stamp[ids] = self.tick()
 
@@ -154,16 +159,25 @@ class BlockPool:
 
     # --- internals -------------------------------------------------------------------------
 
-    def _validated(self, block_ids: object) -> np.ndarray:
+    def _validated(self, block_ids: object) -> tuple[np.ndarray, int, int]:
+        """The ids as a flat intp array with their min and max; raises on a bad id."""
         ids = np.asarray(block_ids)
         if ids.size == 0:
-            return np.empty(0, dtype=BLOCK_DTYPE)
+            return np.empty(0, dtype=np.intp), 0, -1
         if ids.dtype.kind not in "iu":
             raise InvalidTypeError(f"block ids must be integers, got {ids.dtype}")
-        ids = ids.reshape(-1)
-        if int(ids.min()) < 0 or int(ids.max()) >= self.num_blocks:
+        ids = ids.reshape(-1).astype(np.intp, copy=False)  # intp indexes without a conversion
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= self.num_blocks:
             raise InvalidBlockIdError(f"block id outside [0, {self.num_blocks})")
-        return ids
+        return ids, low, high
+
+    @staticmethod
+    def _run_or_ids(ids: np.ndarray, low: int, high: int) -> np.ndarray | slice:
+        """Distinct ids that fill a whole range are addressed as a slice, several times faster
+        than fancy indexing (the common case on a hit: blocks handed out together). Callers
+        pass distinct ids, so ``max - min + 1 == size`` means exactly that range."""
+        return slice(low, high + 1) if high - low + 1 == ids.size else ids
 
     def check_invariants(self, expected_refcounts: np.ndarray | None = None) -> None:
         """Free list disjoint from used blocks and complete; refcounts equal their owners."""

@@ -51,8 +51,8 @@ class RequestPath:
     node: int
     depth: int
     runs: Runs
-
     root: int
+    generation: int = -1  # the node's generation when the path was taken (-1: do not reuse)
 
     def slot_at(self, nodes: NodeTable, depth: int) -> int:
         """The path's node at ``depth`` (the namespace root at 0)."""

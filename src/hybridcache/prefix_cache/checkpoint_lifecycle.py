@@ -159,6 +159,8 @@ class CheckpointLifecycle:
         length is a positive multiple of ``interval`` (itself a multiple of the block size)."""
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 0:
             raise InvalidArgumentError("interval must be a non-negative int")
+        if interval % self._block_size:
+            raise InvalidArgumentError(f"interval must be a multiple of the block size {self._block_size}")
         step = seq.num_valid
         if interval == 0 or step % interval or step % self._block_size:
             return NO_SAVE
@@ -245,13 +247,16 @@ class CheckpointLifecycle:
             state.records_missing_experts.append(record)
         if record.is_decode:
             previous, state.decode_checkpoint = state.decode_checkpoint, record
-            if previous is not None and previous.is_published and previous.pin_count == 0:
-                self.release(previous)
+            if pin and in_flight:
+                state.retiring_decode_checkpoint = previous  # released once this save completes
+            else:
+                self._retire(previous)
         if pin:
             record.producer_pins += 1
             record.ready = not in_flight
             state.producer_pin = record
-        self._enforce_anchor_cap(record)
+        if not (pin and in_flight):  # an in-flight save may still be abandoned: trim when it lands
+            self._enforce_anchor_cap(record)
         return True
 
     def _publishable(self, seq: Sequence, record: CheckpointRecord) -> bool:
@@ -327,7 +332,16 @@ class CheckpointLifecycle:
         self._unpin(record, producer=True)
         record.ready = True
         state.producer_pin = None
+        if record.is_published:
+            self._enforce_anchor_cap(record)
+        self._retire(state.retiring_decode_checkpoint)
+        state.retiring_decode_checkpoint = None
         return True
+
+    def _retire(self, record: CheckpointRecord | None) -> None:
+        """Release a sequence's replaced decode checkpoint unless something still pins it."""
+        if record is not None and record.is_published and record.pin_count == 0:
+            self.release(record)
 
     def abandon_save(self, seq: Sequence) -> None:
         """The forward that should have written the sequence's save failed: drop the pending
@@ -338,7 +352,8 @@ class CheckpointLifecycle:
             self._unpin(record, producer=True)
             state.producer_pin = None
             if state.decode_checkpoint is record:
-                state.decode_checkpoint = None
+                state.decode_checkpoint = state.retiring_decode_checkpoint
+            state.retiring_decode_checkpoint = None
             if record.state is not CheckpointState.RELEASED and record.pin_count == 0:
                 self._release(record)
         self.discard_save(seq)

@@ -143,6 +143,11 @@ class BlockTrie:
         _require_sequence(seq)
         keys = self.keyer.extend(seq)
         node, depth = self._extend_verified(seq, keys, (seq.num_valid - 1) // self.block_size)
+        state = seq.prefix_state
+        cached = state.path
+        generation = int(self.nodes.generation[node])
+        if cached is not None and (cached.node, cached.generation, cached.depth) == (node, generation, depth):
+            return cached  # the path of an attached node never changes (monotonic topology)
         runs, root = self.nodes.path_runs(node, 0)
         if self.track_pending:
             waiting = self.nodes.first_pending_depth(runs)
@@ -150,7 +155,10 @@ class BlockTrie:
                 depth = waiting - 1
                 node = root if depth == 0 else NodeTable.slot_at_depth(runs, self.nodes.depth, depth)
                 runs = self.nodes.clip_runs(runs, depth)
-        return RequestPath(seq=seq, node=node, depth=depth, runs=runs, root=root)
+        if self.track_pending:
+            generation = -1  # readiness changes without topology changing: recompute next time
+        state.path = RequestPath(seq=seq, node=node, depth=depth, runs=runs, root=root, generation=generation)
+        return state.path
 
     def match(self, seq: Sequence) -> MatchTxn:
         """Tentatively reuse the longest exactly cached prefix beyond ``seq.num_computed``.

@@ -131,6 +131,7 @@ class Scheduler:
                 continue
             chunk = self._continue(entry, budget)
             if chunk is not None:
+                entry.in_flight = True  # scheduled: never a preemption victim of a later chunk
                 batch.chunks.append(chunk)
                 budget -= chunk.end - chunk.start
         while self.waiting and budget > 0 and len(self.running) < self.config.max_running:

@@ -1,0 +1,153 @@
+"""Grids, implementations and output for ``hybridcache bench``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from hybridcache.bench.impl import HybridcacheImpl, Impl
+from hybridcache.bench.memory import measure_in_fresh_process
+from hybridcache.bench.scenarios import SCENARIOS, Case
+
+MATCH_GRID = [(128, 65536), (128, 131072), (512, 65536), (512, 131072)]
+DEFAULT_GRIDS = {
+    "match": MATCH_GRID,
+    "match-partial": MATCH_GRID,
+    "kv-match": MATCH_GRID,
+    "rollback": MATCH_GRID,
+    "rematch": MATCH_GRID,
+    "miss": [(128, 131072)],
+    "publish": [(16, 131072)],
+    "evict": [(1000, 128)],
+    "memory": [(512, 131072)],
+}
+SMOKE_GRIDS = {name: [(4, 1024)] for name in DEFAULT_GRIDS} | {"evict": [(8, 128)], "memory": [(4, 4096)]}
+DEFAULT_STEPS = (1, 64, 1024)
+ALL_SCENARIOS = tuple(DEFAULT_GRIDS)
+
+
+def make_impl(name: str) -> Impl:
+    if name == "hybridcache":
+        return HybridcacheImpl()
+    if name == "lmdeploy":
+        from hybridcache.bench.lmdeploy_impl import LmdeployImpl
+
+        return LmdeployImpl()
+    raise ValueError(f"unknown implementation {name!r}")
+
+
+def cases_for(scenario: str, batches, contexts, steps, block_size: int, smoke: bool) -> list[Case]:
+    if smoke:
+        grid = SMOKE_GRIDS[scenario]
+    elif batches or contexts:
+        defaults = DEFAULT_GRIDS[scenario]
+        grid = [(b, c) for b in (batches or sorted({b for b, _ in defaults})) for c in (contexts or sorted({c for _, c in defaults}))]
+    else:
+        grid = DEFAULT_GRIDS[scenario]
+    rounds = {"warmups": 1, "samples": 2} if smoke else {}
+    cases = [Case(batch=b, context=c, block_size=block_size, **rounds) for b, c in grid]
+    if scenario == "miss":
+        step_list = (1, 4) if smoke else (steps or DEFAULT_STEPS)
+        cases = [replace(case, steps=s) for case in cases for s in step_list]
+    return cases
+
+
+def run_scenario(scenario: str, impl_names: list[str], cases: list[Case], console: Console) -> list[dict]:
+    records = []
+    with Progress(console=console, transient=True) as progress:
+        for case in cases:
+            if scenario == "memory":
+                for name in impl_names:
+                    records.append(measure_in_fresh_process(name, case.batch, case.context, case.block_size))
+                continue
+            impls = [make_impl(name) for name in impl_names]
+            label = f"{scenario} set-up: batch={case.batch} context={case.context}"
+            task = progress.add_task(label, total=max(case.batch, 100))
+            records.extend(SCENARIOS[scenario](impls, case, lambda: progress.advance(task)))
+            progress.remove_task(task)
+    return records
+
+
+def with_ratios(records: list[dict]) -> list[dict]:
+    """Add ``speedup`` (reference p50 / ours) to our records when both ran the same case."""
+    keyed = {}
+    for record in records:
+        key = (record["scenario"], record["batch"], record["context"], record.get("steps"), record.get("kind"))
+        keyed.setdefault(key, {})[record["impl"]] = record
+    for pair in keyed.values():
+        ours, theirs = pair.get("hybridcache"), pair.get("lmdeploy")
+        if ours and theirs:
+            if "metadata_bytes" in ours:
+                ours["metadata_ratio"] = theirs["metadata_bytes"] / max(1, ours["metadata_bytes"])
+                ours["host_bytes_ratio"] = theirs["host_bytes_per_token"] / ours["host_bytes_per_token"]
+            else:
+                ours["speedup_p50"] = theirs["p50_ms"] / ours["p50_ms"]
+                ours["speedup_p99"] = theirs["p99_ms"] / ours["p99_ms"]
+    return records
+
+
+def print_records(records: list[dict], console: Console, cpu: int | None) -> None:
+    timed = [r for r in records if r["scenario"] != "memory"]
+    memory = [r for r in records if r["scenario"] == "memory"]
+    if timed:
+        table = Table(title=f"hybridcache bench (pinned to cpu {cpu})")
+        columns = ("scenario", "impl", "batch", "context", "S", "p50 ms", "p99 ms", "µs/req", "ingest ms", "total ms", "floor ms", "×ref")
+        for column in columns:
+            table.add_column(column, justify="right", no_wrap=True)
+        for r in timed:
+            table.add_row(
+                r["scenario"] + (f" ({r['kind']})" if "kind" in r else ""), r["impl"], str(r["batch"]), str(r["context"]),
+                str(r.get("steps", "")), f"{r['p50_ms']:.2f}", f"{r['p99_ms']:.2f}", f"{r['per_request_us']:.1f}",
+                _opt(r, "ingest_p50_ms"), _opt(r, "total_p50_ms"), _opt(r, "floor_p50_ms"), _opt(r, "speedup_p50", "{:.1f}×"),
+            )
+        console.print(table)
+    if memory:
+        table = Table(title="hybridcache bench memory")
+        for column in ("impl", "batch", "context", "metadata bytes", "host bytes", "host B/token", "ref/ours meta", "ref/ours host"):
+            table.add_column(column, justify="right", no_wrap=True)
+        for r in memory:
+            table.add_row(
+                r["impl"], str(r["batch"]), str(r["context"]), f"{r['metadata_bytes']:,}", f"{r['host_bytes']:,}",
+                f"{r['host_bytes_per_token']:.2f}", _opt(r, "metadata_ratio", "{:.0f}×"), _opt(r, "host_bytes_ratio", "{:.1f}×"),
+            )
+        console.print(table)
+
+
+def _opt(record: dict, key: str, fmt: str = "{:.2f}") -> str:
+    return fmt.format(record[key]) if key in record else ""
+
+
+def write_json(records: list[dict], path: str) -> None:
+    Path(path).write_text(json.dumps(records, indent=2))
+
+
+def plot(records: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    timed = [r for r in records if "p50_ms" in r]
+    labels = sorted({(r["scenario"], r["batch"], r["context"], r.get("steps"), r.get("kind")) for r in timed}, key=str)
+    impls = sorted({r["impl"] for r in timed})
+    figure, axis = plt.subplots(figsize=(max(6, 1.2 * len(labels)), 4.5))
+    width = 0.8 / max(1, 2 * len(impls))
+    for i, impl in enumerate(impls):
+        by_label = {(r["scenario"], r["batch"], r["context"], r.get("steps"), r.get("kind")): r for r in timed if r["impl"] == impl}
+        for j, stat in enumerate(("p50_ms", "p99_ms")):
+            values = [by_label[label][stat] if label in by_label else 0 for label in labels]
+            offsets = [k + (2 * i + j - len(impls)) * width for k in range(len(labels))]
+            axis.bar(offsets, values, width, label=f"{impl} {stat[:3]}")
+    axis.set_xticks(range(len(labels)))
+    axis.set_xticklabels([f"{s}\n{b}×{c // 1024}K" + (f"\nS={st}" if st else "") for s, b, c, st, _ in labels], fontsize=7)
+    axis.set_ylabel("ms per batch")
+    axis.set_yscale("log")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)

@@ -1,0 +1,78 @@
+"""Helpers of the checkpoint (hybrid-mode) tests: building a hybrid trie and running the
+producer / consumer protocol of a forward with a state save."""
+
+from __future__ import annotations
+
+from hybridcache.memory.block_pool import BlockPool
+from hybridcache.memory.state_pool import StatePool
+from hybridcache.prefix_cache import BlockTrie
+from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord, CheckpointState
+from hybridcache.sequence import Sequence
+
+from ._helpers import B, snapshot
+
+
+def make_hybrid(num_blocks: int = 64, num_slots: int = 8, budget: int = 4, block_size: int = B, **kwargs):
+    """(pool, states, trie) of a hybrid trie."""
+    pool = BlockPool(num_blocks)
+    states = StatePool(num_slots, checkpoint_budget=budget)
+    trie = BlockTrie(pool, block_size, state_pool=states, **kwargs)
+    return pool, states, trie
+
+
+def admit(trie: BlockTrie, seq: Sequence, *, pin: bool = True):
+    """Match, pin the selected restore, grow the table, attach and commit (no forward)."""
+    txn = trie.match(seq)
+    if pin and seq.prefix_state.restore is not None:
+        assert trie.checkpoints.pin_restore(seq)
+    trie.pool.grow_table(seq, seq.num_tokens, trie.block_size)
+    trie.allocate(seq)
+    trie.commit(txn)
+    return txn
+
+
+def forward(trie: BlockTrie, seq: Sequence) -> None:
+    """The forward ran: every token is computed and the restore copy is queued."""
+    seq.set_computed(seq.num_tokens)
+    trie.checkpoints.unpin_restore(seq)
+
+
+def produce(
+    trie: BlockTrie, tokens, step: int | None = None, *, free: bool = True, pin: bool = False, **seq_kwargs
+) -> tuple[Sequence, CheckpointRecord]:
+    """Run a request that saves its state after ``step`` tokens (default: all) and publishes it.
+
+    With ``free`` the sequence is released afterwards (its producer pin, if any, stays)."""
+    seq = Sequence(tokens, **seq_kwargs)
+    admit(trie, seq)
+    slot = trie.checkpoints.reserve_save(seq, step)
+    assert slot > 0, f"reserve_save refused step {step}"
+    record = seq.prefix_state.pending_save
+    assert record is not None and record.slot == slot
+    forward(trie, seq)
+    assert trie.checkpoints.publish_save(seq, pin=pin)
+    assert record.state is CheckpointState.PUBLISHED
+    if free:
+        trie.free_sequence(seq)
+    return seq, record
+
+
+def store_kv(trie: BlockTrie, tokens, **seq_kwargs) -> Sequence:
+    """Run a request without any checkpoint: only its complete KV blocks stay in the trie."""
+    seq = Sequence(tokens, **seq_kwargs)
+    admit(trie, seq)
+    forward(trie, seq)
+    trie.free_sequence(seq)
+    return seq
+
+
+def indexed(trie: BlockTrie, record: CheckpointRecord) -> bool:
+    return any(entry is record for entry in trie.index.bucket(record.key))
+
+
+def world(pool, states, trie, *seqs):
+    """Deep snapshot of everything a failed call must leave unchanged."""
+    return snapshot(pool, states, trie, *seqs)
+
+
+__all__ = ["B", "admit", "forward", "indexed", "make_hybrid", "produce", "store_kv", "world"]

@@ -1,0 +1,665 @@
+"""Hybrid-mode matching: a hit needs an exactly verified published checkpoint (reference
+checklist 7.3 and worked examples B and C of section 3.2, adapted), plus one test per fixed
+reference weakness (W1, W2, W12, W21, W25)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hybridcache.prefix_cache.checkpoint_lifecycle import NO_SAVE
+from hybridcache.prefix_cache.checkpoint_record import CheckpointState
+from hybridcache.prefix_cache.stats import MissReason
+from hybridcache.sequence import MultimodalSpan, Namespace, Sequence
+
+from ._helpers import B, cursor_depth, path_blocks, seq_state, tokens
+from ._hybrid import admit, forward, indexed, make_hybrid, produce, store_kv
+
+NS = Namespace()
+
+
+def expert_rows(n: int, start: int = 0, width: int = 4) -> np.ndarray:
+    positions = np.arange(start, start + n)[:, None]
+    return ((positions * 7 + np.arange(width)[None, :] * 3) % 256).astype(np.int16)
+
+
+def match(trie, seq):
+    """Match with fresh statistics; return (txn, misses, shortened) of this match alone."""
+    trie.stats.reset()
+    txn = trie.match(seq)
+    return txn, dict(trie.stats.match.misses), dict(trie.stats.match.shortened)
+
+
+def grow_and_allocate(trie, seq) -> None:
+    trie.pool.grow_table(seq, seq.num_tokens, trie.block_size)
+    trie.allocate(seq)
+
+
+def produce_with_experts(trie, prompt, step):
+    """A producer that records routed experts: rows arrive with the forward's output, after the
+    save was published, and are offered to the trie at the output boundary."""
+    cp = trie.checkpoints
+    seq = Sequence(prompt, want_routed_experts=True)
+    admit(trie, seq)
+    assert cp.reserve_save(seq, step) > 0
+    record = seq.prefix_state.pending_save
+    forward(trie, seq)
+    assert cp.publish_save(seq, pin=True)
+    seq.append_routed_experts(expert_rows(len(prompt)))
+    trie.cache_routed_experts(seq)
+    assert cp.unpin_save(seq)
+    trie.free_sequence(seq)
+    return record
+
+
+# --- basic hits and misses --------------------------------------------------------------------
+
+
+def test_kv_without_a_checkpoint_is_a_miss_then_a_published_checkpoint_hits():
+    pool, states, trie = make_hybrid()
+    cp = trie.checkpoints
+    store_kv(trie, tokens(32))
+    request = Sequence(tokens(33))
+    txn, misses, _ = match(trie, request)
+    assert txn.hit_tokens == 0 and request.num_computed == 0 and request.num_blocks == 0
+    assert misses == {MissReason.NO_CHECKPOINT.value: 1}
+    trie.rollback(txn)
+    # a sequence whose cursor reaches the existing leaf saves on it
+    producer = Sequence(tokens(32))
+    admit(trie, producer)
+    assert cursor_depth(trie, producer) == 2
+    slot = cp.reserve_save(producer, 32)
+    record = producer.prefix_state.pending_save
+    forward(trie, producer)
+    assert cp.publish_save(producer)
+    assert int(trie.nodes.depth[record.anchor]) == 2 and record.slot == slot
+    txn, misses, _ = match(trie, request)
+    assert request.num_computed == 32 and request.num_blocks == 2 and misses == {}
+    assert request.prefix_state.restore.slot == slot
+    assert request.block_table.tolist() == path_blocks(trie, request)
+    trie.commit(txn)
+    trie.check_invariants([request, producer])
+
+
+def test_the_deepest_published_step_wins_not_the_deepest_kv():
+    pool, states, trie = make_hybrid()
+    _, record = produce(trie, tokens(48), 32)  # KV for 3 blocks, checkpoint on the leaf's parent
+    request = Sequence(tokens(49))
+    txn, _, _ = match(trie, request)
+    assert request.num_computed == 32 and request.prefix_state.restore is record
+    assert request.num_blocks == 2 and request.prefix_state.fresh_range == (2, 3)
+    trie.commit(txn)
+    assert cursor_depth(trie, request) == 2  # the anchor
+    trie.check_invariants([request])
+
+
+def test_a_hit_ends_before_the_last_token():
+    pool, states, trie = make_hybrid()
+    _, record = produce(trie, tokens(32), 32)
+    request = Sequence(tokens(32))  # exactly the checkpoint's tokens
+    txn, misses, _ = match(trie, request)
+    assert txn.hit_tokens == 0 and misses == {MissReason.NO_CHECKPOINT.value: 1}
+    trie.rollback(txn)
+    tiny = Sequence([1])
+    txn, misses, _ = match(trie, tiny)
+    assert misses == {MissReason.NOTHING_TO_MATCH.value: 1}
+    trie.rollback(txn)
+    other = Sequence(tokens(40, start=900))
+    txn, misses, _ = match(trie, other)
+    assert misses == {MissReason.NO_CACHED_PREFIX.value: 1}
+    trie.rollback(txn)
+
+
+@pytest.mark.parametrize(("full", "rest"), [(0, 1), (1, 1), (1, 15)])
+def test_partial_checkpoint_hit(full, rest):
+    """A partial checkpoint at q*B + r hit by a request with one more token: step, restore,
+    q canonical blocks, fresh range [q, q+1); the private block q is kept (it is not the
+    frozen block)."""
+    pool, states, trie = make_hybrid()
+    step = full * B + rest
+    prompt = tokens(step)
+    _, record = produce(trie, prompt, step)
+    request = Sequence(prompt + [999])
+    txn, misses, _ = match(trie, request)
+    assert misses == {} and request.num_computed == step
+    assert request.prefix_state.restore is record and record.slot > 0
+    assert request.num_blocks == full and request.prefix_state.fresh_range == (full, full + 1)
+    assert request.prefix_state.cursor == record.anchor
+    assert trie.checkpoints.pin_restore(request)
+    grow_and_allocate(trie, request)
+    trie.commit(txn)
+    private = int(request.block_table[full])
+    assert private != record.frozen_block
+    if request.num_tokens % B:
+        assert cursor_depth(trie, request) == full  # the partial block is not attached
+        assert pool.refcount_of(private) == 1
+    else:
+        # the request completes block q itself: its own block is attached (W2 fix)
+        assert cursor_depth(trie, request) == full + 1
+        assert pool.refcount_of(private) == 2 and path_blocks(trie, request)[full] == private
+    trie.check_invariants([request])
+
+
+def test_partial_checkpoint_requests_differing_in_prefix_or_tail_miss():
+    pool, states, trie = make_hybrid()
+    prompt = tokens(19)
+    _, record = produce(trie, prompt, 19)
+    slot, free_slots = record.slot, states.num_free
+    for request in (Sequence([0] + prompt[1:] + [5]), Sequence(prompt[:17] + [0, prompt[18], 5])):
+        txn, misses, _ = match(trie, request)
+        assert txn.hit_tokens == 0 and request.prefix_state.restore is None
+        trie.rollback(txn)
+    assert record.is_published and record.slot == slot and indexed(trie, record)
+    assert states.num_free == free_slots
+
+
+def test_request_mismatch_in_an_earlier_block_keeps_the_checkpoint():
+    pool, states, trie = make_hybrid()
+    _, record = produce(trie, tokens(48), 40)
+    free_slots = states.num_free
+    request = Sequence([0] + tokens(48)[1:] + [1])  # same tail, different first block
+    txn, misses, _ = match(trie, request)
+    assert txn.hit_tokens == 0 and misses == {MissReason.NO_CACHED_PREFIX.value: 1}
+    trie.rollback(txn)
+    assert record.is_published and indexed(trie, record) and states.num_free == free_slots
+    assert trie.index.candidate_steps(NS, 0, 100) == [40]
+
+
+def test_miss_on_a_long_prefix_differing_in_the_last_block_keeps_the_checkpoint():
+    pool, states, trie = make_hybrid()
+    prompt = tokens(12 * B)
+    _, record = produce(trie, prompt, 12 * B)
+    request = Sequence(prompt[: 11 * B] + [0] * B + [1])
+    txn, misses, _ = match(trie, request)
+    assert txn.hit_tokens == 0 and request.num_computed == 0 and request.num_blocks == 0
+    assert misses == {MissReason.NO_CHECKPOINT.value: 1}
+    trie.rollback(txn)
+    assert record.is_published and indexed(trie, record)
+    assert trie.index.candidate_steps(NS, 0, 1000) == [12 * B]
+    assert trie.checkpoints.live_records() == [record]
+    trie.check_invariants([request])
+
+
+def test_collision_bucket_bad_record_first_then_the_good_one_hits():
+    pool, states, trie = make_hybrid()
+    _, good = produce(trie, tokens(32), 32)
+    _, bad = produce(trie, [0] + tokens(32)[1:], 32)
+    # simulate a key collision: the bad record files under the good one's key, ahead of it
+    trie.index.remove(bad)
+    trie.index.remove(good)
+    bad.key = good.key
+    trie.index.add(bad)
+    trie.index.add(good)
+    assert trie.index.bucket(good.key) == (bad, good)
+    request = Sequence(tokens(33))
+    txn, misses, _ = match(trie, request)
+    assert request.prefix_state.restore is good and request.num_computed == 32
+    assert trie.index.bucket(good.key) == (bad, good) and bad.is_published
+    trie.rollback(txn)
+    trie.check_invariants([request])
+
+
+def test_namespaces_never_share_a_checkpoint():
+    pool, states, trie = make_hybrid()
+    _, base = produce(trie, tokens(40), 40)
+    _, root = produce(trie, tokens(5), 5)
+    for kwargs in ({"adapter": "lora"}, {"cache_salt": "tenant"}):
+        for prompt in (tokens(41), tokens(6)):
+            request = Sequence(prompt, **kwargs)
+            txn, _, _ = match(trie, request)
+            assert txn.hit_tokens == 0 and request.prefix_state.restore is None
+            trie.rollback(txn)
+    _, lora = produce(trie, tokens(40), 40, adapter="lora")
+    assert lora.anchor != base.anchor
+    request = Sequence(tokens(41), adapter="lora")
+    txn, _, _ = match(trie, request)
+    assert request.prefix_state.restore is lora
+    trie.rollback(txn)
+    assert trie.index.candidate_steps(Namespace(adapter="lora"), 0, 100) == [40]
+    assert sorted(trie.index.candidate_steps(NS, 0, 100)) == [5, 40]
+
+
+def test_rollback_after_a_hybrid_hit_unpins_and_clears_the_selection():
+    pool, states, trie = make_hybrid()
+    _, record = produce(trie, tokens(48), 32)
+    request = Sequence(tokens(49))
+    before = seq_state(request)
+    stats = trie.stats.snapshot()
+    txn = trie.match(request)
+    assert trie.checkpoints.pin_restore(request) and record.restore_pins == 1
+    trie.rollback(txn)
+    assert record.restore_pins == 0 and request.prefix_state.restore is None
+    assert not request.prefix_state.restore_pinned
+    assert seq_state(request) == before and trie.stats.snapshot() == stats
+    trie.check_invariants([request])
+
+
+def test_rematch_after_a_deeper_checkpoint_appends_only_the_suffix_blocks():
+    pool, states, trie = make_hybrid()
+    _, shallow = produce(trie, tokens(64), 16)
+    request = Sequence(tokens(65))
+    txn = trie.match(request)
+    assert request.num_computed == 16 and request.prefix_state.restore is shallow
+    trie.commit(txn)
+    first_block = int(request.block_table[0])
+    _, deep = produce(trie, tokens(64), 48)
+    txn = trie.match(request)
+    assert request.num_computed == 48 and request.prefix_state.restore is deep
+    assert request.num_blocks == 3 and int(request.block_table[0]) == first_block
+    assert txn.table_start == 1 and txn.taken.size == 2 and txn.displaced.size == 0
+    assert request.block_table.tolist() == path_blocks(trie, request)
+    trie.commit(txn)
+    trie.check_invariants([request])
+
+
+# --- multimodal identity ------------------------------------------------------------------------
+
+
+def test_partial_checkpoint_at_an_image_end():
+    pool, states, trie = make_hybrid()
+    cp = trie.checkpoints
+    image = MultimodalSpan(16, 20, "image", "img-a")
+    prompt = tokens(24)
+    producer = Sequence(prompt, multimodal=[image])
+    admit(trie, producer)
+    assert cp.reserve_save(producer, 18) == NO_SAVE  # inside the image
+    assert cp.reserve_save(producer, 20) > 0
+    record = producer.prefix_state.pending_save
+    forward(trie, producer)
+    assert cp.publish_save(producer)
+    trie.free_sequence(producer)
+    assert record.tail_identity == (image,)
+    same = Sequence(prompt[:20] + [7], multimodal=[MultimodalSpan(16, 20, "image", "img-a")])
+    txn, _, _ = match(trie, same)
+    assert same.num_computed == 20 and same.prefix_state.restore is record
+    trie.rollback(txn)
+    other = Sequence(prompt[:20] + [7], multimodal=[MultimodalSpan(16, 20, "image", "img-b")])
+    txn, _, _ = match(trie, other)
+    assert txn.hit_tokens == 0 and record.is_published
+    trie.rollback(txn)
+    text = Sequence(prompt[:20] + [7])  # the same placeholder tokens without the image
+    txn, _, _ = match(trie, text)
+    assert txn.hit_tokens == 0
+    trie.rollback(txn)
+
+
+def test_image_in_an_earlier_block_is_part_of_the_identity():
+    pool, states, trie = make_hybrid()
+    prompt = tokens(48)
+    _, record = produce(trie, prompt, 48, multimodal=[MultimodalSpan(20, 28, "image", "img-a")])
+    same = Sequence(prompt + [1], multimodal=[MultimodalSpan(20, 28, "image", "img-a")])
+    txn, _, _ = match(trie, same)
+    assert same.num_computed == 48 and same.prefix_state.restore is record
+    trie.rollback(txn)
+    other = Sequence(prompt + [1], multimodal=[MultimodalSpan(20, 28, "image", "img-b")])
+    txn, misses, _ = match(trie, other)
+    assert txn.hit_tokens == 0 and misses == {MissReason.NO_CHECKPOINT.value: 1}
+    trie.rollback(txn)
+    moved = Sequence(prompt + [1], multimodal=[MultimodalSpan(21, 29, "image", "img-a")])
+    txn, _, _ = match(trie, moved)
+    assert txn.hit_tokens == 0
+    trie.rollback(txn)
+
+
+def test_a_request_whose_span_covers_the_step_cannot_restore_there():
+    pool, states, trie = make_hybrid()
+    _, shallow = produce(trie, tokens(48), 16)
+    _, deep = produce(trie, tokens(48), 40)
+    request = Sequence(tokens(48) + [1], multimodal=[MultimodalSpan(36, 44, "image", "x")])
+    txn, _, _ = match(trie, request)
+    # the image changes block 2's identity, so only the shallow checkpoint is reachable
+    assert request.num_computed == 16 and request.prefix_state.restore is shallow
+    trie.rollback(txn)
+
+
+# --- recompute overlap (MTP) ------------------------------------------------------------------
+
+
+def test_worked_example_b_aligned_checkpoint_with_overlap():
+    pool, states, trie = make_hybrid()
+    prompt = tokens(64)
+    _, record = produce(trie, prompt, 32)  # KV: A B C D
+    request = Sequence(prompt + [1])
+    request.prefix_state.recompute_blocks = 1
+    txn, misses, _ = match(trie, request)
+    assert misses == {} and request.num_computed == 32 and request.prefix_state.restore is record
+    a, b = request.block_table.tolist()
+    assert request.prefix_state.fresh_range == (2, 4)
+    assert trie.checkpoints.pin_restore(request)
+    grow_and_allocate(trie, request)
+    trie.commit(txn)
+    canonical = path_blocks(trie, request)
+    assert canonical[:2] == [a, b] and cursor_depth(trie, request) == 4
+    c, d = canonical[2:]
+    private = request.block_table.tolist()
+    assert len(private) == 5 and private[2] != c and private[3] != d
+    assert request.prefix_state.trie_block_map == {2: c, 3: d}
+    assert pool.refcounts([c, d]).tolist() == [1, 1]  # only the trie: the forward cannot reach them
+    trie.check_invariants([request])
+
+
+def test_worked_example_b_overlap_bound():
+    """A checkpoint at s needs cached KV to s + R*B: exactly enough hits, one block short misses."""
+    pool, states, trie = make_hybrid()
+    _, record = produce(trie, tokens(48), 32)  # KV to 48 = 32 + 16
+    request = Sequence(tokens(48) + [1] * 17)
+    request.prefix_state.recompute_blocks = 1
+    txn, _, _ = match(trie, request)
+    assert request.num_computed == 32 and request.prefix_state.fresh_range == (2, 3)
+    trie.rollback(txn)
+    pool, states, trie = make_hybrid()
+    produce(trie, tokens(32), 32)  # KV to 32 only
+    request = Sequence(tokens(32) + [1] * 33)
+    request.prefix_state.recompute_blocks = 1
+    txn, misses, _ = match(trie, request)
+    assert txn.hit_tokens == 0 and misses == {MissReason.RECOMPUTE_OVERLAP.value: 1}
+    trie.rollback(txn)
+
+
+def test_overlap_falls_back_to_a_shallower_checkpoint():
+    pool, states, trie = make_hybrid()
+    prompt = tokens(64)
+    _, at48 = produce(trie, prompt, 48)
+    _, at64 = produce(trie, prompt, 64)
+    request = Sequence(prompt + [1])
+    request.prefix_state.recompute_blocks = 1
+    txn, misses, _ = match(trie, request)
+    assert request.num_computed == 48 and request.prefix_state.restore is at48
+    assert request.prefix_state.fresh_range == (3, 4)
+    trie.rollback(txn)
+    plain = Sequence(prompt + [1])  # without MTP the deepest one is used
+    txn, _, _ = match(trie, plain)
+    assert plain.prefix_state.restore is at64 and plain.num_computed == 64
+    trie.rollback(txn)
+
+
+@pytest.mark.parametrize("recompute", [1, 0])
+def test_worked_example_c_partial_checkpoint(recompute):
+    pool, states, trie = make_hybrid()
+    prompt = tokens(64)
+    _, record = produce(trie, prompt, 33)  # anchor B (depth 2), frozen copy of block 2
+    request = Sequence(prompt + [9])
+    request.prefix_state.recompute_blocks = recompute
+    txn, misses, _ = match(trie, request)
+    assert misses == {} and request.num_computed == 33 and request.prefix_state.restore is record
+    assert request.num_blocks == 2 and request.prefix_state.fresh_range == (2, 4)
+    assert trie.checkpoints.pin_restore(request)
+    grow_and_allocate(trie, request)
+    trie.commit(txn)
+    canonical = path_blocks(trie, request)
+    table = request.block_table.tolist()
+    assert cursor_depth(trie, request) == 4 and table[:2] == canonical[:2]
+    assert table[2] != canonical[2] and table[3] != canonical[3]  # kept private
+    assert record.frozen_block not in table
+    assert request.prefix_state.trie_block_map == {2: canonical[2], 3: canonical[3]}
+    trie.check_invariants([request])
+
+
+# --- routed experts -------------------------------------------------------------------------
+
+
+def test_routed_experts_replay_through_an_aligned_checkpoint():
+    pool, states, trie = make_hybrid()
+    prompt = tokens(48)
+    record = produce_with_experts(trie, prompt, 32)
+    request = Sequence(prompt + [1], want_routed_experts=True)
+    txn, _, _ = match(trie, request)
+    assert request.prefix_state.restore is record and request.num_computed == 32
+    np.testing.assert_array_equal(request.routed_experts, expert_rows(32))
+    trie.rollback(txn)
+    assert request.num_routed_experts == 0
+    plain = Sequence(prompt + [1])  # a request that did not ask gets none
+    txn, _, _ = match(trie, plain)
+    assert plain.num_computed == 32 and plain.routed_experts is None
+    trie.rollback(txn)
+
+
+def test_checkpoint_whose_nodes_lack_routed_experts_misses_for_an_experts_request():
+    pool, states, trie = make_hybrid()
+    _, record = produce(trie, tokens(48), 32)
+    request = Sequence(tokens(49), want_routed_experts=True)
+    txn, misses, _ = match(trie, request)
+    assert txn.hit_tokens == 0 and request.num_routed_experts == 0
+    assert misses == {MissReason.NO_CHECKPOINT.value: 1}
+    assert record.is_published
+    trie.rollback(txn)
+
+
+def test_partial_checkpoint_without_tail_rows_misses_for_an_experts_request():
+    pool, states, trie = make_hybrid()
+    _, record = produce(trie, tokens(40), 37)  # the producer recorded no experts
+    request = Sequence(tokens(41), want_routed_experts=True)
+    txn, _, _ = match(trie, request)
+    assert txn.hit_tokens == 0 and request.num_routed_experts == 0 and record.is_published
+    trie.rollback(txn)
+
+
+# --- the reference weaknesses this design fixes -----------------------------------------------
+
+
+def test_w1_aligned_hit_keeps_the_cached_continuation_private():
+    """W1. Reference: an aligned hit without MTP sets an empty fresh range, so ``allocate``
+    deduplicates the request's blocks 2 and 3 into the shared trie blocks C and D, and the
+    suffix forward writes recomputed KV into blocks other sequences read. Here the fresh range
+    reaches the deepest cached block, allocate keeps the private blocks and only maps them, and
+    they are swapped for the canonical ones once computed."""
+    pool, states, trie = make_hybrid()
+    prompt = tokens(64)
+    _, record = produce(trie, prompt, 32)
+    reader = Sequence(prompt + [1])  # another sequence reading C and D
+    txn = trie.match(reader)
+    assert reader.prefix_state.fresh_range == (2, 4)
+    assert trie.checkpoints.pin_restore(reader)
+    grow_and_allocate(trie, reader)
+    trie.commit(txn)
+    canonical = path_blocks(trie, reader)
+    c, d = canonical[2:4]
+    table = reader.block_table.tolist()
+    assert table[2] != c and table[3] != d  # the forward writes 32..65 into private blocks
+    assert pool.refcounts([c, d]).tolist() == [1, 1]  # nobody but the trie holds C and D
+    assert reader.prefix_state.trie_block_map == {2: c, 3: d}
+    trie.check_invariants([reader])
+    forward(trie, reader)
+    reader.append_tokens([2])
+    grow_and_allocate(trie, reader)  # the next allocate settles the computed duplicates
+    assert reader.block_table.tolist()[:4] == canonical and reader.prefix_state.trie_block_map == {}
+    assert pool.refcounts([c, d]).tolist() == [2, 2]
+    trie.check_invariants([reader])
+
+
+def test_w2_prompt_end_is_saved_in_the_same_forward_after_a_partial_hit():
+    """W2. Reference: after a partial hit the fresh range reaches num_valid//B and allocate
+    stops at the first fresh block without a trie child, so the cursor never reaches the
+    prompt end and ``reserve_save`` of the same forward returns -1. Here allocate keeps
+    attaching the request's own new blocks, so the prompt end is checkpointed."""
+    pool, states, trie = make_hybrid()
+    cp = trie.checkpoints
+    _, first = produce(trie, tokens(40), 40)  # KV A B, partial checkpoint at 40
+    prompt = tokens(40) + tokens(30, start=500)
+    seq = Sequence(prompt)
+    txn = trie.match(seq)
+    assert seq.num_computed == 40 and seq.prefix_state.restore is first
+    assert cp.pin_restore(seq)
+    grow_and_allocate(trie, seq)
+    trie.commit(txn)
+    assert cursor_depth(trie, seq) == 70 // B
+    slot = cp.reserve_save(seq)
+    assert slot > 0
+    forward(trie, seq)
+    assert cp.publish_save(seq)
+    saved = cp.live_records()[-1]
+    assert saved.step == 70 and saved.slot == slot
+    trie.check_invariants([seq])
+    follow_up = Sequence(prompt + [1])
+    txn = trie.match(follow_up)
+    assert follow_up.num_computed == 70 and follow_up.prefix_state.restore is saved
+    trie.rollback(txn)
+
+
+def test_w12_records_share_an_anchor_and_a_new_save_replaces_nothing():
+    """W12. Reference: one checkpoint per anchor, last writer wins: a partial save at 40
+    replaces the aligned checkpoint at 32 (which served every request diverging in [32, 40)),
+    the anchor is unmatchable until the new save publishes, and an abandoned save loses both.
+    Here records share the anchor; a save never unpublishes one; the anchor cap releases the
+    least recently used unpinned record."""
+    pool, states, trie = make_hybrid(max_checkpoints_per_anchor=2)
+    cp = trie.checkpoints
+    prompt = tokens(48)
+    _, aligned = produce(trie, prompt, 32)
+    # an in-flight save on the same anchor leaves the aligned one matchable, and its
+    # abandonment loses nothing
+    seq = Sequence(prompt)
+    admit(trie, seq)
+    assert cp.reserve_save(seq, 40) > 0
+    pending = seq.prefix_state.pending_save
+    assert pending.anchor == aligned.anchor and aligned.is_published
+    diverging = Sequence(prompt[:35] + [0] * 10)
+    txn = trie.match(diverging)
+    assert diverging.prefix_state.restore is aligned and diverging.num_computed == 32
+    trie.rollback(txn)
+    assert cp.discard_save(seq)
+    assert aligned.is_published and indexed(trie, aligned)
+    # both published on one anchor: each serves its own requests
+    assert cp.reserve_save(seq, 40) > 0
+    forward(trie, seq)
+    assert cp.publish_save(seq)
+    partial = cp.live_records()[-1]
+    assert partial.step == 40 and cp.records_at(aligned.anchor) == (aligned, partial)
+    for request, expected in ((Sequence(prompt[:35] + [0] * 10), aligned), (Sequence(prompt[:41]), partial)):
+        txn = trie.match(request)
+        assert request.prefix_state.restore is expected and request.num_computed == expected.step
+        assert cp.pin_restore(request)  # a hit touches its record
+        trie.rollback(txn)
+    # the cap (2): a third save releases the least recently used one (the partial), neither
+    # the newest nor the one that keeps serving hits
+    assert aligned.stamp < partial.stamp
+    reader = Sequence(prompt[:33])
+    admit(trie, reader)
+    cp.unpin_restore(reader)
+    assert aligned.stamp > partial.stamp  # aligned is now the most recently used
+    _, third = produce(trie, prompt[:38] + [0] * 10, 44)  # its own match restores from aligned
+    assert third.anchor == aligned.anchor and partial.state is CheckpointState.RELEASED
+    assert cp.records_at(aligned.anchor) == (aligned, third)
+    # pinned records are never released by the cap
+    producer, pinned = produce(trie, prompt, 36, pin=True)  # restores from aligned: third goes
+    assert third.state is CheckpointState.RELEASED
+    _, fifth = produce(trie, prompt, 38)  # restores from pinned (36): aligned is the LRU unpinned
+    assert aligned.state is CheckpointState.RELEASED
+    assert pinned.is_published and fifth.is_published
+    assert cp.records_at(pinned.anchor) == (pinned, fifth)
+    assert cp.unpin_save(producer)
+    trie.check_invariants([seq, reader, producer])
+
+
+def test_w21_no_frozen_block_is_checked_before_evicting_a_checkpoint():
+    """W21. Reference: a mid-block reserve with no free state row first evicts a checkpoint to
+    get one, then fails to allocate the frozen block: a useful checkpoint is lost for nothing.
+    Here the block shortage is detected first and nothing is evicted."""
+    pool, states, trie = make_hybrid(num_blocks=4, num_slots=2, budget=0)
+    cp = trie.checkpoints
+    _, useful = produce(trie, tokens(32), 32)  # the only usable state row
+    seq = Sequence(tokens(20, start=100))
+    admit(trie, seq)
+    assert pool.num_free == 0 and states.num_free == 0
+    assert cp.reserve_save(seq) == NO_SAVE
+    assert useful.is_published and indexed(trie, useful)
+    request = Sequence(tokens(33))
+    txn = trie.match(request)
+    assert request.prefix_state.restore is useful
+    trie.rollback(txn)
+    assert cp.reserve_save(seq, 16) == useful.slot  # an aligned save may evict for its row
+    assert useful.state is CheckpointState.RELEASED
+    trie.check_invariants([seq, request])
+
+
+def test_w25_partial_checkpoint_replays_tail_expert_rows():
+    """W25. Reference: partial checkpoints are refused for routed-expert requests (verify
+    check 13), so this request would miss and recompute 37 tokens. Here the record keeps the
+    tail's expert rows and the hit replays rows for every restored token."""
+    pool, states, trie = make_hybrid()
+    prompt = tokens(48)
+    record = produce_with_experts(trie, prompt, 37)
+    np.testing.assert_array_equal(record.tail_experts, expert_rows(48)[32:37])
+    assert not record.tail_experts.flags.writeable
+    request = Sequence(prompt + [1], want_routed_experts=True)
+    txn, misses, _ = match(trie, request)
+    assert misses == {} and request.prefix_state.restore is record and request.num_computed == 37
+    np.testing.assert_array_equal(request.routed_experts, expert_rows(37))
+    trie.rollback(txn)
+    root = produce_with_experts(trie, tokens(5, start=700), 5)  # root-anchored: tail rows only
+    request = Sequence(tokens(6, start=700), want_routed_experts=True)
+    txn, _, _ = match(trie, request)
+    assert request.prefix_state.restore is root
+    np.testing.assert_array_equal(request.routed_experts, expert_rows(5))
+    trie.rollback(txn)
+
+
+def test_tail_rows_arriving_without_a_new_complete_block_are_attached():
+    """Chunked prefill: chunk 1 ends at 32 (blocks 0-1 get rows), chunk 2 saves mid-block at 40.
+    Its rows complete no new block, yet the partial record must still receive its tail rows."""
+    pool, states, trie = make_hybrid()
+    cp = trie.checkpoints
+    prompt = tokens(40)
+    seq = Sequence(prompt, want_routed_experts=True)
+    admit(trie, seq)
+    for end in (32, 40):
+        assert cp.reserve_save(seq, end) > 0
+        record = seq.prefix_state.pending_save
+        seq.set_computed(end)
+        assert cp.publish_save(seq)
+        seq.append_routed_experts(expert_rows(end - seq.num_routed_experts, seq.num_routed_experts))
+        trie.cache_routed_experts(seq)
+    assert record.step == 40 and seq.prefix_state.records_missing_experts == []
+    np.testing.assert_array_equal(record.tail_experts, expert_rows(8, 32))
+    request = Sequence(prompt + [1], want_routed_experts=True)
+    txn = trie.match(request)
+    assert request.prefix_state.restore is record and request.num_computed == 40
+    np.testing.assert_array_equal(request.routed_experts, expert_rows(40))
+    trie.rollback(txn)
+
+
+# --- pending nodes (engines that attach blocks before their forward) ---------------------------
+
+
+def test_prompt_end_checkpoint_on_pending_nodes_becomes_matchable_after_the_forward():
+    pool, states, trie = make_hybrid(track_pending=True)
+    cp = trie.checkpoints
+    producer = Sequence(tokens(40))
+    admit(trie, producer)
+    assert trie.nodes.pending[trie.nodes.attached_slots()].all()  # blocks 0-1, not computed yet
+    assert cp.reserve_save(producer) > 0  # the anchor is the producer's own pending node
+    record = producer.prefix_state.pending_save
+    assert cp.publish_save(producer, pin=True, in_flight=True)
+    request = Sequence(tokens(41))
+    txn, misses, _ = match(trie, request)
+    assert txn.hit_tokens == 0 and misses == {MissReason.NO_CACHED_PREFIX.value: 1}
+    trie.rollback(txn)
+    start = producer.num_computed
+    producer.set_computed(producer.num_tokens)
+    trie.mark_computed(producer, start)
+    assert not trie.nodes.pending[trie.nodes.attached_slots()].any()
+    txn, _, _ = match(trie, request)
+    assert txn.hit_tokens == 0  # computed, but the save copy is still in flight
+    trie.rollback(txn)
+    assert cp.unpin_save(producer)
+    txn, _, _ = match(trie, request)
+    assert request.num_computed == 40 and request.prefix_state.restore is record
+    trie.rollback(txn)
+    trie.check_invariants([producer, request])
+
+
+def test_failed_forward_discards_its_pending_nodes_and_their_checkpoints():
+    pool, states, trie = make_hybrid(track_pending=True)
+    cp = trie.checkpoints
+    producer = Sequence(tokens(40))
+    admit(trie, producer)
+    assert cp.reserve_save(producer, 32) > 0
+    record = producer.prefix_state.pending_save
+    assert cp.publish_save(producer, pin=True, in_flight=True)
+    cp.abandon_save(producer)
+    assert trie.discard_pending(producer) == 2
+    assert record.state is CheckpointState.RELEASED and trie.nodes.num_attached == 0
+    assert cp.live_records() == [] and states.num_free == states.num_slots - 1
+    trie.check_invariants([producer])
+    trie.free_sequence(producer)
+    assert pool.num_free == pool.num_blocks
