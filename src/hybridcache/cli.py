@@ -8,7 +8,9 @@ import sys
 from rich.console import Console
 
 console = Console(width=160)
-SCENARIO_NAMES = ("match", "match-partial", "kv-match", "miss", "rollback", "rematch", "publish", "evict", "memory")
+SCENARIO_NAMES = (
+    "match", "match-partial", "kv-match", "miss", "rollback", "rematch", "publish", "evict", "memory", "soak-engine",
+)
 
 
 def _int_list(text: str) -> list[int]:
@@ -21,6 +23,8 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
 
     ensure_controlled_process(argv)
     cpu = pin_to_one_cpu()
+    if args.scenario == "soak-engine":
+        return _soak_engine(args)
     impls = ["hybridcache"] + ([args.compare] if args.compare else [])
     scenarios = cli_support.ALL_SCENARIOS if args.scenario == "all" else (args.scenario,)
     records = []
@@ -36,6 +40,28 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
         cli_support.plot(records, args.plot)
         console.print(f"wrote {args.plot}")
     return 0
+
+
+def _soak_engine(args: argparse.Namespace) -> int:
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from hybridcache.bench.cli_support import write_json
+    from hybridcache.bench.soak_engine import run_soak_engine
+
+    total = 200 if args.smoke else (args.requests or 10_000)
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("soak-engine", total=total)
+        record = run_soak_engine(total, progress=lambda: progress.advance(task))
+    table = Table(title="hybridcache bench soak-engine")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    for key, value in record.items():
+        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+    console.print(table)
+    if args.json:
+        write_json([record], args.json)
+    return 0 if record["leaked_pool_entries"] == 0 and record["exact_samples"].split("/")[0] == record["exact_samples"].split("/")[1] else 1
 
 
 def _demo(_: argparse.Namespace, __: list[str]) -> int:
@@ -57,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--block-size", type=int, default=64)
     bench.add_argument("--compare", choices=["lmdeploy"], help="also run the reference implementation")
     bench.add_argument("--plot", metavar="PATH.png", help="write a p50/p99 chart")
+    bench.add_argument("--requests", type=int, help="requests served by soak-engine (default 10000)")
     bench.add_argument("--smoke", action="store_true", help="a seconds-long run that only checks the scenario works")
     bench.add_argument("--json", metavar="PATH", help="write the records as JSON")
     bench.set_defaults(handler=_bench)
