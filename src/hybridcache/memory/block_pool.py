@@ -86,7 +86,7 @@ class BlockPool:
         if ids.size == 0:
             return
         where = self._run_or_ids(ids, low, high) if unique else ids
-        if np.any(self._refcount[where] <= 0):
+        if int(self._refcount[where].min()) <= 0:
             raise DoubleFreeError("cannot reference a free block")
         if unique:
             self._refcount[where] += 1
@@ -106,7 +106,7 @@ class BlockPool:
         if unique:
             distinct, counts = self._run_or_ids(ids, low, high), 1
         else:
-            distinct, counts = np.unique(ids, return_counts=True)
+            distinct, counts = np.unique(ids.astype(np.intp), return_counts=True)
         if np.any(self._refcount[distinct] < counts):
             if np.any(self._refcount[distinct] == 0):
                 raise DoubleFreeError("block freed twice")
@@ -114,6 +114,8 @@ class BlockPool:
         self._refcount[distinct] -= counts
         self._stamp[distinct] = self.tick()
         remaining = self._refcount[distinct]
+        if int(remaining.min()) > 0:
+            return np.empty(0, dtype=BLOCK_DTYPE)
         if isinstance(distinct, slice):
             freed = (np.flatnonzero(remaining == 0) + distinct.start).astype(BLOCK_DTYPE)
         else:
@@ -160,13 +162,13 @@ class BlockPool:
     # --- internals -------------------------------------------------------------------------
 
     def _validated(self, block_ids: object) -> tuple[np.ndarray, int, int]:
-        """The ids as a flat intp array with their min and max; raises on a bad id."""
+        """The ids as a flat integer array with their min and max; raises on a bad id."""
         ids = np.asarray(block_ids)
         if ids.size == 0:
             return np.empty(0, dtype=np.intp), 0, -1
         if ids.dtype.kind not in "iu":
             raise InvalidTypeError(f"block ids must be integers, got {ids.dtype}")
-        ids = ids.reshape(-1).astype(np.intp, copy=False)  # intp indexes without a conversion
+        ids = ids.reshape(-1)
         low, high = int(ids.min()), int(ids.max())
         if low < 0 or high >= self.num_blocks:
             raise InvalidBlockIdError(f"block id outside [0, {self.num_blocks})")
@@ -177,7 +179,7 @@ class BlockPool:
         """Distinct ids that fill a whole range are addressed as a slice, several times faster
         than fancy indexing (the common case on a hit: blocks handed out together). Callers
         pass distinct ids, so ``max - min + 1 == size`` means exactly that range."""
-        return slice(low, high + 1) if high - low + 1 == ids.size else ids
+        return slice(low, high + 1) if high - low + 1 == ids.size else ids.astype(np.intp, copy=False)
 
     def check_invariants(self, expected_refcounts: np.ndarray | None = None) -> None:
         """Free list disjoint from used blocks and complete; refcounts equal their owners."""
