@@ -21,5 +21,23 @@ test: $(STAMP)
 bench-smoke: $(STAMP)
 	$(BIN)/hybridcache bench kv-match --smoke
 
+# The reference implementation for `hybridcache bench --compare`: lmdeploy's CPU-side prefix
+# cache (BlockTrie, checkpoint lifecycle, scheduler sequences). Installed with --no-deps so pip
+# never touches torch, plus exactly the packages its scheduler-side imports need (pillow and
+# packaging unpinned: the dev extras already bring them). Idempotent.
+LMDEPLOY_PKGS := lmdeploy==0.18.0 \
+	addict==2.4.0 annotated-types==0.8.0 apache-tvm-ffi==0.1.15.post2 certifi==2026.10.19.post1 \
+	h11==0.16.0 httpcore2==2.16.2 httpx2==2.16.2 huggingface-hub==2.4.0 idna==3.20 \
+	mmengine-lite==0.10.7 packaging pillow platformdirs==4.14.8 psutil==7.2.2 pybase64==1.5.1 \
+	pydantic==2.14.4 pydantic-core==2.50.5 pyyaml==6.0.4 pyzmq==27.3.0 regex==2026.11.19 \
+	requests==2.34.2 safetensors==0.8.0 shortuuid==1.0.13 termcolor==3.3.0 tqdm==4.70.1 \
+	transformers==5.24.0 truststore==0.10.5 typing-inspection==0.4.5 urllib3==2.8.0 \
+	xgrammar==0.2.9 yapf==0.43.0
+
+.PHONY: compare-setup
+compare-setup: $(STAMP)
+	$(BIN)/python -m pip install --quiet --no-deps $(LMDEPLOY_PKGS)
+	$(BIN)/python -W ignore -c "import torch, lmdeploy.pytorch.paging.scheduler, lmdeploy.pytorch.strategies.ar.sequence; assert torch.__version__.startswith('2.13.0'), torch.__version__; print('lmdeploy reference ready (torch', torch.__version__ + ')')"
+
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache
