@@ -6,8 +6,10 @@ block map of recompute overlap, the routed-expert enrichment watermark and the s
 suppression flag. The trie writes these fields; nothing else does.
 
 Lifetimes:
-- ``block_keys`` / ``key_sum`` / ``mm_blocks``: grow with the sequence; valid for one keyer
-  (``keyer_id``). ``mm_blocks`` maps a block index to the multimodal spans overlapping it.
+- ``block_keys`` / ``block_sums`` / ``key_sum`` / ``mm_blocks``: grow with the sequence; valid
+  for one keyer (``keyer_id``) and from block ``keys_from`` on (keys resume at a verified node
+  instead of hashing the prefix before it). ``mm_blocks`` maps a block index to the multimodal
+  spans overlapping it.
 - ``cursor``: the trie node up to which the block table holds the path's blocks (canonical, or
   private blocks mapped in ``trie_block_map``), with its generation; set by match and allocate,
   reset by rollback and release. A cursor whose node was evicted is detected in O(1).
@@ -47,7 +49,9 @@ NO_NODE = -1
 @dataclass
 class PrefixState:
     block_keys: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.uint64))
+    block_sums: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.uint64))
     num_keys: int = 0
+    keys_from: int = 0
     key_sum: int = 0
     keyer_id: int = -1
     mm_blocks: dict = field(default_factory=dict)
@@ -56,6 +60,7 @@ class PrefixState:
     verified: int = NO_NODE
     verified_generation: int = -1
     path: object = None  # the RequestPath of ``verified``, reused while it is unchanged
+    found: object = None  # the checkpoint ingest verified, reused while it stays usable
     fresh_range: tuple[int, int] = (0, 0)
     trie_block_map: dict[int, int] = field(default_factory=dict)
     recompute_blocks: int = 0

@@ -131,7 +131,10 @@ def snapshot(*objects):
 
 
 # caches of facts about the tokens (kept by a rollback): the block keys, the verified node and its path
-KEY_CACHE_FIELDS = ("block_keys", "num_keys", "key_sum", "keyer_id", "mm_blocks", "verified", "verified_generation", "path")
+KEY_CACHE_FIELDS = (
+    "block_keys", "block_sums", "num_keys", "keys_from", "key_sum", "keyer_id", "mm_blocks", "verified", "verified_generation", "path",
+    "found",
+)
 
 
 def seq_state(seq: Sequence):

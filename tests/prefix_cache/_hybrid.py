@@ -3,6 +3,8 @@ producer / consumer protocol of a forward with a state save."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from hybridcache.memory.block_pool import BlockPool
 from hybridcache.memory.state_pool import StatePool
 from hybridcache.prefix_cache import BlockTrie
@@ -67,7 +69,23 @@ def store_kv(trie: BlockTrie, tokens, **seq_kwargs) -> Sequence:
 
 
 def indexed(trie: BlockTrie, record: CheckpointRecord) -> bool:
-    return any(entry is record for entry in trie.index.bucket(record.key))
+    return any(entry is record for entry in trie.index.bucket(record.namespace, record.key))
+
+
+def request_key(trie: BlockTrie, seq: Sequence, step: int) -> tuple[int, int]:
+    """The key a match probes for ``seq`` at ``step``: (step, the keyed value of the request's
+    block ending at the anchor), or (step, the namespace seed) for a root anchor."""
+    depth = step // trie.block_size
+    if depth == 0:
+        return step, trie.keyer.namespace_seed(seq.namespace)
+    return step, int(trie.keyer.values_of(seq, np.array([depth - 1]))[0])
+
+
+def path_to(trie: BlockTrie, record: CheckpointRecord, seq: Sequence):
+    """The trie's exact check of the prefix before ``record``'s anchor for ``seq`` (the part of
+    a checkpoint match ``CheckpointIndex.verify`` leaves out): the anchor's path, or None."""
+    trie.keyer.identity(seq)  # the request's multimodal blocks, as a match computes them first
+    return trie._path_to_anchor(seq, record.anchor, record.step // trie.block_size)
 
 
 def world(pool, states, trie, *seqs):
@@ -75,4 +93,4 @@ def world(pool, states, trie, *seqs):
     return snapshot(pool, states, trie, *seqs)
 
 
-__all__ = ["B", "admit", "forward", "indexed", "make_hybrid", "produce", "store_kv", "world"]
+__all__ = ["B", "admit", "forward", "indexed", "make_hybrid", "path_to", "produce", "request_key", "store_kv", "world"]

@@ -22,7 +22,7 @@ from hybridcache.prefix_cache.checkpoint_record import CheckpointState
 from hybridcache.sequence import MultimodalSpan, Namespace, Sequence
 
 from ._helpers import B, cursor_depth, leaves, tokens
-from ._hybrid import admit, forward, indexed, make_hybrid, produce, world
+from ._hybrid import admit, forward, indexed, make_hybrid, produce, request_key, world
 
 NS = Namespace()
 
@@ -55,6 +55,9 @@ def test_reserve_then_publish():
     assert slot > 0 and states.role_of(slot) is SlotRole.CHECKPOINT
     record = seq.prefix_state.pending_save
     assert record.state is CheckpointState.RESERVED and record.slot == slot
+    # keyed by its step and the value of its anchor's own block: what a request probes
+    assert record.key == (32, trie.nodes.last_block_value(record.anchor))
+    assert record.key == request_key(trie, Sequence(tokens(49)), 32)
     assert cp.live_records() == [record] and cp.records_at(record.anchor) == (record,)
     assert len(trie.index) == 0 and not indexed(trie, record)
     assert hits(trie, tokens(49)) == (0, None)  # a reservation is not matchable
@@ -361,7 +364,7 @@ def test_publish_twice_raises():
     with pytest.raises(AlreadyPublishedError):
         cp.publish(record)
     assert world(pool, states, trie, seq) == before
-    assert trie.index.bucket(record.key) == (record,)
+    assert trie.index.bucket(NS, record.key) == (record,)
     assert trie.index.candidate_steps(NS, 0, 100) == [32]
     cp.release(record)
     before = world(pool, states, trie, seq)
@@ -759,7 +762,7 @@ def test_clean_stale_by_verdict():
     cp.clean_stale(record, record.key, Verdict(VerifyStatus.REQUEST_MISMATCH, "x"))
     assert world(pool, states, trie, producer) == before
     cp.clean_stale(record, foreign, Verdict(VerifyStatus.STALE_INDEX_ENTRY, "x"))
-    assert trie.index.bucket(foreign) == () and indexed(trie, record)
+    assert trie.index.bucket(NS, foreign) == () and indexed(trie, record)
     cp.clean_stale(record, record.key, Verdict(VerifyStatus.STALE_CHECKPOINT, "x"))  # pinned: kept
     assert record.is_published and indexed(trie, record)
     cp.unpin_save(producer)
@@ -774,7 +777,7 @@ def test_release_leaves_a_foreign_entry_for_match_to_clean():
     pool, states, trie = make_hybrid()
     _, record = produce(trie, tokens(64), 32)
     request = Sequence(tokens(65))
-    foreign = (48, int(trie.keyer.extend(request)[2]))
+    foreign = request_key(trie, request, 48)  # a bucket the match probes
     trie.index.add(record, foreign)
     trie.checkpoints.release(record)
     assert list(trie.index.entries()) == [(foreign, record)]

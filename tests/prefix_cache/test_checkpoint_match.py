@@ -12,7 +12,7 @@ from hybridcache.prefix_cache.checkpoint_record import CheckpointState
 from hybridcache.prefix_cache.stats import MissReason
 from hybridcache.sequence import MultimodalSpan, Namespace, Sequence
 
-from ._helpers import B, cursor_depth, path_blocks, seq_state, tokens
+from ._helpers import B, cursor_depth, path_blocks, seq_state, slots_at_depth, tokens
 from ._hybrid import admit, forward, indexed, make_hybrid, produce, store_kv
 
 NS = Namespace()
@@ -182,19 +182,30 @@ def test_miss_on_a_long_prefix_differing_in_the_last_block_keeps_the_checkpoint(
 
 def test_collision_bucket_bad_record_first_then_the_good_one_hits():
     pool, states, trie = make_hybrid()
-    _, good = produce(trie, tokens(32), 32)
+    # a key is the step and the anchor block's own value: records whose anchor blocks are equal
+    # share a bucket whatever their earlier blocks; the bad one was published first
     _, bad = produce(trie, [0] + tokens(32)[1:], 32)
-    # simulate a key collision: the bad record files under the good one's key, ahead of it
-    trie.index.remove(bad)
-    trie.index.remove(good)
-    bad.key = good.key
-    trie.index.add(bad)
-    trie.index.add(good)
-    assert trie.index.bucket(good.key) == (bad, good)
+    _, good = produce(trie, tokens(32), 32)
+    assert bad.key == good.key and bad.anchor != good.anchor
+    assert trie.index.bucket(NS, good.key) == (bad, good)
     request = Sequence(tokens(33))
     txn, misses, _ = match(trie, request)
-    assert request.prefix_state.restore is good and request.num_computed == 32
-    assert trie.index.bucket(good.key) == (bad, good) and bad.is_published
+    assert request.prefix_state.restore is good and request.num_computed == 32 and misses == {}
+    assert trie.index.bucket(NS, good.key) == (bad, good) and bad.is_published
+    trie.rollback(txn)
+    # a simulated hash collision (another anchor block filed under the same key, ahead of the
+    # good record) is rejected the same way
+    _, other = produce(trie, tokens(32, start=500), 32)
+    trie.index.remove(other)
+    trie.index.remove(good)
+    other.key = good.key
+    trie.index.add(other)
+    trie.index.add(good)
+    assert trie.index.bucket(NS, good.key) == (bad, other, good)
+    request = Sequence(tokens(33))  # a fresh request: nothing verified for it yet
+    txn, misses, _ = match(trie, request)
+    assert request.prefix_state.restore is good and request.num_computed == 32 and misses == {}
+    assert trie.index.bucket(NS, good.key) == (bad, other, good) and other.is_published
     trie.rollback(txn)
     trie.check_invariants([request])
 
@@ -250,6 +261,162 @@ def test_rematch_after_a_deeper_checkpoint_appends_only_the_suffix_blocks():
     assert request.block_table.tolist() == path_blocks(trie, request)
     trie.commit(txn)
     trie.check_invariants([request])
+
+
+# --- ingest (prepare) and its reuse by match ---------------------------------------------------
+
+
+def count_calls(monkeypatch, obj, name):
+    """Count calls of ``obj.name`` (the original still runs)."""
+    calls = []
+    original = getattr(obj, name)
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(obj, name, counted)
+    return calls
+
+
+def hit_of(seq):
+    state = seq.prefix_state
+    return seq.num_computed, seq.block_table.tolist(), state.fresh_range, state.restore, state.cursor
+
+
+def test_prepare_verifies_the_checkpoint_once_and_match_reuses_it(monkeypatch):
+    pool, states, trie = make_hybrid()
+    _, shallow = produce(trie, tokens(64), 16)
+    _, record = produce(trie, tokens(64), 32)
+    request = Sequence(tokens(49))
+    path = trie.prepare(request)
+    assert (path.node, path.depth) == (record.anchor, 2)
+    assert request.prefix_state.found.record is record
+    assert request.prefix_state.verified == record.anchor
+    assert request.num_computed == 0 and request.num_blocks == 0  # ingest takes nothing
+    verifies = count_calls(monkeypatch, trie.index, "verify")
+    paths = count_calls(monkeypatch, trie, "_path_to_anchor")
+    txn, misses, _ = match(trie, request)
+    assert misses == {} and request.prefix_state.restore is record and request.num_computed == 32
+    assert verifies == [] and paths == []  # nothing deeper than 32 to probe, nothing re-verified
+    reused = hit_of(request)
+    trie.rollback(txn)
+    txn, _, _ = match(trie, request)  # a rollback keeps what ingest verified
+    assert hit_of(request) == reused and verifies == [] and paths == []
+    trie.rollback(txn)
+    fresh = Sequence(tokens(49))  # the same match without ingest
+    txn, _, _ = match(trie, fresh)
+    assert hit_of(fresh)[:4] == reused[:4] and fresh.prefix_state.cursor == record.anchor
+    trie.rollback(txn)
+    assert shallow.is_published
+    trie.check_invariants([request, fresh])
+
+
+def test_a_deeper_checkpoint_published_after_prepare_wins(monkeypatch):
+    pool, states, trie = make_hybrid()
+    prompt = tokens(64)
+    _, shallow = produce(trie, prompt, 32)
+    request = Sequence(prompt + [1])
+    assert trie.prepare(request).node == shallow.anchor
+    _, deep = produce(trie, prompt, 40)
+    _, deepest = produce(trie, prompt, 64)
+    verifies = count_calls(monkeypatch, trie.index, "verify")
+    txn, misses, _ = match(trie, request)
+    assert misses == {} and request.prefix_state.restore is deepest and request.num_computed == 64
+    assert [args[0] for args in verifies] == [deepest]  # only steps deeper than the ingested one
+    trie.rollback(txn)
+    trie.checkpoints.release(deepest)
+    txn, _, _ = match(trie, request)
+    assert request.prefix_state.restore is deep and request.num_computed == 40
+    trie.rollback(txn)
+    trie.check_invariants([request])
+
+
+def test_a_checkpoint_released_or_detached_after_prepare_is_not_used():
+    pool, states, trie = make_hybrid()
+    prompt = tokens(64)
+    _, shallow = produce(trie, prompt, 16)
+    _, deep = produce(trie, prompt, 40)
+    request = Sequence(prompt + [1])
+    trie.prepare(request)
+    assert request.prefix_state.found.record is deep
+    trie.checkpoints.release(deep)
+    txn, misses, _ = match(trie, request)
+    assert misses == {} and request.prefix_state.restore is shallow and request.num_computed == 16
+    trie.rollback(txn)
+    # the anchor of the ingested checkpoint is detached behind the lifecycle's back
+    _, again = produce(trie, prompt, 48)
+    other = Sequence(prompt + [1])
+    trie.prepare(other)
+    assert other.prefix_state.found.record is again
+    evicted = trie.kv.evict(2)  # the leaf at depth 4, then the anchor at depth 3
+    assert len(evicted) == 2 and evicted[1] == again.anchor
+    txn, _, _ = match(trie, other)
+    assert other.prefix_state.restore is shallow and other.num_computed == 16
+    assert again.state is CheckpointState.RELEASED  # the match cleaned the stale record
+    trie.rollback(txn)
+    trie.check_invariants([request, other])
+
+
+def test_prepare_of_a_grown_or_computed_request_searches_again():
+    """What ingest verified is reused only for the same window (computed step, last token): a
+    request that grew finds a checkpoint beyond its old last token, and one that computed past
+    the ingested step never restores behind its computed step."""
+    pool, states, trie = make_hybrid()
+    prompt = tokens(64)
+    _, shallow = produce(trie, prompt, 16)
+    request = Sequence(prompt[:20])
+    trie.prepare(request)
+    assert request.prefix_state.found.record is shallow
+    _, deep = produce(trie, prompt, 40)  # not reachable before the request grows past 40
+    request.append_tokens(prompt[20:])
+    txn, _, _ = match(trie, request)
+    assert request.prefix_state.restore is deep and request.num_computed == 40
+    trie.rollback(txn)
+    # the request runs its first 20 tokens (restoring at 16), then asks again
+    late = Sequence(prompt[:20])
+    trie.prepare(late)
+    assert late.prefix_state.found.record is shallow
+    trie.checkpoints.release(deep)
+    admit(trie, late)
+    assert late.num_computed == 16
+    forward(trie, late)
+    assert late.num_computed == 20
+    late.append_tokens(prompt[20:24])
+    txn, misses, _ = match(trie, late)
+    assert txn.hit_tokens == 0 and late.num_computed == 20 and late.prefix_state.restore is None
+    trie.rollback(txn)
+    trie.check_invariants([request, late])
+
+
+def test_prepare_of_a_hybrid_miss_returns_the_verified_path():
+    pool, states, trie = make_hybrid()
+    store_kv(trie, tokens(48))
+    request = Sequence(tokens(49))
+    path = trie.prepare(request)
+    assert request.prefix_state.found is None and path.node == trie.nodes.find_root(NS)
+    txn, misses, _ = match(trie, request)
+    assert txn.hit_tokens == 0 and misses == {MissReason.NO_CHECKPOINT.value: 1}
+    trie.rollback(txn)
+
+
+def test_overlap_is_checked_again_when_kv_is_evicted_after_prepare():
+    """A checkpoint at s needs cached KV to s + R*B (MTP overlap): if the block after the
+    anchor is evicted between ingest and match, the match misses as a fresh one would."""
+    pool, states, trie = make_hybrid()
+    _, record = produce(trie, tokens(48), 32)
+    request = Sequence(tokens(48) + [1] * 17)
+    request.prefix_state.recompute_blocks = 1
+    assert trie.prepare(request).node == record.anchor
+    assert trie.kv.evict(1) != []  # the leaf at depth 3, after the anchor
+    fresh = Sequence(tokens(48) + [1] * 17)
+    fresh.prefix_state.recompute_blocks = 1
+    txn, misses, _ = match(trie, fresh)
+    assert txn.hit_tokens == 0 and misses == {MissReason.RECOMPUTE_OVERLAP.value: 1}
+    trie.rollback(txn)
+    txn, misses, _ = match(trie, request)
+    assert txn.hit_tokens == 0 and misses == {MissReason.RECOMPUTE_OVERLAP.value: 1}
+    trie.rollback(txn)
 
 
 # --- multimodal identity ------------------------------------------------------------------------
@@ -632,7 +799,7 @@ def test_prompt_end_checkpoint_on_pending_nodes_becomes_matchable_after_the_forw
     assert cp.publish_save(producer, pin=True, in_flight=True)
     request = Sequence(tokens(41))
     txn, misses, _ = match(trie, request)
-    assert txn.hit_tokens == 0 and misses == {MissReason.NO_CACHED_PREFIX.value: 1}
+    assert txn.hit_tokens == 0 and request.prefix_state.restore is None and len(misses) == 1
     trie.rollback(txn)
     start = producer.num_computed
     producer.set_computed(producer.num_tokens)
@@ -646,6 +813,84 @@ def test_prompt_end_checkpoint_on_pending_nodes_becomes_matchable_after_the_forw
     assert request.num_computed == 40 and request.prefix_state.restore is record
     trie.rollback(txn)
     trie.check_invariants([producer, request])
+
+
+def test_a_miss_on_pending_nodes_is_no_cached_prefix():
+    """Pending nodes are not cached yet: a request whose only cached blocks are pending misses
+    with NO_CACHED_PREFIX, as in an attention-only trie."""
+    pool, states, trie = make_hybrid(track_pending=True)
+    producer = Sequence(tokens(40))
+    admit(trie, producer)
+    assert trie.nodes.pending[trie.nodes.attached_slots()].all()
+    request = Sequence(tokens(41))
+    txn, misses, _ = match(trie, request)
+    assert txn.hit_tokens == 0 and misses == {MissReason.NO_CACHED_PREFIX.value: 1}
+    trie.rollback(txn)
+
+
+def test_a_checkpoint_below_pending_nodes_the_request_verified_does_not_hit():
+    """The request's verified node (set by its allocate) is another sequence's pending node: a
+    checkpoint anchored below it must wait for that forward, as for a request that verified
+    nothing (the path to the anchor is cut at its first pending node)."""
+    pool, states, trie = make_hybrid(track_pending=True)
+    cp = trie.checkpoints
+    owner = Sequence(tokens(48))
+    admit(trie, owner)  # blocks 0-2 attached pending; this forward never runs
+    prompt = tokens(32) + tokens(16, start=500) + [7]
+    producer = Sequence(prompt)
+    admit(trie, producer)  # maps the owner's pending blocks 0-1, attaches its own block 2
+    start = producer.num_computed
+    forward(trie, producer)
+    trie.mark_computed(producer, start)
+    assert cp.reserve_save(producer, 48) > 0
+    record = producer.prefix_state.pending_save
+    assert cp.publish_save(producer)
+    parent = int(trie.nodes.parent[record.anchor])
+    assert not trie.nodes.pending[record.anchor] and trie.nodes.pending[parent]
+    fresh = Sequence(prompt[:48] + [1])
+    txn, _, _ = match(trie, fresh)
+    assert txn.hit_tokens == 0  # the anchor's path waits for the owner's forward
+    trie.rollback(txn)
+    request = Sequence(prompt[:40])
+    admit(trie, request)  # its verified node is now the owner's pending node at depth 2
+    assert trie.nodes.pending[request.prefix_state.verified]
+    trie.free_sequence(request)
+    request.append_tokens(prompt[40:48] + [1])
+    txn, _, _ = match(trie, request)
+    assert txn.hit_tokens == 0 and request.prefix_state.restore is None and request.num_blocks == 0
+    trie.rollback(txn)
+    trie.check_invariants([owner, producer, request])
+
+
+def test_pending_blocks_after_the_anchor_do_not_count_for_the_overlap():
+    """A checkpoint at s needs cached KV to s + R*B: a pending block there is not cached yet."""
+    pool, states, trie = make_hybrid(track_pending=True)
+    cp = trie.checkpoints
+    producer = Sequence(tokens(32))
+    admit(trie, producer)
+    start = producer.num_computed
+    assert cp.reserve_save(producer, 32) > 0
+    forward(trie, producer)
+    trie.mark_computed(producer, start)
+    assert cp.publish_save(producer)
+    trie.free_sequence(producer)
+    other = Sequence(tokens(48) + [5])
+    admit(trie, other, pin=False)  # attaches block 2, pending until its forward
+    assert [bool(trie.nodes.pending[s]) for s in slots_at_depth(trie, 3)] == [True]
+    request = Sequence(tokens(48) + [1] * 17)
+    request.prefix_state.recompute_blocks = 1
+    txn, misses, _ = match(trie, request)
+    assert txn.hit_tokens == 0 and misses == {MissReason.RECOMPUTE_OVERLAP.value: 1}
+    trie.rollback(txn)
+    start = other.num_computed
+    forward(trie, other)
+    trie.mark_computed(other, start)
+    request = Sequence(tokens(48) + [1] * 17)
+    request.prefix_state.recompute_blocks = 1
+    txn, misses, _ = match(trie, request)
+    assert misses == {} and request.num_computed == 32
+    trie.rollback(txn)
+    trie.check_invariants([other, request])
 
 
 def test_failed_forward_discards_its_pending_nodes_and_their_checkpoints():

@@ -49,7 +49,14 @@ def test_record_geometry_on_a_real_trie(step, anchor, tail):
     assert record.step == step
     assert int(nodes.depth[record.anchor]) == anchor // B
     assert bool(nodes.is_root[record.anchor]) == (anchor == 0)
-    assert record.key == (step, int(nodes.key[record.anchor]))
+    # keyed by the step and the keyed value of the anchor's own block (the seed at the root)
+    if anchor == 0:
+        expected = trie.keyer.namespace_seed(record.namespace)
+    else:
+        expected = int(trie.keyer.values_of(seq, np.array([anchor // B - 1]))[0])
+        parent = int(nodes.parent[record.anchor])
+        assert expected == (int(nodes.sums[record.anchor]) - int(nodes.sums[parent])) % 2**64
+    assert record.key == (step, expected) == (step, nodes.last_block_value(record.anchor))
     assert record.anchor_generation == int(nodes.generation[record.anchor])
     assert record.is_partial == (step % B != 0)
     assert (record.frozen_block != NO_BLOCK) == record.is_partial

@@ -1,6 +1,6 @@
 """Stateful test of the hybrid prefix cache through its public API.
 
-Random interleavings of the scheduler protocol (match -> pin_restore -> allocate -> commit or
+Random interleavings of the scheduler protocol (ingest -> match -> pin_restore -> allocate -> commit or
 rollback, reserve_save -> forward -> publish / discard -> unpin_save, decode saves, KV and
 checkpoint eviction, freeing) over a small block pool and few state slots. After every step the
 trie's invariants hold; every hit is exact against a plain model of what each published record
@@ -88,11 +88,15 @@ class HybridMachine(RuleBasedStateMachine):
     def _has(self, *phases, where=lambda e: True) -> bool:
         return any(e.phase in phases and where(e) for e in self.entries)
 
-    def _record_publish(self, seq: Sequence, record: CheckpointRecord) -> None:
+    def _record_publish(self, seq: Sequence, record: CheckpointRecord, trimmed: bool = True) -> None:
         self.model[record.record_id] = Saved(
             record, seq.namespace, tuple(seq.token_view(0, record.step).tolist()), seq.spans_overlapping(0, record.step)
         )
         self.publishes += 1
+        if trimmed:  # an in-flight save is trimmed when it lands (unpin_save)
+            self._check_anchor_cap(record)
+
+    def _check_anchor_cap(self, record: CheckpointRecord) -> None:
         # the anchor cap (2) holds right after a publish, unless only pinned records could go
         published = [r for r in self.cp.records_at(record.anchor) if r.is_published]
         releasable = [r for r in published if r is not record and r.pin_count == 0]
@@ -175,6 +179,27 @@ class HybridMachine(RuleBasedStateMachine):
             self.hits += 1
         entry.txn, entry.phase = txn, "matched"
 
+    def _ingest(self, entry: Entry) -> None:
+        """``prepare`` (at arrival, outside the scheduler loop): the path it returns lies on the
+        request's tokens, and the checkpoint it found (if any) is an exact published one."""
+        seq = entry.seq
+        path = self.trie.prepare(seq)
+        nodes = self.trie.nodes
+        assert path.root == nodes.find_root(seq.namespace) and int(nodes.depth[path.node]) == path.depth
+        assert path.depth * B <= seq.num_valid
+        slot, rows = path.node, []
+        while not nodes.is_root[slot]:
+            rows.append(self.trie.tokens.run(slot, slot).tolist())
+            slot = int(nodes.parent[slot])
+        assert slot == path.root
+        assert [t for row in reversed(rows) for t in row] == seq.token_view(0, path.depth * B).tolist()
+        found = seq.prefix_state.found
+        if found is not None and found.record is not None:
+            saved = self.model.get(found.record.record_id)
+            assert saved is not None and self._exact_for(seq, saved), "ingest found a checkpoint of other tokens"
+            assert found.path.node == found.record.anchor
+            assert found.record.step > seq.num_computed
+
     def _rollback(self, entry: Entry) -> None:
         self.trie.rollback(entry.txn)
         seq = entry.seq
@@ -232,7 +257,7 @@ class HybridMachine(RuleBasedStateMachine):
         assert seq.prefix_state.pending_save is None
         if ok:
             assert record.is_published
-            self._record_publish(seq, record)
+            self._record_publish(seq, record, trimmed=not in_flight)
             if pin:
                 assert seq.prefix_state.producer_pin is record and record.producer_pins == 1
             assert record.ready == (not in_flight)
@@ -240,6 +265,11 @@ class HybridMachine(RuleBasedStateMachine):
             assert record.state is CheckpointState.RELEASED
 
     # --- rules: one protocol step each, so other sequences interleave anywhere -----------------
+
+    @precondition(lambda self: self._has("idle"))
+    @rule(index=st.integers(0, 99))
+    def ingest(self, index):
+        self._ingest(self._pick(("idle",), index))
 
     @precondition(lambda self: self._has("idle"))
     @rule(index=st.integers(0, 99))
@@ -285,13 +315,16 @@ class HybridMachine(RuleBasedStateMachine):
         save=st.booleans(),
         pin=st.booleans(),
         in_flight=st.booleans(),
+        ingest=st.booleans(),
     )
-    def prefill(self, source, recompute, index, stop, choice, wild, save, pin, in_flight):
-        """A new (or an idle) request is matched, then stops at a random stage of its prefill;
-        a save defaults to the prompt end."""
+    def prefill(self, source, recompute, index, stop, choice, wild, save, pin, in_flight, ingest):
+        """A new (or an idle) request is ingested or not, matched, then stops at a random stage
+        of its prefill; a save defaults to the prompt end."""
         if len(self.entries) < MAX_SEQUENCES and (source is not None or not self._has("idle")):
             self._add(self._new_sequence(source or NEW_DEFAULT), recompute)
         entry = self._pick(("idle",), index)
+        if ingest:
+            self._ingest(entry)
         self._match(entry)
         if stop == "matched":
             return
@@ -326,6 +359,8 @@ class HybridMachine(RuleBasedStateMachine):
         assert self.cp.unpin_save(seq)
         assert record.producer_pins == 0 and seq.prefix_state.producer_pin is None
         assert record.ready  # the save copy completed: usable from now on
+        if record.is_published:
+            self._check_anchor_cap(record)  # a save published in flight is trimmed now
 
     @precondition(
         lambda self: self._has(

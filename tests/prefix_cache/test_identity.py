@@ -100,7 +100,7 @@ def test_position_is_part_of_the_key():
     repeated = [5] * (4 * B)
     keys = keys_of(keyer, repeated)
     assert len(set(keys)) == 4
-    values = keyer.block_hashes(np.array(repeated, dtype=np.int32), 0)
+    values = keyer.block_values(Sequence(repeated), 0, 4)  # each block's own value
     assert len(set(values.tolist())) == 4
 
 
@@ -197,3 +197,51 @@ def test_small_block_size():
     assert len(set(keys_of(keyer, [1, 2, 1, 2, 1, 2]))) == 3
     assert keys_of(keyer, [1, 2, 3, 4])[0] == keys_of(keyer, [1, 2, 4, 3])[0]
     assert keys_of(keyer, [1, 2, 3, 4])[1] != keys_of(keyer, [1, 2, 4, 3])[1]
+
+
+def test_block_values_make_the_prefix_keys():
+    """A prefix key is the finalized running sum (seeded by the namespace) of the blocks' own
+    values; ``values_of`` hashes only the listed blocks and agrees with ``block_values``."""
+    keyer = BlockKeyer.deterministic(B)
+    seq = Sequence(tokens(5 * B + 3), multimodal=[MultimodalSpan(20, 40, "image", "img")], adapter="lora")
+    values = keyer.block_values(seq, 0, 5)
+    assert values.dtype == np.uint64 and values.size == 5
+    assert keyer.block_values(seq, 2, 4).tolist() == values[2:4].tolist()
+    assert keyer.values_of(seq, np.array([3, 1, 4])).tolist() == values[[3, 1, 4]].tolist()
+    assert keyer.values_of(seq, np.array([0])).tolist() == values[:1].tolist()
+    keys = keyer.extend(seq)
+    sums = np.cumsum(values, dtype=np.uint64) + np.uint64(keyer.namespace_seed(seq.namespace))
+    assert seq.prefix_state.block_sums[:5].tolist() == sums.tolist()
+    assert keys.tolist() == [keyer.finalize(int(total)) for total in sums]
+    # a block's value depends on its own tokens, position and spans, not on earlier blocks
+    other = Sequence(
+        [0] * B + tokens(4 * B + 3, start=B + 1), multimodal=[MultimodalSpan(20, 40, "image", "img")], adapter="lora"
+    )
+    assert keyer.values_of(other, np.array([2, 3, 4])).tolist() == values[2:].tolist()
+    assert keyer.values_of(other, np.array([0]))[0] != values[0]
+    plain = Sequence(tokens(5 * B + 3), adapter="lora")
+    assert keyer.values_of(plain, np.array([1, 2])).tolist() != values[1:3].tolist()  # the image
+    assert keyer.values_of(plain, np.array([3])).tolist() == values[3:4].tolist()
+
+
+def test_resume_at_continues_keys_without_hashing_the_prefix():
+    keyer = BlockKeyer.deterministic(B)
+    toks = tokens(6 * B + 5)
+    full = keyer.extend(Sequence(toks)).tolist()
+    donor = Sequence(toks[: 2 * B])
+    keyer.extend(donor)
+    resumed = Sequence(toks)
+    keyer.resume_at(resumed, 2, int(donor.prefix_state.block_sums[1]))
+    state = resumed.prefix_state
+    assert (state.keys_from, state.num_keys) == (2, 2)
+    keys = keyer.extend(resumed)
+    assert keys.size == 6 and keys[2:].tolist() == full[2:]
+    assert state.num_keys == 6 and state.keys_from == 2
+    # keys already cover depths 2..6: resuming there is a no-op
+    before = (state.keys_from, state.num_keys, state.key_sum)
+    keyer.resume_at(resumed, 4, 12345)
+    assert (state.keys_from, state.num_keys, state.key_sum) == before
+    # a depth outside them restarts from that node
+    keyer.resume_at(resumed, 1, int(donor.prefix_state.block_sums[0]))
+    assert (state.keys_from, state.num_keys) == (1, 1)
+    assert keyer.extend(resumed)[1:].tolist() == full[1:]

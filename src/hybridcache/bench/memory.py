@@ -29,6 +29,7 @@ def measure(impl_name: str, batch: int, context: int, block_size: int) -> dict:
     from hybridcache.bench.cli_support import make_impl
 
     impl = make_impl(impl_name)
+    impl.setup(num_blocks=16, num_checkpoints=1, block_size=block_size, hybrid=True)  # imports, untimed
     gc.collect()
     before = resident_bytes()
     impl.setup(num_blocks=batch * (context // block_size + 2), num_checkpoints=batch, block_size=block_size, hybrid=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -126,6 +127,8 @@ class Engine:
         if not isinstance(request, Request):
             raise InvalidTypeError("expected a Request")
         config = self.config
+        if isinstance(request.prompt, (str, bytes)) or not isinstance(request.prompt, Iterable):
+            raise InvalidTypeError("prompt must be a sequence of token ids")
         prompt = list(request.prompt)
         if not prompt:
             raise InvalidTokenError("a prompt needs at least one token")

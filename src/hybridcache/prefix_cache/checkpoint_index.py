@@ -1,9 +1,11 @@
 """Sparse lookup of published checkpoints and their exact verification.
 
-Owns: the buckets ``(step, anchor prefix key) -> records`` and, per namespace, the sorted list
-of steps that have at least one bucket (with a count per step). A request's own key at step
-``s`` is ``(s, its prefix key at the anchor block)``; the tail of a mid-block checkpoint is
-compared exactly, not hashed. Candidate steps are read from the sorted list with bisect (never
+Owns: the buckets ``(namespace, step, anchor block value) -> records`` and, per namespace, the
+sorted list of steps that have at least one bucket (with a count per step). A request's own key
+at step ``s`` is ``(s, the keyed value of its block ending at the anchor)`` (the namespace seed
+for a root anchor): one block hashed per probe. The prefix before the anchor is then compared
+exactly against the anchor's trie path, and the tail of a mid-block checkpoint against the
+record's tail tokens; keys only narrow the search. Candidate steps are read from the sorted list with bisect (never
 re-sorted per request); removal is O(bucket) through the key stored in the record.
 
 The index is auxiliary: an entry may go stale (its record released, its anchor evicted). The
@@ -66,7 +68,7 @@ class CheckpointIndex:
         self._nodes = nodes
         self._experts = experts
         self._block_size = block_size
-        self._buckets: dict[tuple[int, int], list[CheckpointRecord]] = {}
+        self._buckets: dict[tuple[Namespace, int, int], list[CheckpointRecord]] = {}
         self._steps: dict[Namespace, list[int]] = {}
         self._step_counts: dict[tuple[Namespace, int], int] = {}
 
@@ -76,7 +78,7 @@ class CheckpointIndex:
     def add(self, record: CheckpointRecord, key: tuple[int, int] | None = None) -> None:
         """Index ``record`` under ``key`` (its own key by default); adding twice is a no-op."""
         key = record.key if key is None else key
-        bucket = self._buckets.setdefault(key, [])
+        bucket = self._buckets.setdefault((record.namespace, *key), [])
         if any(entry is record for entry in bucket):
             return
         bucket.append(record)
@@ -86,16 +88,17 @@ class CheckpointIndex:
     def remove(self, record: CheckpointRecord, key: tuple[int, int] | None = None) -> bool:
         """Remove the entry of ``record`` under ``key`` (its own key by default)."""
         key = record.key if key is None else key
-        bucket = self._buckets.get(key)
+        full_key = (record.namespace, *key)
+        bucket = self._buckets.get(full_key)
         if bucket is None:
             return False
         kept = [entry for entry in bucket if entry is not record]
         if len(kept) == len(bucket):
             return False
         if kept:
-            self._buckets[key] = kept
+            self._buckets[full_key] = kept
         else:
-            del self._buckets[key]
+            del self._buckets[full_key]
             self._count_step(record.namespace, key[0], -1)
         return True
 
@@ -121,22 +124,24 @@ class CheckpointIndex:
         high = bisect.bisect_right(steps, up_to)
         return steps[low:high][::-1]
 
-    def bucket(self, key: tuple[int, int]) -> tuple[CheckpointRecord, ...]:
-        return tuple(self._buckets.get(key, ()))
+    def bucket(self, namespace: Namespace, key: tuple[int, int]) -> tuple[CheckpointRecord, ...]:
+        return tuple(self._buckets.get((namespace, *key), ()))
 
     def entries(self):
         """Every (key, record) entry, for cleanup and invariant checks."""
-        for key, bucket in self._buckets.items():
+        for (_, *key), bucket in self._buckets.items():
             for record in bucket:
-                yield key, record
+                yield tuple(key), record
 
     def num_steps(self, namespace: Namespace) -> int:
         return len(self._steps.get(namespace, ()))
 
     # --- exact verification ----------------------------------------------------------------
 
-    def verify(self, record: CheckpointRecord, key: tuple[int, int], path: RequestPath) -> Verdict:
-        """Decide whether ``record`` is an exact, usable checkpoint for the request."""
+    def verify(self, record: CheckpointRecord, key: tuple[int, int], seq: Sequence) -> Verdict:
+        """Decide whether ``record`` is a usable published checkpoint that fits the request at
+        its step: everything but the prefix before the anchor, which the trie compares against
+        the anchor's path (``BlockTrie._path_to_anchor``)."""
         nodes, size = self._nodes, self._block_size
         step = record.step
         anchor_depth = step // size
@@ -152,25 +157,18 @@ class CheckpointIndex:
             return Verdict(VerifyStatus.REQUEST_MISMATCH, "the producer's save is still in flight")
         if key != record.key:
             return Verdict(VerifyStatus.STALE_INDEX_ENTRY, "index key differs from the record's key")
-        seq = path.seq
         if record.namespace != seq.namespace:
             return Verdict(VerifyStatus.STALE_INDEX_ENTRY, "namespace differs")
         if step > seq.num_valid - 1:
             return Verdict(VerifyStatus.REQUEST_MISMATCH, "step not before the request's last token")
         if not seq.is_boundary_safe(step):
             return Verdict(VerifyStatus.REQUEST_MISMATCH, "step inside a multimodal span of the request")
-        if anchor_depth > path.depth or path.slot_at(nodes, anchor_depth) != record.anchor:
-            return Verdict(VerifyStatus.REQUEST_MISMATCH, "prefix before the anchor differs")
-        anchor_tokens = anchor_depth * size
         if record.is_partial:
+            anchor_tokens = anchor_depth * size
             if not np.array_equal(record.tail_tokens, seq.token_view(anchor_tokens, step)):
                 return Verdict(VerifyStatus.REQUEST_MISMATCH, "tail tokens differ")
             if record.tail_identity != seq.spans_overlapping(anchor_tokens, step):
                 return Verdict(VerifyStatus.REQUEST_MISMATCH, "tail multimodal identity differs")
-        if seq.want_routed_experts:
-            if record.is_partial and record.tail_experts is None:
+            if seq.want_routed_experts and record.tail_experts is None:
                 return Verdict(VerifyStatus.REQUEST_MISMATCH, "tail has no routed experts")
-            prefix_runs = nodes.clip_runs(path.runs, anchor_depth)
-            if self._experts.first_missing_depth(prefix_runs, nodes.depth) is not None:
-                return Verdict(VerifyStatus.REQUEST_MISMATCH, "prefix blocks lack routed experts")
         return HIT

@@ -140,7 +140,7 @@ class CheckpointLifecycle:
             step=step,
             anchor=anchor,
             anchor_generation=int(self._nodes.generation[anchor]),
-            key=(step, int(self._nodes.key[anchor])),
+            key=(step, self._nodes.last_block_value(anchor)),
             slot=slot,
             frozen_block=frozen,
             tail_tokens=_frozen_copy(seq.token_view(start, step)),

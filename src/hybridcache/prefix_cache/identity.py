@@ -12,6 +12,9 @@ How a key is made (all vectorized, no Python loop per block):
 2. the block's position and the hash of its multimodal spans are mixed in, and a keyed
    SplitMix64 finalizer makes it non-linear;
 3. the prefix key is the finalized running sum of those values, seeded by the namespace.
+Nodes keep their running sum, so keys can resume from any verified node (``resume_at``)
+without hashing the blocks before it, and a checkpoint is keyed by its step and the value of
+its anchor's last block alone (one block hashed per probe).
 
 A key only narrows a lookup: tokens and multimodal identity are always compared exactly, so a
 collision can cost time but never correctness. By default the secret is drawn per process;
@@ -34,6 +37,12 @@ _DETERMINISTIC_SECRET = b"hybridcache/deterministic-block-keys/v1"
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+def _grown(array: np.ndarray, capacity: int) -> np.ndarray:
+    grown = np.zeros(capacity, dtype=np.uint64)
+    grown[: array.size] = array
+    return grown
 
 
 def _splitmix(values: np.ndarray) -> np.ndarray:
@@ -76,33 +85,68 @@ class BlockKeyer:
     def spans_hash(self, spans: tuple[MultimodalSpan, ...]) -> int:
         return self._digest(repr(tuple((s.start, s.end, s.modality, s.content_id) for s in spans)).encode())
 
-    def block_hashes(self, tokens: np.ndarray, first_block: int) -> np.ndarray:
-        """Finalized per-block values for whole blocks of ``tokens`` starting at ``first_block``."""
-        words = tokens.view(np.uint64).reshape(-1, self.block_size // 2)
-        hashes = np.einsum("ij,j->i", words, self._word_keys)
-        positions = np.arange(first_block + 1, first_block + 1 + hashes.size, dtype=np.uint64)
-        return hashes ^ (positions * self._position_key)
+    def block_values(self, seq: Sequence, first: int, end: int) -> np.ndarray:
+        """Keyed values of blocks ``[first, end)``: multilinear token hash, position and
+        multimodal identity, through a non-linear finalizer. A prefix key is the finalized
+        running sum of these values."""
+        size = self.block_size
+        words = seq.token_view(first * size, end * size).view(np.uint64).reshape(-1, size // 2)
+        return self._finish(seq, np.einsum("ij,j->i", words, self._word_keys), np.arange(first, end))
 
-    def extend(self, seq: Sequence) -> np.ndarray:
-        """Keys of every complete block of ``seq`` (index i = the block ending at (i+1)*B)."""
+    def values_of(self, seq: Sequence, indices: np.ndarray) -> np.ndarray:
+        """Values of the listed complete blocks only (checkpoint probes hash one block each)."""
+        size = self.block_size
+        complete = seq.token_view(0, (int(indices.max()) + 1) * size).view(np.uint64).reshape(-1, size // 2)
+        return self._finish(seq, np.einsum("ij,j->i", complete[indices], self._word_keys), indices)
+
+    def _finish(self, seq: Sequence, hashes: np.ndarray, indices: np.ndarray) -> np.ndarray:
+        hashes ^= (indices.astype(np.uint64) + np.uint64(1)) * self._position_key
+        identity = self.identity(seq)
+        if identity:
+            for position, index in enumerate(indices.tolist()):
+                spans = identity.get(index)
+                if spans is not None:
+                    hashes[position] ^= np.uint64(self.spans_hash(spans))
+        return _splitmix(hashes ^ self._block_key)
+
+    def finalize(self, block_sum: int) -> int:
+        """The prefix key of a running sum (what the node index stores)."""
+        return int(_splitmix(np.array([block_sum], dtype=np.uint64) ^ self._prefix_key)[0])
+
+    def identity(self, seq: Sequence) -> dict[int, tuple[MultimodalSpan, ...]]:
+        """Block index -> multimodal spans overlapping it (computed once per sequence)."""
         state = seq.prefix_state
         if state.keyer_id != self.keyer_id:
             state.keyer_id = self.keyer_id
-            state.num_keys = 0
-            state.key_sum = self.namespace_seed(seq.namespace)
             state.mm_blocks = self._multimodal_blocks(seq)
+            state.num_keys = state.keys_from = 0
+            state.key_sum = self.namespace_seed(seq.namespace)
+        return state.mm_blocks
+
+    def resume_at(self, seq: Sequence, depth: int, block_sum: int) -> None:
+        """Continue the sequence's keys from a verified node at ``depth`` whose running sum is
+        ``block_sum``, so blocks before it are never hashed. No-op when keys already cover it."""
+        state = seq.prefix_state
+        self.identity(seq)
+        if state.keys_from <= depth <= state.num_keys:
+            return
+        state.keys_from = state.num_keys = depth
+        state.key_sum = block_sum
+
+    def extend(self, seq: Sequence) -> np.ndarray:
+        """Prefix keys of the sequence's complete blocks (index i = the block ending at
+        (i+1)*B); entries before ``prefix_state.keys_from`` are not computed."""
+        state = seq.prefix_state
+        self.identity(seq)
         first, end = state.num_keys, seq.num_valid // self.block_size
         if end > first:
-            values = self.block_hashes(seq.token_view(first * self.block_size, end * self.block_size), first)
-            for index, spans in state.mm_blocks.items():
-                if first <= index < end:
-                    values[index - first] ^= np.uint64(self.spans_hash(spans))
-            sums = np.cumsum(_splitmix(values ^ self._block_key), dtype=np.uint64)
+            sums = np.cumsum(self.block_values(seq, first, end), dtype=np.uint64)
             sums += np.uint64(state.key_sum)
             if state.block_keys.size < end:
-                grown = np.empty(max(end, 2 * state.block_keys.size), dtype=np.uint64)
-                grown[:first] = state.block_keys[:first]
-                state.block_keys = grown
+                capacity = max(end, 2 * state.block_keys.size)
+                state.block_keys = _grown(state.block_keys, capacity)
+                state.block_sums = _grown(state.block_sums, capacity)
+            state.block_sums[first:end] = sums
             state.block_keys[first:end] = _splitmix(sums ^ self._prefix_key)
             state.key_sum = int(sums[-1])
             state.num_keys = end

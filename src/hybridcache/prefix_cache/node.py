@@ -32,6 +32,7 @@ class NodeTable:
         self.depth = np.zeros(capacity, dtype=np.int32)
         self.block = np.zeros(capacity, dtype=np.int32)
         self.key = np.zeros(capacity, dtype=np.uint64)
+        self.sums = np.zeros(capacity, dtype=np.uint64)  # running key sum (keys resume from here)
         self.run_head = np.zeros(capacity, dtype=np.int32)
         self.generation = np.zeros(capacity, dtype=np.int32)
         self.num_children = np.zeros(capacity, dtype=np.int32)
@@ -62,7 +63,7 @@ class NodeTable:
 
     def _grow(self, needed: int) -> None:
         capacity = max(needed, 2 * self.capacity)
-        for name in ("parent", "depth", "block", "key", "run_head", "generation", "num_children",
+        for name in ("parent", "depth", "block", "key", "sums", "run_head", "generation", "num_children",
                      "attached", "is_root", "pending", "mm_count"):
             old = getattr(self, name)
             new = np.zeros(capacity, dtype=old.dtype)  # zeroed lazily by the OS: untouched rows cost nothing
@@ -91,6 +92,7 @@ class NodeTable:
         if slot is None:
             slot = int(self._take_slots(1)[0])
             self.key[slot] = key
+            self.sums[slot] = key
             self.parent[slot] = NO_SLOT
             self.depth[slot] = 0
             self.block[slot] = NO_SLOT
@@ -121,6 +123,7 @@ class NodeTable:
         blocks: np.ndarray,
         identities: dict[int, tuple[MultimodalSpan, ...]],
         pending: np.ndarray | bool = False,
+        sums: np.ndarray | None = None,
     ) -> np.ndarray:
         """Attach a chain of new nodes below ``parent`` (each the parent of the next).
 
@@ -138,6 +141,8 @@ class NodeTable:
         self.depth[slots] = self.depth[parent] + 1 + np.arange(count)
         self.block[slots] = blocks
         self.key[slots] = keys
+        if sums is not None:
+            self.sums[slots] = sums
         continues = (slots == parents + 1) & ~self.is_root[parents]
         heads = np.where(continues, -1, slots)
         if continues[0]:
@@ -209,6 +214,13 @@ class NodeTable:
                 continue
             clipped.append((first + max(0, min_depth + 1 - low), last - max(0, high - max_depth)))
         return clipped
+
+    def last_block_value(self, slot: int) -> int:
+        """The keyed value of a node's own block (its running sum minus its parent's); for a
+        root, the namespace seed. Checkpoints anchored on the node are keyed by it."""
+        if self.is_root[slot]:
+            return int(self.sums[slot])
+        return (int(self.sums[slot]) - int(self.sums[self.parent[slot]])) % 2**64
 
     def first_pending_depth(self, runs: list[tuple[int, int]]) -> int | None:
         """Shallowest depth on a path (runs, deepest first) whose node is still pending."""

@@ -18,11 +18,11 @@ class MissReason(str, enum.Enum):
     """Why a match returned fewer tokens than the trie holds (or none at all)."""
 
     NOTHING_TO_MATCH = "nothing_to_match"  # the request has no complete block before its last token
-    NO_CACHED_PREFIX = "no_cached_prefix"  # the first uncomputed block is not cached
+    NO_CACHED_PREFIX = "no_cached_prefix"  # nothing beyond what the request computed is cached
     RECOMPUTE_OVERLAP = "recompute_overlap"  # dropped so the forward recomputes the overlap blocks
     MULTIMODAL_BOUNDARY = "multimodal_boundary"  # dropped so the suffix does not start inside a span
     ROUTED_EXPERTS = "routed_experts"  # dropped because cached blocks lack routed experts
-    NO_CHECKPOINT = "no_checkpoint"  # hybrid model: KV blocks cached, but no usable state checkpoint
+    NO_CHECKPOINT = "no_checkpoint"  # hybrid model: KV blocks cached (or verified), but no usable checkpoint
     DISABLED = "disabled"  # prefix caching is off
 
 

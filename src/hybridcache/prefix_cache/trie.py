@@ -18,6 +18,7 @@ Allocate:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,6 +65,18 @@ class MatchTxn:
     recorded: tuple[int, int, MissReason | None] | None = None  # the stats delta, undone on rollback
     restore_before: CheckpointRecord | None = None
     open: bool = True
+
+
+@dataclass(frozen=True)
+class _Found:
+    """Outcome of a checkpoint search: the record (None on a miss), the verified path (to the
+    anchor on a hit), how deep the KV trie holds the prefix beyond it, and the miss reason."""
+
+    record: CheckpointRecord | None
+    path: RequestPath
+    cached_depth: int
+    reason: MissReason | None
+    window: tuple[int, int] = (0, 0)  # (num_computed, last valid token) the search was for
 
 
 def _empty_ids() -> np.ndarray:
@@ -134,15 +147,23 @@ class BlockTrie:
     # --- match ---------------------------------------------------------------------------------
 
     def prepare(self, seq: Sequence) -> RequestPath:
-        """Ingest: compute the request's keys and verify its deepest cached path exactly.
+        """Ingest: verify the request's deepest reusable prefix exactly, once.
 
-        Safe to run when a request arrives, outside the scheduler loop. The result is remembered
-        on the sequence (``prefix_state.verified``), so a later ``prepare``, ``match`` or
-        ``allocate`` only compares tokens beyond what was already verified.
+        Attention-only trie: compute the request's block keys and verify its deepest cached
+        path. Hybrid trie: find its deepest exactly matching published checkpoint, hashing only
+        the anchor block of each candidate step. Safe to run when a request arrives, outside the
+        scheduler loop. What was verified is remembered on the sequence
+        (``prefix_state.verified``), so a later ``prepare``, ``match`` or ``allocate`` only
+        compares tokens beyond it. Returns the verified path.
         """
         _require_sequence(seq)
-        keys = self.keyer.extend(seq)
-        node, depth = self._extend_verified(seq, keys, (seq.num_valid - 1) // self.block_size)
+        if self.checkpoints is not None:
+            return self._find_checkpoint(seq).path
+        node, depth = self._extend_verified(seq, (seq.num_valid - 1) // self.block_size)
+        return self._path_of(seq, node, depth)
+
+    def _path_of(self, seq: Sequence, node: int, depth: int) -> RequestPath:
+        """The path of a verified node, reused while the node is unchanged."""
         state = seq.prefix_state
         cached = state.path
         generation = int(self.nodes.generation[node])
@@ -155,7 +176,6 @@ class BlockTrie:
                 depth = waiting - 1
                 node = root if depth == 0 else NodeTable.slot_at_depth(runs, self.nodes.depth, depth)
                 runs = self.nodes.clip_runs(runs, depth)
-        if self.track_pending:
             generation = -1  # readiness changes without topology changing: recompute next time
         state.path = RequestPath(seq=seq, node=node, depth=depth, runs=runs, root=root, generation=generation)
         return state.path
@@ -188,12 +208,11 @@ class BlockTrie:
         state.restore = None
         if not self.enabled:
             return txn
-        path = self.prepare(seq)
         base, base_depth = self._resume_point(seq)
         if self.checkpoints is None:
-            node, reason = self._match_blocks(seq, txn, path, base, base_depth)
+            node, reason = self._match_blocks(seq, txn, self.prepare(seq), base, base_depth)
         else:
-            node, reason = self._match_checkpoint(seq, txn, path, base, base_depth)
+            node, reason = self._match_checkpoint(seq, txn, base, base_depth)
         state.cursor, state.cursor_generation = node, int(self.nodes.generation[node])
         txn.cursor_after = (state.cursor, state.cursor_generation)
         if not state.suppress_stats:
@@ -219,33 +238,145 @@ class BlockTrie:
         return path.slot_at(self.nodes, accepted), reason
 
     def _match_checkpoint(
-        self, seq: Sequence, txn: MatchTxn, path: RequestPath, base: int, base_depth: int
+        self, seq: Sequence, txn: MatchTxn, base: int, base_depth: int
     ) -> tuple[int, MissReason | None]:
-        size, start = self.block_size, seq.num_computed
-        overlap = seq.prefix_state.recompute_blocks * size
-        keys = seq.prefix_state.block_keys
-        highest = min(seq.num_valid - 1, path.depth * size + size - 1)
-        if highest <= start:
-            return base, MissReason.NOTHING_TO_MATCH
-        reason = MissReason.NO_CHECKPOINT if path.depth * size > start else MissReason.NO_CACHED_PREFIX
-        for step in self.index.candidate_steps(seq.namespace, start, highest):
-            anchor_depth = step // size
-            key = (step, int(keys[anchor_depth - 1]) if anchor_depth else int(self.nodes.key[path.root]))
-            for record in self.index.bucket(key):
-                verdict = self.index.verify(record, key, path)
-                if verdict.status is VerifyStatus.HIT:
-                    if overlap and path.depth * size < step + overlap:
-                        reason = MissReason.RECOMPUTE_OVERLAP
-                        continue
-                    self._apply_restore(seq, txn, path, base_depth, record)
-                    return path.slot_at(self.nodes, anchor_depth), None
-                if verdict.status is not VerifyStatus.REQUEST_MISMATCH:
-                    self.checkpoints.clean_stale(record, key, verdict)
-        return base, reason
+        found = self._find_checkpoint(seq)
+        if found.record is None:
+            return base, found.reason
+        self._apply_restore(seq, txn, found, base_depth)
+        return found.record.anchor, None
 
-    def _apply_restore(
-        self, seq: Sequence, txn: MatchTxn, path: RequestPath, base_depth: int, record: CheckpointRecord
-    ) -> None:
+    def _find_checkpoint(self, seq: Sequence) -> "_Found":
+        """The deepest published checkpoint in ``(num_computed, num_valid - 1]`` whose whole
+        prefix equals the request's, deepest step first. Candidate steps come from the
+        namespace's sorted steps; each probe hashes one block (the anchor's last) and looks up
+        one bucket; the winner's prefix is compared only beyond what was verified before."""
+        start = seq.num_computed
+        state = seq.prefix_state
+        self.keyer.identity(seq)
+        base, base_depth = self._verified_or_root(seq)
+        base_path = self._path_of(seq, base, base_depth)
+        highest = seq.num_valid - 1
+        if highest <= start:
+            return _Found(None, base_path, 0, MissReason.NOTHING_TO_MATCH)
+        earlier = state.found
+        if earlier is not None and earlier.window == (start, highest) and self._still_usable(earlier.record):
+            # Ingest already verified this checkpoint: only deeper steps published since count,
+            # and the KV after it (recompute overlap) is looked at again.
+            deeper = self._search(seq, self.index.candidate_steps(seq.namespace, earlier.record.step, highest), base_path)
+            if deeper.record is not None:
+                return deeper
+            cached_depth = self._cached_depth(seq, earlier.path)
+            if cached_depth * self.block_size >= earlier.record.step + seq.prefix_state.recompute_blocks * self.block_size:
+                return dataclasses.replace(earlier, cached_depth=cached_depth)
+        found = self._search(seq, self.index.candidate_steps(seq.namespace, start, highest), base_path)
+        state.found = found if found.record is not None else None
+        return found
+
+    def _still_usable(self, record: CheckpointRecord | None) -> bool:
+        return (
+            record is not None
+            and record.is_published
+            and record.ready
+            and self.nodes.is_valid(record.anchor, record.anchor_generation)
+        )
+
+    def _search(self, seq: Sequence, steps: list[int], base_path: RequestPath) -> "_Found":
+        size, start, highest = self.block_size, seq.num_computed, seq.num_valid - 1
+        if not steps:
+            reason = MissReason.NO_CHECKPOINT if self._first_block_cached(seq, base_path) else MissReason.NO_CACHED_PREFIX
+            return _Found(None, base_path, 0, reason, (start, highest))
+        anchors = np.unique(np.fromiter((step // size for step in steps), dtype=np.int64, count=len(steps)))
+        anchors = anchors[anchors > 0]
+        values = dict(zip(anchors.tolist(), self.keyer.values_of(seq, anchors - 1).tolist())) if anchors.size else {}
+        root_key = int(self.nodes.key[base_path.root])
+        overlap = seq.prefix_state.recompute_blocks * size
+        reason = None
+        for step in steps:
+            anchor_depth = step // size
+            key = (step, values[anchor_depth] if anchor_depth else root_key)
+            for record in self.index.bucket(seq.namespace, key):
+                verdict = self.index.verify(record, key, seq)
+                if verdict.status is not VerifyStatus.HIT:
+                    if verdict.status is not VerifyStatus.REQUEST_MISMATCH:
+                        self.checkpoints.clean_stale(record, key, verdict)
+                    continue
+                path = self._path_to_anchor(seq, record.anchor, anchor_depth)
+                if path is None:
+                    continue
+                cached_depth = self._cached_depth(seq, path)
+                if overlap and cached_depth * size < step + overlap:
+                    reason = MissReason.RECOMPUTE_OVERLAP
+                    continue
+                return _Found(record, path, cached_depth, None, (start, highest))
+        if reason is None:
+            reason = MissReason.NO_CHECKPOINT if self._first_block_cached(seq, base_path) else MissReason.NO_CACHED_PREFIX
+        return _Found(None, base_path, 0, reason, (start, highest))
+
+    def _verified_or_root(self, seq: Sequence) -> tuple[int, int]:
+        state = seq.prefix_state
+        if self.nodes.is_valid(state.verified, state.verified_generation):
+            return state.verified, int(self.nodes.depth[state.verified])
+        return self._root(seq.namespace), 0
+
+    def _path_to_anchor(self, seq: Sequence, anchor: int, depth: int) -> RequestPath | None:
+        """The anchor's path when it equals the request's prefix (and its blocks carry routed
+        experts when the request wants them), else None. Only tokens beyond the verified node
+        are compared; a deeper match becomes the new verified node."""
+        nodes, state = self.nodes, seq.prefix_state
+        self.keyer.identity(seq)  # the multimodal blocks the identity comparison reads
+        base, base_depth = self._verified_or_root(seq)
+        if depth <= base_depth:
+            base_path = self._path_of(seq, base, base_depth)
+            if base_path.depth < depth or base_path.slot_at(nodes, depth) != anchor:
+                return None
+            path = RequestPath(seq, anchor, depth, nodes.clip_runs(base_path.runs, depth), base_path.root)
+        else:
+            runs, ancestor = nodes.path_runs(anchor, base_depth)
+            if ancestor != base or not self._same_tokens(seq, runs):
+                return None
+            if not self._same_identity(seq, runs, base, anchor, base_depth, depth):
+                return None
+            if self.track_pending and nodes.first_pending_depth(runs) is not None:
+                return None
+            state.verified, state.verified_generation = anchor, int(nodes.generation[anchor])
+            path = self._path_of(seq, anchor, depth)
+            if path.depth < depth:  # a node at or above the verified one is still pending
+                return None
+        if seq.want_routed_experts and self.experts.first_missing_depth(path.runs, nodes.depth) is not None:
+            return None
+        return path
+
+    def _cached_depth(self, seq: Sequence, path: RequestPath) -> int:
+        """How deep the KV trie holds the request's prefix beyond a verified anchor (hashing
+        only the blocks after it)."""
+        limit = (seq.num_valid - 1) // self.block_size
+        if limit <= path.depth:
+            return path.depth
+        self.keyer.resume_at(seq, path.depth, int(self.nodes.sums[path.node]))
+        keys = self.keyer.extend(seq)
+        depth, _, runs = self._deepest_cached(seq, keys, path.node, path.depth, limit)
+        if self.track_pending:
+            waiting = self.nodes.first_pending_depth(runs)
+            if waiting is not None:
+                depth = waiting - 1  # blocks nobody has computed yet are not cached KV
+        return depth
+
+    def _first_block_cached(self, seq: Sequence, base_path: RequestPath) -> bool:
+        """Whether the request's first block is cached at all (tells "no checkpoint" from
+        "nothing cached" in the miss statistics)."""
+        if base_path.depth > 0 or seq.num_valid < self.block_size:
+            return base_path.depth > 0
+        value = int(self.keyer.values_of(seq, np.zeros(1, dtype=np.int64))[0])
+        first_key = self.keyer.finalize((int(self.nodes.sums[base_path.root]) + value) % 2**64)
+        nodes = self.nodes
+        return any(
+            nodes.parent[slot] == base_path.root and not (self.track_pending and nodes.pending[slot])
+            for slot in nodes.candidates(first_key)
+        )
+
+    def _apply_restore(self, seq: Sequence, txn: MatchTxn, found: "_Found", base_depth: int) -> None:
+        record, path = found.record, found.path
         size, start, step = self.block_size, seq.num_computed, record.step
         anchor_depth = step // size
         window = self.nodes.clip_runs(path.runs, anchor_depth, base_depth)
@@ -259,11 +390,11 @@ class BlockTrie:
             if record.tail_experts is not None:
                 rows = np.concatenate([rows, record.tail_experts]) if rows.size else record.tail_experts
             seq.append_routed_experts(rows[start - base_depth * size :])
-        seq.prefix_state.fresh_range = (anchor_depth, max(path.depth, -(-step // size)))
+        seq.prefix_state.fresh_range = (anchor_depth, max(found.cached_depth, -(-step // size)))
 
-    def _extend_verified(self, seq: Sequence, keys: np.ndarray, limit: int) -> tuple[int, int]:
+    def _extend_verified(self, seq: Sequence, limit: int) -> tuple[int, int]:
         """The deepest node at or above ``limit`` whose path equals the sequence's tokens,
-        comparing only tokens beyond the node verified before."""
+        hashing and comparing only blocks beyond the node verified before."""
         nodes, state = self.nodes, seq.prefix_state
         if nodes.is_valid(state.verified, state.verified_generation):
             node = state.verified
@@ -275,6 +406,8 @@ class BlockTrie:
         if depth > limit:
             _, node = nodes.path_runs(node, limit)
             return node, limit
+        self.keyer.resume_at(seq, depth, int(nodes.sums[node]))
+        keys = self.keyer.extend(seq)
         depth, node, _ = self._deepest_cached(seq, keys, node, depth, limit)
         state.verified, state.verified_generation = node, int(nodes.generation[node])
         return node, depth
@@ -461,7 +594,6 @@ class BlockTrie:
         if not self.enabled:
             state.fresh_range = _EMPTY_RANGE
             return
-        keys = self.keyer.extend(seq)
         if not self.nodes.is_valid(state.cursor, state.cursor_generation):
             state.cursor = self._root(seq.namespace)
             state.cursor_generation = int(self.nodes.generation[state.cursor])
@@ -475,7 +607,9 @@ class BlockTrie:
         if depth >= end:
             state.fresh_range = _EMPTY_RANGE
             return
-        found_node, found_depth = self._extend_verified(seq, keys, end)
+        self.keyer.resume_at(seq, depth, int(self.nodes.sums[node]))
+        found_node, found_depth = self._extend_verified(seq, end)
+        keys = self.keyer.extend(seq)
         if found_depth > depth:
             runs, ancestor = self.nodes.path_runs(found_node, depth)
             if ancestor != node:  # unreachable while exact paths are unique; stay exact anyway
@@ -543,7 +677,10 @@ class BlockTrie:
         pending = False
         if self.track_pending:
             pending = np.arange(first, end) >= seq.num_computed // size
-        slots = self.nodes.attach_run(parent, keys[first:end].copy(), seq.block_table[first:end], identities, pending)
+        sums = seq.prefix_state.block_sums[first:end]
+        slots = self.nodes.attach_run(
+            parent, keys[first:end].copy(), seq.block_table[first:end], identities, pending, sums
+        )
         self.tokens.ensure_capacity(self.nodes.capacity)
         self.experts.ensure_capacity(self.nodes.capacity)
         self.tokens.write(slots, seq.token_view(first * size, end * size))

@@ -154,6 +154,11 @@ class Scheduler:
         while not make_block_room(self.trie, self.pool, needed):
             victim = self._preemption_victim(exclude=entry)
             if victim is None:
+                if any(other is not entry and other.in_flight for other in self.running):
+                    # Wait: once its forward is done, that sequence frees blocks or becomes a
+                    # victim. Preempting ourselves instead can livelock two sequences that
+                    # cannot fit together (each is recomputed while the other is in flight).
+                    return None
                 self.preempt(entry)
                 return None
             self.preempt(victim)
