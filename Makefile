@@ -19,7 +19,13 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 bench-smoke: $(STAMP)
-	$(BIN)/hybridcache bench kv-match --smoke
+	$(BIN)/hybridcache bench all --smoke
+
+# Model-based soak of the cache protocol (hybridcache.soak): SOAK_SECONDS (default 600) of
+# random protocol runs; prints the steps executed and the violations found (must be 0).
+.PHONY: soak
+soak: $(STAMP)
+	$(BIN)/python -m hybridcache.soak
 
 # The reference implementation for `hybridcache bench --compare`: lmdeploy's CPU-side prefix
 # cache (BlockTrie, checkpoint lifecycle, scheduler sequences). Installed with --no-deps so pip

@@ -1000,7 +1000,7 @@ def run_soak(
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
+def main() -> int:
     """``python -m hybridcache.soak``: ``SOAK_SECONDS`` (default 600), optional ``SOAK_SEED``."""
     seconds = float(os.environ.get("SOAK_SECONDS", "600"))
     seed_text = os.environ.get("SOAK_SEED")

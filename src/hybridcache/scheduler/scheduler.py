@@ -150,6 +150,9 @@ class Scheduler:
         seq = entry.seq
         start = seq.num_computed
         end = min(seq.num_tokens, start + min(budget, self.config.prefill_chunk))
+        # Swap private duplicates of blocks already computed for their canonical trie blocks
+        # first: that frees blocks, and deciding room (or preempting) without it can livelock.
+        self.trie.allocate(seq, upto=start)
         needed = blocks_needed(seq, end, self.trie.block_size)
         while not make_block_room(self.trie, self.pool, needed):
             victim = self._preemption_victim(exclude=entry)

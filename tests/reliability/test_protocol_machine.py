@@ -1,0 +1,112 @@
+"""The CI version of the soak: the model-based cache-protocol machine (``hybridcache.soak``)
+for a few dozen examples, the soak runner and its entry point, and regressions the machine
+found (kept as plain tests)."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+
+from hypothesis import HealthCheck, settings
+
+from hybridcache.memory.block_pool import BlockPool
+from hybridcache.memory.state_pool import StatePool
+from hybridcache.prefix_cache import BlockTrie
+from hybridcache.soak import CacheProtocolMachine, run_soak
+from hybridcache.sequence import Sequence
+
+TestCacheProtocol = CacheProtocolMachine.TestCase
+TestCacheProtocol.settings = settings(
+    max_examples=60,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
+
+
+def test_run_soak_counts_steps_and_finds_no_violation():
+    out = io.StringIO()
+    report = run_soak(1.0, seed=1234, out=out)
+    assert report.violations == 0, out.getvalue()
+    assert report.steps > 50 and report.examples >= 2 and report.batches >= 1
+    assert report.summary() == f"steps executed: {report.steps}, violations: 0"
+
+
+def test_run_soak_reports_a_violation(monkeypatch):
+    """A cache that leaks on clear is caught, counted and printed with its failing steps."""
+    monkeypatch.setattr(BlockTrie, "clear", lambda self: 0)
+    out = io.StringIO()
+    report = run_soak(0.5, seed=99, out=out)
+    assert report.violations >= 1 and len(report.failures) == report.violations
+    text = out.getvalue()
+    assert "violation 1" in text and "AssertionError" in text and "state.setup(" in text and "state.teardown()" in text
+    assert report.summary().endswith(f"violations: {report.violations}")
+
+
+def test_soak_entry_point_prints_steps_and_violations():
+    env = dict(os.environ, SOAK_SECONDS="1", SOAK_SEED="5")
+    done = subprocess.run(
+        [sys.executable, "-m", "hybridcache.soak"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith("steps executed: ") and last.endswith(", violations: 0")
+    assert int(last.split(":")[1].split(",")[0]) > 0
+
+
+def test_the_core_package_never_imports_the_soak_harness():
+    """hypothesis is a dev dependency: nothing outside tests may pull in hybridcache.soak."""
+    code = (
+        "import sys, hybridcache, hybridcache.cli, hybridcache.demo, hybridcache.engine, hybridcache.scheduler, "
+        "hybridcache.prefix_cache, hybridcache.memory, hybridcache.config, hybridcache.errors\n"
+        "assert 'hybridcache.soak' not in sys.modules and 'hypothesis' not in sys.modules, "
+        "sorted(m for m in sys.modules if m.startswith(('hypothesis', 'hybridcache.soak')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+# --- regressions found by the machine ---------------------------------------------------------------
+
+
+def test_a_resumed_match_never_restores_below_pending_ancestors():
+    """With pending nodes (the engine's mode), a session resuming into a checkpoint whose anchor
+    lies below nodes nobody computed yet must not hit it: the hit used to move the session's
+    step to the checkpoint without handing it the blocks in between (found by the soak)."""
+    block = 4
+    pool = BlockPool(32)
+    trie = BlockTrie(pool, block, state_pool=StatePool(8, checkpoint_budget=3), track_pending=True)
+    cp = trie.checkpoints
+
+    def admit(seq: Sequence) -> None:
+        txn = trie.match(seq)
+        pool.grow_table(seq, seq.num_tokens, block)
+        trie.allocate(seq)
+        trie.commit(txn)
+
+    def forward(seq: Sequence) -> None:
+        start = seq.num_computed
+        seq.set_computed(seq.num_tokens)
+        trie.mark_computed(seq, start)
+
+    waiting = Sequence(list(range(1, 11)))  # admitted, never ran: blocks 0-1 stay pending
+    admit(waiting)
+    session = Sequence(list(range(1, 11)) + [0])  # runs on private copies of those blocks
+    admit(session)
+    forward(session)
+    ahead = Sequence(list(range(1, 11)) + [0, 0])  # attaches block 2 below them and saves at 12
+    admit(ahead)
+    assert cp.reserve_save(ahead, 12) > 0
+    forward(ahead)
+    assert cp.publish_save(ahead)
+    session.append_tokens([0, 0])
+    table = session.block_table.copy()
+    txn = trie.match(session)
+    if txn.hit_tokens:  # a hit must hand over the canonical blocks up to the checkpoint
+        assert session.num_computed == 12 and session.block_table[2] == ahead.block_table[2]
+    else:
+        assert session.num_computed == 11 and (session.block_table == table).all()
+    trie.rollback(txn)
+    trie.check_invariants([waiting, session, ahead])
