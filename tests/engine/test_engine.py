@@ -446,3 +446,19 @@ def test_forced_rejection_after_match_leaves_engine_and_cache_unchanged():
     engine.states.free_runtime(admitted.runtime_slot)
     engine.trie.free_sequence(seq)
     assert_idle_and_clearable(engine)
+
+
+def test_generate_validates_every_request_before_queueing_any():
+    engine = Engine(config())
+    good = Request(prompt=tokens(12, 1), max_new_tokens=2)
+    bad = Request(prompt=[VOCAB], max_new_tokens=2)
+    with pytest.raises(InvalidTokenError):
+        engine.generate([good, bad])
+    assert not engine.scheduler.has_work
+    (result,) = engine.generate([good])
+    assert len(result.tokens) == 2
+
+
+def test_engine_config_rejects_bad_batching_limits_at_construction():
+    with pytest.raises(InvalidConfigError):
+        config(max_running=0)

@@ -216,6 +216,7 @@ def bench_publish(impls: list[Impl], case: Case, progress: Progress) -> list[dic
             for request in requests:
                 impl.release(request)
             impl.evict_checkpoints(case.batch)
+            impl.evict_blocks(case.batch * (case.context // case.block_size + 1))  # room for the next round
             if round_index >= case.warmups:
                 timings[impl.name].append(ms)
         progress()

@@ -71,6 +71,7 @@ class EngineConfig:
             raise InvalidConfigError("num_state_slots must be >= 2 (slot 0 is reserved)")
         if self.decode_checkpoint_interval % self.block_size:
             raise InvalidConfigError("decode_checkpoint_interval must be a multiple of block_size")
+        self.scheduler_config()  # validates the batching limits now, not at Engine construction
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(
@@ -124,6 +125,12 @@ class Engine:
 
     def add_request(self, request: Request) -> int:
         """Queue a request; returns its id. Invalid requests raise and change nothing."""
+        entry = self._entry_for(request)
+        self.scheduler.add(entry)
+        return entry.request_id
+
+    def _entry_for(self, request: Request) -> ServingSequence:
+        """Validate a request and build its serving state (nothing is queued yet)."""
         if not isinstance(request, Request):
             raise InvalidTypeError("expected a Request")
         config = self.config
@@ -146,14 +153,14 @@ class Engine:
             multimodal=spans,
             want_routed_experts=request.return_routed_experts,
         )
-        request_id = next(self._ids)
-        entry = ServingSequence(request_id, seq, request.max_new_tokens, payload=request)
-        self.scheduler.add(entry)
-        return request_id
+        return ServingSequence(next(self._ids), seq, request.max_new_tokens, payload=request)
 
     def generate(self, requests: list[Request]) -> list[Result]:
         """Serve ``requests`` to completion; results in request order."""
-        ids = [self.add_request(request) for request in requests]
+        entries = [self._entry_for(request) for request in requests]  # all valid before any is queued
+        for entry in entries:
+            self.scheduler.add(entry)
+        ids = [entry.request_id for entry in entries]
         finished: dict[int, Result] = {}
         while len(finished) < len(ids):
             for result in self.step():
