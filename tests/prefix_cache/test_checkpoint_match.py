@@ -394,9 +394,27 @@ def test_prepare_of_a_hybrid_miss_returns_the_verified_path():
     store_kv(trie, tokens(48))
     request = Sequence(tokens(49))
     path = trie.prepare(request)
-    assert request.prefix_state.found is None and path.node == trie.nodes.find_root(NS)
+    assert request.prefix_state.found.record is None and path.node == trie.nodes.find_root(NS)
     txn, misses, _ = match(trie, request)
     assert txn.hit_tokens == 0 and misses == {MissReason.NO_CHECKPOINT.value: 1}
+    trie.rollback(txn)
+
+
+def test_a_remembered_miss_is_searched_again_once_something_is_published():
+    pool, states, trie = make_hybrid()
+    store_kv(trie, tokens(48))
+    request = Sequence(tokens(49))
+    trie.prepare(request)
+    calls = []
+    search = trie._search
+    trie._search = lambda *args: calls.append(1) or search(*args)
+    txn = trie.match(request)
+    assert txn.hit_tokens == 0 and calls == []  # the miss from ingest is reused
+    trie.rollback(txn)
+    _, record = produce(trie, tokens(48), 32)
+    calls.clear()
+    txn = trie.match(request)
+    assert calls == [1] and txn.hit_tokens == 32 and request.prefix_state.restore is record
     trie.rollback(txn)
 
 

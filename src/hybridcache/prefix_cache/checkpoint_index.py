@@ -71,6 +71,9 @@ class CheckpointIndex:
         self._buckets: dict[tuple[Namespace, int, int], list[CheckpointRecord]] = {}
         self._steps: dict[Namespace, list[int]] = {}
         self._step_counts: dict[tuple[Namespace, int], int] = {}
+        # Advances whenever a miss could turn into a hit (a record indexed or made ready, blocks
+        # computed): a remembered miss is reused only while it has not moved.
+        self.epoch = 0
 
     def __len__(self) -> int:
         return sum(len(bucket) for bucket in self._buckets.values())
@@ -82,6 +85,7 @@ class CheckpointIndex:
         if any(entry is record for entry in bucket):
             return
         bucket.append(record)
+        self.note_change()
         if len(bucket) == 1:
             self._count_step(record.namespace, key[0], +1)
 
@@ -101,6 +105,9 @@ class CheckpointIndex:
             del self._buckets[full_key]
             self._count_step(record.namespace, key[0], -1)
         return True
+
+    def note_change(self) -> None:
+        self.epoch += 1
 
     def _count_step(self, namespace: Namespace, step: int, delta: int) -> None:
         count = self._step_counts.get((namespace, step), 0) + delta

@@ -331,6 +331,7 @@ class CheckpointLifecycle:
             return False
         self._unpin(record, producer=True)
         record.ready = True
+        self._index.note_change()
         state.producer_pin = None
         if record.is_published:
             self._enforce_anchor_cap(record)

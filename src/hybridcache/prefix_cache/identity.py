@@ -100,6 +100,7 @@ class BlockKeyer:
         return self._finish(seq, np.einsum("ij,j->i", complete[indices], self._word_keys), indices)
 
     def _finish(self, seq: Sequence, hashes: np.ndarray, indices: np.ndarray) -> np.ndarray:
+        """Mix position and multimodal identity into raw block hashes and finalize them."""
         hashes ^= (indices.astype(np.uint64) + np.uint64(1)) * self._position_key
         identity = self.identity(seq)
         if identity:

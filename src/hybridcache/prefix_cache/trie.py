@@ -77,6 +77,7 @@ class _Found:
     cached_depth: int
     reason: MissReason | None
     window: tuple[int, int] = (0, 0)  # (num_computed, last valid token) the search was for
+    epoch: int = -1  # the index's epoch when searched
 
 
 def _empty_ids() -> np.ndarray:
@@ -260,7 +261,10 @@ class BlockTrie:
         if highest <= start:
             return _Found(None, base_path, 0, MissReason.NOTHING_TO_MATCH)
         earlier = state.found
-        if earlier is not None and earlier.window == (start, highest) and self._still_usable(earlier.record):
+        if earlier is not None and earlier.record is None:
+            if earlier.window == (start, highest) and earlier.epoch == self.index.epoch:
+                return earlier  # nothing was published since ingest found nothing
+        elif earlier is not None and earlier.window == (start, highest) and self._still_usable(earlier.record):
             # Ingest already verified this checkpoint: only deeper steps published since count,
             # and the KV after it (recompute overlap) is looked at again.
             deeper = self._search(seq, self.index.candidate_steps(seq.namespace, earlier.record.step, highest), base_path)
@@ -270,7 +274,7 @@ class BlockTrie:
             if cached_depth * self.block_size >= earlier.record.step + seq.prefix_state.recompute_blocks * self.block_size:
                 return dataclasses.replace(earlier, cached_depth=cached_depth)
         found = self._search(seq, self.index.candidate_steps(seq.namespace, start, highest), base_path)
-        state.found = found if found.record is not None else None
+        state.found = found
         return found
 
     def _still_usable(self, record: CheckpointRecord | None) -> bool:
@@ -283,9 +287,10 @@ class BlockTrie:
 
     def _search(self, seq: Sequence, steps: list[int], base_path: RequestPath) -> "_Found":
         size, start, highest = self.block_size, seq.num_computed, seq.num_valid - 1
+        epoch = self.index.epoch
         if not steps:
             reason = MissReason.NO_CHECKPOINT if self._first_block_cached(seq, base_path) else MissReason.NO_CACHED_PREFIX
-            return _Found(None, base_path, 0, reason, (start, highest))
+            return _Found(None, base_path, 0, reason, (start, highest), epoch)
         anchors = np.unique(np.fromiter((step // size for step in steps), dtype=np.int64, count=len(steps)))
         anchors = anchors[anchors > 0]
         values = dict(zip(anchors.tolist(), self.keyer.values_of(seq, anchors - 1).tolist())) if anchors.size else {}
@@ -308,10 +313,10 @@ class BlockTrie:
                 if overlap and cached_depth * size < step + overlap:
                     reason = MissReason.RECOMPUTE_OVERLAP
                     continue
-                return _Found(record, path, cached_depth, None, (start, highest))
+                return _Found(record, path, cached_depth, None, (start, highest), epoch)
         if reason is None:
             reason = MissReason.NO_CHECKPOINT if self._first_block_cached(seq, base_path) else MissReason.NO_CACHED_PREFIX
-        return _Found(None, base_path, 0, reason, (start, highest))
+        return _Found(None, base_path, 0, reason, (start, highest), epoch)
 
     def _verified_or_root(self, seq: Sequence) -> tuple[int, int]:
         state = seq.prefix_state
@@ -734,6 +739,8 @@ class BlockTrie:
             slots = np.arange(first, last + 1)
             own = nodes.block[slots] == table[nodes.depth[slots] - 1]
             nodes.pending[slots[own]] = False
+        if self.index is not None:
+            self.index.note_change()
 
     def discard_pending(self, seq: Sequence) -> int:
         """A forward of ``seq`` failed: detach the pending leaves it attached for blocks it did
