@@ -228,3 +228,74 @@ def test_fault_armed_on_an_idle_engine_hits_the_next_forward():
     assert engine.stats()["failed_forwards"] == 1
     engine.generate([Request(prompt=_tokens(9, 7), max_new_tokens=2)])
     assert engine.stats()["failed_forwards"] == 1  # a fault fires once
+
+
+# --- cancellation ---------------------------------------------------------------------------
+
+
+def _cancel_scenario(async_depth: int, cancel_after_steps: int, prefill_chunk: int):
+    from hybridcache.engine import Engine, EngineConfig, Request
+
+    rng = np.random.default_rng(7)
+    shared = rng.integers(0, 512, 40).tolist()
+    victim = Request(prompt=shared + rng.integers(0, 512, 30).tolist(), max_new_tokens=6)
+    others = [Request(prompt=shared + rng.integers(0, 512, 9).tolist(), max_new_tokens=3) for _ in range(3)]
+    config = dict(block_size=8, num_kv_blocks=96, num_state_slots=10, checkpoint_budget=4, max_batch_tokens=48,
+                  max_running=4, prefill_chunk=prefill_chunk, async_depth=async_depth)
+    engine = Engine(EngineConfig(**config))
+    victim_id = engine.add_request(victim)
+    other_ids = [engine.add_request(r) for r in others]
+    done = {}
+    for step in range(400):
+        if step == cancel_after_steps:
+            assert engine.cancel(victim_id)
+        for result in engine.step():
+            done[result.request_id] = result
+        engine.check_invariants()
+        if len(done) == len(other_ids) and not engine.scheduler.has_work:
+            break
+    assert victim_id not in done and set(done) == set(other_ids)
+    reference = Engine(EngineConfig(**dict(config, prefix_caching=False)))
+    expected = reference.generate(others)
+    assert [done[i].tokens for i in other_ids] == [r.tokens for r in expected]
+    engine.clear_cache()
+    engine.check_invariants()
+    assert engine.pool.num_free == config["num_kv_blocks"]
+    assert engine.states.num_free == config["num_state_slots"] - 1
+    return engine
+
+
+@pytest.mark.parametrize("async_depth", [0, 1])
+@pytest.mark.parametrize(("cancel_after_steps", "label"), [(1, "mid-prefill"), (6, "mid-decode"), (0, "waiting")])
+def test_cancelled_request_leaves_nothing_behind(async_depth, cancel_after_steps, label):
+    engine = _cancel_scenario(async_depth, cancel_after_steps, prefill_chunk=16)
+    assert not engine.cancel(12345)  # unknown ids are refused
+
+
+def test_cancel_while_the_restore_is_pinned_unpins_it():
+    """Between admission (restore pinned) and queueing, a cancel must drop the pin."""
+    from hybridcache.memory import BlockPool, StatePool
+    from hybridcache.prefix_cache import BlockTrie
+    from hybridcache.scheduler import Scheduler, SchedulerConfig, ServingSequence
+    from hybridcache.sequence import Sequence
+
+    pool, states = BlockPool(64), StatePool(8, checkpoint_budget=4)
+    trie = BlockTrie(pool, 8, state_pool=states, track_pending=True)
+    scheduler = Scheduler(SchedulerConfig(max_batch_tokens=64, prefill_chunk=64), pool, states, trie)
+    producer = ServingSequence(0, Sequence(list(range(20))), max_new_tokens=1)
+    scheduler.add(producer)
+    (chunk,) = scheduler.schedule().chunks
+    assert trie.checkpoints.publish_save(producer.seq)  # as the engine does once the forward is queued
+    scheduler.complete(chunk, 7, None)
+    consumer = ServingSequence(1, Sequence(list(range(20)) + [7, 1, 2]), max_new_tokens=1)
+    scheduler.add(consumer)
+    batch = scheduler.schedule()
+    record = consumer.seq.prefix_state.restore
+    assert record is not None and consumer.seq.prefix_state.restore_pinned and record.restore_pins == 1
+    consumer.in_flight = False  # cancelled before the forward was queued
+    scheduler.cancel(consumer)
+    assert consumer.seq.prefix_state.restore is None and not consumer.seq.prefix_state.restore_pinned
+    assert record.restore_pins == 0 and record.is_published
+    assert batch.chunks and scheduler.running == []
+    trie.check_invariants(scheduler.live_sequences())
+    scheduler.check_invariants()

@@ -116,6 +116,7 @@ class Engine:
             track_pending=True,
         )
         self.scheduler = Scheduler(config.scheduler_config(), self.pool, self.states, self.trie)
+        self._entries: dict[int, ServingSequence] = {}
         self._ids = itertools.count()
         self._queue: deque[_QueuedForward] = deque()
         self._faults: deque[str] = deque()
@@ -126,8 +127,21 @@ class Engine:
     def add_request(self, request: Request) -> int:
         """Queue a request; returns its id. Invalid requests raise and change nothing."""
         entry = self._entry_for(request)
-        self.scheduler.add(entry)
+        self._queue_entry(entry)
         return entry.request_id
+
+    def _queue_entry(self, entry: ServingSequence) -> None:
+        self._entries[entry.request_id] = entry
+        self.scheduler.add(entry)
+
+    def cancel(self, request_id: int) -> bool:
+        """Drop an unfinished request (a forward in flight for it completes first and its
+        output is discarded). Returns False when the id is unknown or already finished."""
+        entry = self._entries.pop(request_id, None)
+        if entry is None:
+            return False
+        self.scheduler.cancel(entry)
+        return True
 
     def _entry_for(self, request: Request) -> ServingSequence:
         """Validate a request and build its serving state (nothing is queued yet)."""
@@ -159,7 +173,7 @@ class Engine:
         """Serve ``requests`` to completion; results in request order."""
         entries = [self._entry_for(request) for request in requests]  # all valid before any is queued
         for entry in entries:
-            self.scheduler.add(entry)
+            self._queue_entry(entry)
         ids = [entry.request_id for entry in entries]
         finished: dict[int, Result] = {}
         while len(finished) < len(ids):
@@ -246,6 +260,7 @@ class Engine:
                 self.trie.checkpoints.unpin_save(chunk.entry.seq)
             rows = output.routed_experts if chunk.entry.seq.want_routed_experts else None
             if self.scheduler.complete(chunk, output.next_token, rows):
+                self._entries.pop(chunk.entry.request_id, None)
                 finished.append(self._result(chunk.entry))
         return finished
 

@@ -36,6 +36,7 @@ class Phase(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
+    CANCELLED = "cancelled"
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class ServingSequence:
     cached_tokens: int = 0
     admissions: int = 0
     in_flight: bool = False
+    cancelled: bool = False
     final_routed_experts: np.ndarray | None = None  # captured when the request finishes
 
     @property
@@ -208,10 +210,25 @@ class Scheduler:
 
     # --- completion --------------------------------------------------------------------------
 
+    def cancel(self, entry: ServingSequence) -> None:
+        """Drop a request. One whose forward is in flight is dropped when that forward ends."""
+        if entry.phase in (Phase.FINISHED, Phase.CANCELLED):
+            return
+        if entry.in_flight:
+            entry.cancelled = True
+            return
+        if entry in self.waiting:
+            self.waiting.remove(entry)
+        self._release(entry)
+        entry.phase = Phase.CANCELLED
+
     def complete(self, chunk: ScheduledChunk, next_token: int, expert_rows: np.ndarray | None) -> bool:
         """Apply a finished forward to the chunk's sequence. Returns True when it finished."""
         entry, seq = chunk.entry, chunk.entry.seq
         entry.in_flight = False
+        if entry.cancelled:
+            self.cancel(entry)
+            return False
         seq.set_computed(chunk.end)
         if expert_rows is not None and seq.want_routed_experts and seq.num_routed_experts == chunk.start:
             seq.append_routed_experts(expert_rows)
@@ -237,7 +254,10 @@ class Scheduler:
         if self.trie.checkpoints is not None:
             self.trie.checkpoints.abandon_save(seq)
         self.trie.discard_pending(seq)
-        self.preempt(entry)
+        if entry.cancelled:
+            self.cancel(entry)
+        else:
+            self.preempt(entry)
 
     def preempt(self, entry: ServingSequence) -> None:
         """Recompute preemption: free everything the sequence holds; it waits at the front."""
