@@ -1,0 +1,40 @@
+"""Build the cache components from one validated ``CacheConfig``.
+
+Owns nothing: it only composes the pools and the trie the way an engine would. With more than
+one state slot (slot 0 is reserved) the trie is hybrid: every hit needs a published checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hybridcache.config import CacheConfig
+from hybridcache.errors import InvalidTypeError
+from hybridcache.memory.block_pool import BlockPool
+from hybridcache.memory.state_pool import StatePool
+from hybridcache.prefix_cache.identity import BlockKeyer
+from hybridcache.prefix_cache.trie import BlockTrie
+
+
+@dataclass(frozen=True)
+class CacheComponents:
+    pool: BlockPool
+    states: StatePool
+    trie: BlockTrie
+
+
+def build_cache(config: CacheConfig, *, track_pending: bool = False) -> CacheComponents:
+    if not isinstance(config, CacheConfig):
+        raise InvalidTypeError("config must be a CacheConfig")
+    pool = BlockPool(config.num_kv_blocks)
+    states = StatePool(config.num_state_slots, checkpoint_budget=config.checkpoint_budget)
+    keyer = BlockKeyer.deterministic(config.block_size) if config.deterministic_keys else None
+    trie = BlockTrie(
+        pool,
+        config.block_size,
+        enabled=config.prefix_caching,
+        keyer=keyer,
+        state_pool=states if config.num_state_slots > 1 else None,
+        track_pending=track_pending,
+    )
+    return CacheComponents(pool, states, trie)

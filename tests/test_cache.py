@@ -1,0 +1,31 @@
+"""Building the cache components from a CacheConfig."""
+
+import pytest
+
+from hybridcache import CacheConfig, Sequence
+from hybridcache.cache import build_cache
+from hybridcache.errors import InvalidTypeError
+
+
+def test_one_state_slot_builds_an_attention_only_trie():
+    parts = build_cache(CacheConfig(block_size=16, num_kv_blocks=32))
+    assert parts.pool.num_blocks == 32 and not parts.trie.is_hybrid and parts.trie.block_size == 16
+
+
+def test_state_slots_build_a_hybrid_trie_with_the_budget():
+    parts = build_cache(CacheConfig(block_size=16, num_kv_blocks=32, num_state_slots=6, checkpoint_budget=2))
+    assert parts.trie.is_hybrid and parts.states.runtime_cap == 3
+
+
+def test_deterministic_keys_and_disabled_caching_are_honoured():
+    on = build_cache(CacheConfig(block_size=16, deterministic_keys=True)).trie
+    other = build_cache(CacheConfig(block_size=16, deterministic_keys=True)).trie
+    seq_a, seq_b = Sequence(list(range(32))), Sequence(list(range(32)))
+    assert on.keyer.extend(seq_a).tolist() == other.keyer.extend(seq_b).tolist()
+    off = build_cache(CacheConfig(block_size=16, prefix_caching=False)).trie
+    assert not off.enabled
+
+
+def test_a_non_config_is_rejected():
+    with pytest.raises(InvalidTypeError):
+        build_cache({"block_size": 16})
