@@ -204,7 +204,8 @@ def test_consecutive_and_repeated_faults(async_depth):
         (2, 0): ["before_restore"],
         (2, 4): ["after_restore"],
     }
-    run_with_faults("RARA", async_depth, faults)
+    watch = run_with_faults("RARA", async_depth, faults)
+    assert watch.aborted >= 1
 
 
 def test_failed_forward_is_counted_and_the_request_recomputed():

@@ -39,6 +39,7 @@ def unchanged(world, call, error):
     assert snapshot(*world) == before
     pool, trie, live, _ = world
     trie.check_invariants([live])
+    return True
 
 
 # --- construction -------------------------------------------------------------------------------
@@ -103,13 +104,13 @@ def test_errors_are_also_builtin_families():
 @pytest.mark.parametrize("count", [-1, -100])
 def test_evict_negative(world, count):
     pool, trie, live, fresh = world
-    unchanged(world, lambda: trie.evict(count), InvalidArgumentError)
+    assert unchanged(world, lambda: trie.evict(count), InvalidArgumentError)
 
 
 @pytest.mark.parametrize("count", ["x", 1.5, True, None, [1], np.float64(2.0)])
 def test_evict_wrong_type(world, count):
     pool, trie, live, fresh = world
-    unchanged(world, lambda: trie.evict(count), (InvalidArgumentError, InvalidTypeError))
+    assert unchanged(world, lambda: trie.evict(count), (InvalidArgumentError, InvalidTypeError))
 
 
 def test_evict_accepts_numpy_ints(world):
@@ -124,14 +125,14 @@ def test_evict_accepts_numpy_ints(world):
 @pytest.mark.parametrize("arg", [None, "seq", 3, [1, 2, 3], np.arange(4)])
 def test_sequence_entry_points_reject_non_sequences(world, entry, arg):
     pool, trie, live, fresh = world
-    unchanged(world, lambda: getattr(trie, entry)(arg), InvalidTypeError)
+    assert unchanged(world, lambda: getattr(trie, entry)(arg), InvalidTypeError)
 
 
 @pytest.mark.parametrize("entry", ["commit", "rollback"])
 @pytest.mark.parametrize("arg", [None, "txn", 0, object()])
 def test_transaction_entry_points_reject_non_transactions(world, entry, arg):
     pool, trie, live, fresh = world
-    unchanged(world, lambda: getattr(trie, entry)(arg), InvalidTypeError)
+    assert unchanged(world, lambda: getattr(trie, entry)(arg), InvalidTypeError)
 
 
 # --- transactions ---------------------------------------------------------------------------------

@@ -193,12 +193,13 @@ def _fail_exactly(w: World, seq: Sequence, *others: Sequence, **limits):
     assert not seq.prefix_state.restore_pinned and seq.prefix_state.restore is None
     assert seq.num_computed == 0 and seq.num_blocks == 0
     check(w, seq, *others)
+    return True
 
 
 @pytest.mark.parametrize("hybrid", [True, False])
 def test_zero_budget_after_a_hit_rolls_back_exactly(hybrid):
     w = cached_world(prompt_len=19, hybrid=hybrid)
-    _fail_exactly(w, follow_up(prompt_len=19), token_budget=0, chunk_limit=100)
+    assert _fail_exactly(w, follow_up(prompt_len=19), token_budget=0, chunk_limit=100)
 
 
 @pytest.mark.parametrize("hybrid", [True, False])
@@ -207,7 +208,7 @@ def test_no_block_room_after_a_hit_rolls_back_exactly(hybrid):
     hog = take_all_free(w.pool)
     # nothing is evictable: the only cached blocks are on the matched path (and the checkpoint
     # being restored is pinned)
-    _fail_exactly(w, follow_up(prompt_len=19), hog, token_budget=100, chunk_limit=100)
+    assert _fail_exactly(w, follow_up(prompt_len=19), hog, token_budget=100, chunk_limit=100)
     w.pool.release_table(hog)
     check(w)
 
