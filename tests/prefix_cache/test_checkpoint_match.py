@@ -926,3 +926,21 @@ def test_failed_forward_discards_its_pending_nodes_and_their_checkpoints():
     trie.check_invariants([producer])
     trie.free_sequence(producer)
     assert pool.num_free == pool.num_blocks
+
+
+def test_a_remembered_miss_takes_its_path_afresh_after_evictions():
+    """Evictions cannot turn a miss into a hit, but they can free the verified node (whose slot
+    may be reused elsewhere): the reused miss must report the current verified path."""
+    pool, states, trie = make_hybrid()
+    produce(trie, tokens(48), 32)
+    request = Sequence(tokens(49))
+    assert trie.prepare(request).depth == 2  # a hit: the anchor became the verified node
+    assert trie.evict_checkpoints(8) == 1
+    missed = trie.prepare(request)
+    assert request.prefix_state.found.record is None and missed.depth == 2
+    trie.clear()
+    store_kv(trie, [7] * 16, adapter="x")  # a new root and one node reuse the freed slots
+    path = trie.prepare(request)
+    assert int(trie.nodes.depth[path.node]) == path.depth
+    assert path.root == trie.nodes.find_root(NS)
+    trie.check_invariants([request])

@@ -46,9 +46,6 @@ class RoutedExpertStore:
     def forget(self, slot: int) -> None:
         self.has_rows[slot] = False
 
-    def all_present(self, runs: list[tuple[int, int]]) -> bool:
-        return all(self.has_rows[first : last + 1].all() for first, last in runs)
-
     def first_missing_depth(self, runs: list[tuple[int, int]], depth: np.ndarray) -> int | None:
         """Shallowest depth on the path whose node lacks rows (``runs`` deepest first)."""
         for first, last in reversed(runs):

@@ -23,7 +23,6 @@ class MissReason(str, enum.Enum):
     MULTIMODAL_BOUNDARY = "multimodal_boundary"  # dropped so the suffix does not start inside a span
     ROUTED_EXPERTS = "routed_experts"  # dropped because cached blocks lack routed experts
     NO_CHECKPOINT = "no_checkpoint"  # hybrid model: KV blocks cached (or verified), but no usable checkpoint
-    DISABLED = "disabled"  # prefix caching is off
 
 
 @dataclass

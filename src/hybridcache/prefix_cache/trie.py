@@ -263,7 +263,9 @@ class BlockTrie:
         earlier = state.found
         if earlier is not None and earlier.record is None:
             if earlier.window == (start, highest) and earlier.epoch == self.index.epoch:
-                return earlier  # nothing was published since ingest found nothing
+                # Nothing that could turn it into a hit happened since ingest; evictions may
+                # have moved the verified node, so the path is taken afresh.
+                return dataclasses.replace(earlier, path=base_path)
         elif earlier is not None and earlier.window == (start, highest) and self._still_usable(earlier.record):
             # Ingest already verified this checkpoint: only deeper steps published since count,
             # and the KV after it (recompute overlap) is looked at again.
