@@ -10,6 +10,9 @@ Lifetimes:
   for one keyer (``keyer_id``) and from block ``keys_from`` on (keys resume at a verified node
   instead of hashing the prefix before it). ``mm_blocks`` maps a block index to the multimodal
   spans overlapping it.
+- ``borrowed`` / ``borrowed_depth``: the trie node whose path the first ``borrowed_depth``
+  table entries borrow (one pin on the node instead of a reference per block); set by a match
+  from the root, undone by its rollback, released with the table.
 - ``cursor``: the trie node up to which the block table holds the path's blocks (canonical, or
   private blocks mapped in ``trie_block_map``), with its generation; set by match and allocate,
   reset by rollback and release. A cursor whose node was evicted is detected in O(1).
@@ -55,6 +58,8 @@ class PrefixState:
     key_sum: int = 0
     keyer_id: int = -1
     mm_blocks: dict = field(default_factory=dict)
+    borrowed: int = NO_NODE
+    borrowed_depth: int = 0
     cursor: int = NO_NODE
     cursor_generation: int = -1
     verified: int = NO_NODE

@@ -85,6 +85,9 @@ class Namespace:
                 raise InvalidNamespaceError(f"{name} must be None or a non-empty str, got {value!r}")
 
 
+BASE_NAMESPACE = Namespace()
+
+
 def as_token_array(tokens: object) -> np.ndarray:
     """Validate token ids and return them as a fresh contiguous int32 array."""
     if isinstance(tokens, np.ndarray):
@@ -138,7 +141,7 @@ class Sequence:
         seq_id: int | None = None,
     ) -> None:
         initial = as_token_array(tokens)
-        self.namespace = Namespace(adapter, cache_salt)
+        self.namespace = BASE_NAMESPACE if adapter is None and cache_salt is None else Namespace(adapter, cache_salt)
         self.spans = _validate_spans(multimodal, initial.size)
         self._span_starts = [span.start for span in self.spans]
         self.want_routed_experts = bool(want_routed_experts)
@@ -240,6 +243,11 @@ class Sequence:
             raise InvalidTypeError("block index must be an int")
         if not 0 <= index <= self._num_blocks:
             raise InvalidBlockIdError(f"block index {index} outside [0, {self._num_blocks}]")
+        return self.place_blocks(index, ids)
+
+    def place_blocks(self, index: int, ids: np.ndarray) -> np.ndarray:
+        """``write_blocks`` for ids that come from the block pool or the trie (a flat int32
+        array, ``index`` at most the table's length): the same write without re-validation."""
         end = index + ids.size
         if end > self._blocks.size:
             grown = np.full(max(end, 2 * self._blocks.size), -1, dtype=np.int32)

@@ -824,10 +824,13 @@ class CacheProtocolMachine(RuleBasedStateMachine):
             for record in self.cp.live_records():
                 assert record.pin_count or record.state is CheckpointState.RESERVED, f"{record} survived a clear"
         nodes = self.trie.nodes
+        borrowed = self.trie.kv.pins()
         for slot in nodes.attached_slots().tolist():
             if nodes.num_children[slot] == 0:
-                assert self.pool.refcount_of(int(nodes.block[slot])) > 1 or (
-                    self.hybrid and self.cp.is_anchor_protected(slot)
+                assert (
+                    self.pool.refcount_of(int(nodes.block[slot])) > 1
+                    or slot in borrowed
+                    or (self.hybrid and self.cp.is_anchor_protected(slot))
                 ), f"leaf {slot} survived a clear"
 
     # --- invariants ----------------------------------------------------------------------------

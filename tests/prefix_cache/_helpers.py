@@ -120,6 +120,8 @@ def freeze(obj, _seen=None):
     _seen.add(id(obj))
     if dataclasses.is_dataclass(obj) and not hasattr(obj, "__dict__"):
         state = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    elif not hasattr(obj, "__dict__"):
+        state = {name: getattr(obj, name) for name in type(obj).__slots__}
     else:
         state = vars(obj)
     return (type(obj).__name__, freeze(state, _seen))

@@ -245,3 +245,22 @@ def test_resume_at_continues_keys_without_hashing_the_prefix():
     keyer.resume_at(resumed, 1, int(donor.prefix_state.block_sums[0]))
     assert (state.keys_from, state.num_keys) == (1, 1)
     assert keyer.extend(resumed)[1:].tolist() == full[1:]
+
+
+def test_probe_values_equal_block_values_one_block_or_many():
+    """Checkpoint probes hash few blocks in Python integers and many blocks with NumPy; both
+    give exactly the values the running sums were made of, multimodal blocks included."""
+    keyer = BlockKeyer(B)
+    spans = [MultimodalSpan(20, 30, "image", "a"), MultimodalSpan(5 * B + 1, 5 * B + 4, "video", "b")]
+    seq = Sequence(tokens(12 * B + 3, start=11), multimodal=spans)
+    expected = keyer.block_values(seq, 0, 12)
+    one_by_one = [int(keyer.values_of(seq, np.array([index]))[0]) for index in range(12)]
+    assert one_by_one == expected.tolist()
+    assert keyer.values_of(seq, np.arange(12)).tolist() == expected.tolist()
+
+
+def test_finalize_is_the_key_of_a_running_sum():
+    keyer = BlockKeyer(B)
+    seq = Sequence(tokens(3 * B))
+    keys = keyer.extend(seq)
+    assert [keyer.finalize(int(total)) for total in seq.prefix_state.block_sums[:3]] == keys.tolist()

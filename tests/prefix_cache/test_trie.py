@@ -79,7 +79,8 @@ def test_decode_fast_path_attaches_nothing_until_a_block_completes():
 
 
 def test_branching_match_shares_the_common_block():
-    """7.5: [1]*16 + [3]*16 against a cache [1]*16 [2]*16 [3]*8 -> 1 block (ref 3), 2 leaves."""
+    """7.5: [1]*16 + [3]*16 against a cache [1]*16 [2]*16 [3]*8 -> 1 block shared (the
+    owner's reference, the trie's, and the matcher's pin on its path), 2 leaves."""
     pool, trie = make_trie(16)
     owner = Sequence([1] * B + [2] * B + [3] * 8)
     admit(trie, owner)
@@ -87,7 +88,8 @@ def test_branching_match_shares_the_common_block():
     txn = trie.match(other)
     assert txn.hit_tokens == B and other.num_computed == B
     assert other.block_table.tolist() == owner.block_table[:1].tolist()
-    assert pool.refcounts(other.block_table).tolist() == [3]
+    assert pool.refcounts(other.block_table).tolist() == [2]
+    assert trie.kv.pins() == {other.prefix_state.borrowed: 1} and other.prefix_state.borrowed_depth == 1
     assert cursor_depth(trie, other) == 1
     pool.grow_table(other, other.num_tokens, B)
     trie.allocate(other)
@@ -97,7 +99,8 @@ def test_branching_match_shares_the_common_block():
     third = Sequence([1] * B + [3] * B + [9] * 4)
     admit(trie, third)
     assert third.block_table[:2].tolist() == other.block_table[:2].tolist()
-    assert refs(pool, third)[:2] == [4, 3]
+    assert refs(pool, third)[:2] == [2, 2]  # owner + trie, other + trie; the matchers hold pins
+    assert sorted(trie.kv.pins().values()) == [1, 1] and third.prefix_state.borrowed_depth == 2
     trie.check_invariants([owner, other, third])
 
 
@@ -242,7 +245,8 @@ def test_evicted_overlap_node_resets_the_cursor():
     assert cursor_depth(trie, seq) == 4
     assert seq.prefix_state.trie_block_map == {}
     assert path_blocks(trie, seq) == seq.block_table.tolist()
-    assert refs(pool, seq) == [2, 2, 2, 2]
+    assert seq.prefix_state.borrowed_depth == 2  # the first two blocks are borrowed by a path pin
+    assert refs(pool, seq) == [1, 1, 2, 2]
     new_parent = int(trie.nodes.parent[seq.prefix_state.cursor])
     assert new_parent != overlap_node or trie.nodes.generation[new_parent] > 0
     assert int(trie.nodes.block[new_parent]) == int(seq.block_table[2])

@@ -1,8 +1,10 @@
 """KV block pool.
 
 Owns: the KV block ids, one reference count and one recency stamp per block, the free list
-and the logical clock that produces the stamps. Every holder of a block (a sequence's block
-table entry, the trie's node, a frozen checkpoint) owns exactly one reference.
+and the logical clock that produces the stamps. Every holder of a block (a sequence's own
+block table entry, the trie's node, a frozen checkpoint) owns exactly one reference. A
+sequence that borrows a cached path holds one pin on the path's deepest node instead of a
+reference per block (see ``prefix_cache.kv_lifecycle``).
 
 Stamps come from an integer logical clock that advances once per mutating call, so recency
 has no resolution limit and ties only happen inside one call.
@@ -123,6 +125,15 @@ class BlockPool:
         self._free[self._num_free : self._num_free + freed.size] = freed[::-1]
         self._num_free += freed.size
         return freed
+
+    def stamp_now(self, block_id: int) -> None:
+        """Stamp one block as used now (hot path: no validation beyond indexing)."""
+        self._stamp[block_id] = self.tick()
+
+    def raise_stamp(self, block_id: int, stamp: int) -> None:
+        """Make one block at least as recent as ``stamp`` (recency a child hands to its parent)."""
+        if stamp > self._stamp[block_id]:
+            self._stamp[block_id] = stamp
 
     def touch(self, block_ids: object) -> None:
         """Stamp blocks as used now."""

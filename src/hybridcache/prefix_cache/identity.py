@@ -37,6 +37,8 @@ _DETERMINISTIC_SECRET = b"hybridcache/deterministic-block-keys/v1"
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
+_MASK = 2**64 - 1
+_SCALAR_PROBES = 8  # up to this many blocks, Python integers beat NumPy's per-call overhead
 
 
 def _grown(array: np.ndarray, capacity: int) -> np.ndarray:
@@ -50,6 +52,14 @@ def _splitmix(values: np.ndarray) -> np.ndarray:
     z = (z ^ (z >> np.uint64(30))) * _MIX1
     z = (z ^ (z >> np.uint64(27))) * _MIX2
     return z ^ (z >> np.uint64(31))
+
+
+def _splitmix_int(value: int) -> int:
+    """``_splitmix`` of one value in Python integers (same result, no array overhead)."""
+    z = (value + int(_GOLDEN)) & _MASK
+    z = ((z ^ (z >> 30)) * int(_MIX1)) & _MASK
+    z = ((z ^ (z >> 27)) * int(_MIX2)) & _MASK
+    return z ^ (z >> 31)
 
 
 class BlockKeyer:
@@ -70,6 +80,7 @@ class BlockKeyer:
         self._position_key, self._block_key, self._prefix_key = (
             rng.integers(0, 2**64, size=3, dtype=np.uint64, endpoint=False)
         )
+        self._namespace_seeds: dict[Namespace, int] = {}
 
     @classmethod
     def deterministic(cls, block_size: int) -> "BlockKeyer":
@@ -80,7 +91,11 @@ class BlockKeyer:
         return int.from_bytes(hashlib.blake2b(payload, key=self._secret, digest_size=8).digest(), "little")
 
     def namespace_seed(self, namespace: Namespace) -> int:
-        return self._digest(repr((namespace.adapter, namespace.cache_salt)).encode())
+        seed = self._namespace_seeds.get(namespace)
+        if seed is None:
+            seed = self._digest(repr((namespace.adapter, namespace.cache_salt)).encode())
+            self._namespace_seeds[namespace] = seed
+        return seed
 
     def spans_hash(self, spans: tuple[MultimodalSpan, ...]) -> int:
         return self._digest(repr(tuple((s.start, s.end, s.modality, s.content_id) for s in spans)).encode())
@@ -96,8 +111,20 @@ class BlockKeyer:
     def values_of(self, seq: Sequence, indices: np.ndarray) -> np.ndarray:
         """Values of the listed complete blocks only (checkpoint probes hash one block each)."""
         size = self.block_size
+        if len(indices) <= _SCALAR_PROBES:
+            return np.array([self._value_of(seq, int(index)) for index in indices], dtype=np.uint64)
         complete = seq.token_view(0, (int(indices.max()) + 1) * size).view(np.uint64).reshape(-1, size // 2)
         return self._finish(seq, np.einsum("ij,j->i", complete[indices], self._word_keys), indices)
+
+    def _value_of(self, seq: Sequence, index: int) -> int:
+        """One block's value in Python integers: ``block_values`` for a single block."""
+        size = self.block_size
+        words = seq.token_view(index * size, (index + 1) * size).view(np.uint64)
+        value = int(np.dot(words, self._word_keys)) ^ (((index + 1) * int(self._position_key)) & _MASK)
+        spans = self.identity(seq).get(index)
+        if spans is not None:
+            value ^= self.spans_hash(spans)
+        return _splitmix_int(value ^ int(self._block_key))
 
     def _finish(self, seq: Sequence, hashes: np.ndarray, indices: np.ndarray) -> np.ndarray:
         """Mix position and multimodal identity into raw block hashes and finalize them."""
@@ -112,7 +139,7 @@ class BlockKeyer:
 
     def finalize(self, block_sum: int) -> int:
         """The prefix key of a running sum (what the node index stores)."""
-        return int(_splitmix(np.array([block_sum], dtype=np.uint64) ^ self._prefix_key)[0])
+        return _splitmix_int(block_sum ^ int(self._prefix_key))
 
     def identity(self, seq: Sequence) -> dict[int, tuple[MultimodalSpan, ...]]:
         """Block index -> multimodal spans overlapping it (computed once per sequence)."""

@@ -1,11 +1,19 @@
-"""Trie KV references and LRU leaf eviction.
+"""Trie KV references, path pins and LRU leaf eviction.
 
-Owns: the trie's single reference on each node's KV block, and the persistent LRU heap of
-leaf candidates. The heap is never rebuilt from all candidates: entries carry the stamp and
-the node generation they were pushed with and are re-validated when popped (lazy
-invalidation). A popped entry whose block was touched since is pushed again with the new stamp;
-one whose block a sequence still holds is set aside for this call. Each evicted block costs
-O(log n) amortized. The heap is compacted when stale entries outnumber live nodes.
+Owns: the trie's single reference on each node's KV block, the path pins of sequences that
+borrow a cached path, and the persistent LRU heap of leaf candidates.
+
+A sequence whose match starts at the root borrows the matched path with one pin on its
+deepest node instead of one block reference per block: eviction only takes leaves, so a
+pinned node keeps its whole ancestry attached, and a hit costs O(1) whatever its length.
+Recency follows the same rule: a pin or unpin stamps the pinned node's block, and an evicted
+leaf hands its stamp to its parent, so a path's blocks age as if each had been stamped.
+
+The heap is never rebuilt from all candidates: entries carry the stamp and the node generation
+they were pushed with and are re-validated when popped (lazy invalidation). A popped entry
+whose block was touched since is pushed again with the new stamp; one whose block a sequence
+still holds or borrows is set aside for this call. Each evicted block costs O(log n)
+amortized. The heap is compacted when stale entries outnumber live nodes.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from typing import Callable
 
 import numpy as np
 
+from hybridcache.errors import RefcountUnderflowError
 from hybridcache.memory.block_pool import BlockPool
 from hybridcache.prefix_cache.node import NodeTable
 
@@ -24,6 +33,26 @@ class KVLifecycle:
         self._nodes = nodes
         self._pool = pool
         self._heap: list[tuple[int, int, int]] = []
+        self._pins: dict[int, int] = {}
+
+    def pin_path(self, slot: int) -> None:
+        """A sequence borrows the path root..``slot`` (keeps it attached until unpinned)."""
+        self._pins[slot] = self._pins.get(slot, 0) + 1
+        self._pool.stamp_now(int(self._nodes.block[slot]))
+
+    def unpin_path(self, slot: int) -> None:
+        count = self._pins.get(slot, 0)
+        if count == 0:
+            raise RefcountUnderflowError(f"node {slot} is not pinned")
+        if count == 1:
+            del self._pins[slot]
+        else:
+            self._pins[slot] = count - 1
+        self._pool.stamp_now(int(self._nodes.block[slot]))
+
+    def pins(self) -> dict[int, int]:
+        """Pinned slots and their pin counts (a copy)."""
+        return dict(self._pins)
 
     def take_references(self, slots: np.ndarray) -> None:
         """The trie takes its reference on newly attached nodes' blocks."""
@@ -74,14 +103,20 @@ class KVLifecycle:
             if current != stamp:
                 heapq.heappush(heap, (current, slot, generation))
                 continue
-            if pool.refcount_of(block) > 1 or (is_protected is not None and is_protected(slot)):
+            if (
+                slot in self._pins
+                or pool.refcount_of(block) > 1
+                or (is_protected is not None and is_protected(slot))
+            ):
                 set_aside.append(entry)
                 continue
             parent = nodes.detach_leaf(slot)
             evicted.append(slot)
             freed_blocks.append(block)
-            if not nodes.is_root[parent] and nodes.num_children[parent] == 0:
-                self._push(parent)
+            if not nodes.is_root[parent]:
+                pool.raise_stamp(int(nodes.block[parent]), stamp)
+                if nodes.num_children[parent] == 0:
+                    self._push(parent)
         for entry in set_aside:
             heapq.heappush(heap, entry)
         if freed_blocks:
@@ -90,6 +125,8 @@ class KVLifecycle:
 
     def check_invariants(self) -> None:
         nodes = self._nodes
+        for slot, count in self._pins.items():
+            assert count > 0 and nodes.attached[slot] and not nodes.is_root[slot], f"pin on node {slot} is not live"
         offered = {(slot, gen) for _, slot, gen in self._heap}
         for slot in nodes.attached_slots().tolist():
             if nodes.num_children[slot] == 0:

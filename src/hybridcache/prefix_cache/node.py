@@ -6,7 +6,8 @@ prefix-key index of attached nodes.
 Topology is monotonic: a node attaches once and only leaves detach, so while a node is
 attached its whole ancestry is attached and unchanged. A node handle is ``(slot,
 generation)``; the generation changes when the slot is detached, so "is this handle still
-valid" is O(1).
+valid" is O(1). ``version`` counts every topology or readiness change, so a caller can tell in
+O(1) that nothing it derived from the table can have changed.
 
 Runs: ``run_head[s]`` is the first slot of the longest run ``h, h+1, ..., s`` in which every
 slot is the parent of the next. A path is walked run by run (``path_runs``) rather than node by
@@ -49,6 +50,7 @@ class NodeTable:
         self._free_slots: list[int] = []
         self._high = 0
         self._num_attached = 0
+        self.version = 0
 
     # --- capacity ------------------------------------------------------------------------------
 
@@ -161,6 +163,7 @@ class NodeTable:
         self.mm_count[slots] = self.mm_count[parent] + np.cumsum(has_mm)
         self._index.insert_many(keys, slots)
         self._num_attached += count
+        self.version += 1
         return slots
 
     def detach_leaf(self, slot: int) -> int:
@@ -179,7 +182,13 @@ class NodeTable:
         self.extra_identity.pop(slot, None)
         self._free_slots.append(slot)
         self._num_attached -= 1
+        self.version += 1
         return parent
+
+    def settle(self, slots: np.ndarray) -> None:
+        """Pending nodes whose blocks are now computed become matchable."""
+        self.pending[slots] = False
+        self.version += 1
 
     # --- paths ---------------------------------------------------------------------------------
 

@@ -39,32 +39,40 @@ from hybridcache.prefix_state import NO_NODE
 from hybridcache.sequence import Sequence
 
 _EMPTY_RANGE = (0, 0)
+# A miss probing more candidate steps than this first checks the request's first block.
+_PROBES_BEFORE_FIRST_BLOCK_TEST = 4
 Runs = list[tuple[int, int]]
 
 
-@dataclass
 class MatchTxn:
     """Undo record of one tentative match; the caller commits or rolls it back exactly once.
 
     Blocks the match displaced from the sequence's table stay referenced by the transaction
     until commit, so a rollback can put them back even if pools were used in between.
+    (A plain slotted class: one is built per match on the scheduler's hot path.)
     """
 
-    seq: Sequence
-    step_before: int
-    cursor_before: tuple[int, int]
-    fresh_before: tuple[int, int]
-    match_start_before: int
-    num_blocks_before: int
-    table_start: int = 0
-    taken: np.ndarray = None  # type: ignore[assignment]
-    displaced: np.ndarray = None  # type: ignore[assignment]
-    step_after: int = 0
-    cursor_after: tuple[int, int] = (NO_NODE, -1)
-    hit_tokens: int = 0
-    recorded: tuple[int, int, MissReason | None] | None = None  # the stats delta, undone on rollback
-    restore_before: CheckpointRecord | None = None
-    open: bool = True
+    __slots__ = (
+        "seq", "step_before", "cursor_before", "fresh_before", "match_start_before", "num_blocks_before",
+        "restore_before", "table_start", "taken", "displaced", "step_after", "cursor_after", "hit_tokens",
+        "recorded", "borrowed", "open",
+    )
+
+    def __init__(self, seq: Sequence) -> None:
+        state = seq.prefix_state
+        self.seq = seq
+        self.step_before = self.step_after = seq.num_computed
+        self.cursor_before = self.cursor_after = (state.cursor, state.cursor_generation)
+        self.fresh_before = state.fresh_range
+        self.match_start_before = state.match_start_step
+        self.num_blocks_before = seq.num_blocks
+        self.restore_before: CheckpointRecord | None = state.restore
+        self.table_start = 0
+        self.taken = self.displaced = _NO_IDS
+        self.hit_tokens = 0
+        self.recorded: tuple[int, int, MissReason | None] | None = None  # the stats delta, undone on rollback
+        self.borrowed = False  # the taken blocks are borrowed with one path pin
+        self.open = True
 
 
 @dataclass(frozen=True)
@@ -78,10 +86,15 @@ class _Found:
     reason: MissReason | None
     window: tuple[int, int] = (0, 0)  # (num_computed, last valid token) the search was for
     epoch: int = -1  # the index's epoch when searched
+    version: int = -1  # the node table's version when searched
 
 
 def _empty_ids() -> np.ndarray:
     return np.empty(0, dtype=np.int32)
+
+
+_NO_IDS = _empty_ids()
+_NO_IDS.flags.writeable = False
 
 
 def _require_sequence(seq: object) -> None:
@@ -191,19 +204,7 @@ class BlockTrie:
         state = seq.prefix_state
         if state.restore_pinned:
             raise PinnedError("match while the sequence's restore is pinned; unpin or roll back first")
-        txn = MatchTxn(
-            seq=seq,
-            step_before=seq.num_computed,
-            cursor_before=(state.cursor, state.cursor_generation),
-            fresh_before=state.fresh_range,
-            match_start_before=state.match_start_step,
-            num_blocks_before=seq.num_blocks,
-            taken=_empty_ids(),
-            displaced=_empty_ids(),
-            step_after=seq.num_computed,
-            restore_before=state.restore,
-            cursor_after=(state.cursor, state.cursor_generation),
-        )
+        txn = MatchTxn(seq)
         state.fresh_range = _EMPTY_RANGE
         state.match_start_step = seq.num_computed
         state.restore = None
@@ -235,8 +236,9 @@ class BlockTrie:
             seq.prefix_state.fresh_range = (accepted, raw_depth)
         if accepted * size <= start:
             return base, reason or MissReason.NO_CACHED_PREFIX
-        self._apply_hit(seq, txn, window, base_depth, accepted)
-        return path.slot_at(self.nodes, accepted), reason
+        node = path.slot_at(self.nodes, accepted)
+        self._apply_hit(seq, txn, window, base_depth, accepted, node)
+        return node, reason
 
     def _match_checkpoint(
         self, seq: Sequence, txn: MatchTxn, base: int, base_depth: int
@@ -254,28 +256,41 @@ class BlockTrie:
         one bucket; the winner's prefix is compared only beyond what was verified before."""
         start = seq.num_computed
         state = seq.prefix_state
+        highest = seq.num_valid - 1
+        earlier = state.found
+        if (
+            earlier is not None
+            and earlier.window == (start, highest)
+            and earlier.epoch == self.index.epoch
+            and earlier.version == self.nodes.version
+            and (earlier.record is None or earlier.record.is_published)
+        ):
+            return earlier  # nothing that could change the outcome happened since it was found
         self.keyer.identity(seq)
         base, base_depth = self._verified_or_root(seq)
         base_path = self._path_of(seq, base, base_depth)
-        highest = seq.num_valid - 1
         if highest <= start:
             return _Found(None, base_path, 0, MissReason.NOTHING_TO_MATCH)
-        earlier = state.found
+        found = None
         if earlier is not None and earlier.record is None:
             if earlier.window == (start, highest) and earlier.epoch == self.index.epoch:
                 # Nothing that could turn it into a hit happened since ingest; evictions may
                 # have moved the verified node, so the path is taken afresh.
-                return dataclasses.replace(earlier, path=base_path)
+                found = dataclasses.replace(earlier, path=base_path, version=self.nodes.version)
         elif earlier is not None and earlier.window == (start, highest) and self._still_usable(earlier.record):
             # Ingest already verified this checkpoint: only deeper steps published since count,
             # and the KV after it (recompute overlap) is looked at again.
-            deeper = self._search(seq, self.index.candidate_steps(seq.namespace, earlier.record.step, highest), base_path)
-            if deeper.record is not None:
-                return deeper
-            cached_depth = self._cached_depth(seq, earlier.path)
-            if cached_depth * self.block_size >= earlier.record.step + seq.prefix_state.recompute_blocks * self.block_size:
-                return dataclasses.replace(earlier, cached_depth=cached_depth)
-        found = self._search(seq, self.index.candidate_steps(seq.namespace, start, highest), base_path)
+            found = self._search(seq, self.index.candidate_steps(seq.namespace, earlier.record.step, highest), base_path)
+            if found.record is None:
+                cached_depth = self._cached_depth(seq, earlier.path)
+                overlap = seq.prefix_state.recompute_blocks * self.block_size
+                found = None
+                if cached_depth * self.block_size >= earlier.record.step + overlap:
+                    found = dataclasses.replace(
+                        earlier, cached_depth=cached_depth, epoch=self.index.epoch, version=self.nodes.version
+                    )
+        if found is None:
+            found = self._search(seq, self.index.candidate_steps(seq.namespace, start, highest), base_path)
         state.found = found
         return found
 
@@ -289,13 +304,16 @@ class BlockTrie:
 
     def _search(self, seq: Sequence, steps: list[int], base_path: RequestPath) -> "_Found":
         size, start, highest = self.block_size, seq.num_computed, seq.num_valid - 1
-        epoch = self.index.epoch
+        epoch, version = self.index.epoch, self.nodes.version
         if not steps:
             reason = MissReason.NO_CHECKPOINT if self._first_block_cached(seq, base_path) else MissReason.NO_CACHED_PREFIX
-            return _Found(None, base_path, 0, reason, (start, highest), epoch)
-        anchors = np.unique(np.fromiter((step // size for step in steps), dtype=np.int64, count=len(steps)))
-        anchors = anchors[anchors > 0]
-        values = dict(zip(anchors.tolist(), self.keyer.values_of(seq, anchors - 1).tolist())) if anchors.size else {}
+            return _Found(None, base_path, 0, reason, (start, highest), epoch, version)
+        first_cached = None
+        if len(steps) > _PROBES_BEFORE_FIRST_BLOCK_TEST:
+            first_cached = self._first_block_cached(seq, base_path)
+            if not first_cached:  # every checkpoint beyond the first block lies on a cached first block
+                steps = [step for step in steps if step < size]
+        values = self._anchor_values(seq, steps)
         root_key = int(self.nodes.key[base_path.root])
         overlap = seq.prefix_state.recompute_blocks * size
         reason = None
@@ -315,10 +333,21 @@ class BlockTrie:
                 if overlap and cached_depth * size < step + overlap:
                     reason = MissReason.RECOMPUTE_OVERLAP
                     continue
-                return _Found(record, path, cached_depth, None, (start, highest), epoch)
+                return _Found(record, path, cached_depth, None, (start, highest), epoch, version)
         if reason is None:
-            reason = MissReason.NO_CHECKPOINT if self._first_block_cached(seq, base_path) else MissReason.NO_CACHED_PREFIX
-        return _Found(None, base_path, 0, reason, (start, highest), epoch)
+            if first_cached is None:
+                first_cached = self._first_block_cached(seq, base_path)
+            reason = MissReason.NO_CHECKPOINT if first_cached else MissReason.NO_CACHED_PREFIX
+        return _Found(None, base_path, 0, reason, (start, highest), epoch, version)
+
+    def _anchor_values(self, seq: Sequence, steps: list[int]) -> dict[int, int]:
+        """Anchor depth -> keyed value of the request's block ending there, for every step
+        anchored below the root (one block hashed per distinct anchor)."""
+        size = self.block_size
+        anchors = sorted({step // size for step in steps if step >= size})
+        if not anchors:
+            return {}
+        return dict(zip(anchors, self.keyer.values_of(seq, np.asarray(anchors) - 1).tolist()))
 
     def _verified_or_root(self, seq: Sequence) -> tuple[int, int]:
         state = seq.prefix_state
@@ -387,7 +416,7 @@ class BlockTrie:
         size, start, step = self.block_size, seq.num_computed, record.step
         anchor_depth = step // size
         window = self.nodes.clip_runs(path.runs, anchor_depth, base_depth)
-        self._take_path_blocks(seq, txn, window, base_depth, anchor_depth)
+        self._take_path_blocks(seq, txn, window, base_depth, anchor_depth, record.anchor)
         seq.set_computed(step)
         txn.step_after = step
         txn.hit_tokens = step - start
@@ -442,7 +471,10 @@ class BlockTrie:
         if txn.taken.size:
             seq.write_blocks(txn.table_start, txn.displaced)
             seq.truncate_blocks(txn.num_blocks_before)
-            self.pool.unref(txn.taken, unique=True)
+            if txn.borrowed:
+                self._return_borrow(seq)
+            else:
+                self.pool.unref(txn.taken, unique=True)
         seq.set_computed(txn.step_before)
         state = seq.prefix_state
         if state.restore_pinned:
@@ -490,19 +522,44 @@ class BlockTrie:
             accepted, reason = max(clamped, base_depth), MissReason.MULTIMODAL_BOUNDARY
         return accepted, reason
 
-    def _take_path_blocks(self, seq: Sequence, txn: MatchTxn, runs: Runs, base_depth: int, depth: int) -> None:
-        """Reference the path's blocks for table positions [base_depth, depth) and write them."""
+    def _take_path_blocks(
+        self, seq: Sequence, txn: MatchTxn, runs: Runs, base_depth: int, depth: int, node: int
+    ) -> None:
+        """Hold the path's blocks for table positions [base_depth, depth) and write them: a path
+        from the root is borrowed with one pin on ``node``, anything else referenced per block."""
         ids = self._path_blocks(runs, depth)
         if ids.size == 0:
             return
-        self.pool.ref(ids, unique=True)
+        state = seq.prefix_state
+        if base_depth == 0 and state.borrowed_depth == 0:
+            self.kv.pin_path(node)
+            state.borrowed, state.borrowed_depth = node, depth
+            txn.borrowed = True
+        else:
+            if state.borrowed_depth > base_depth:
+                self._materialize_borrow(seq)
+            self.pool.ref(ids, unique=True)
         txn.table_start = base_depth
         txn.taken = ids
-        txn.displaced = seq.write_blocks(base_depth, ids)
+        txn.displaced = seq.place_blocks(base_depth, ids)
 
-    def _apply_hit(self, seq: Sequence, txn: MatchTxn, runs: Runs, base_depth: int, accepted: int) -> None:
+    def _materialize_borrow(self, seq: Sequence) -> None:
+        """Turn the sequence's path pin into one reference per borrowed block (before a match
+        rewrites part of the borrowed range)."""
+        state = seq.prefix_state
+        self.pool.ref(seq.block_table[: state.borrowed_depth], unique=True)
+        self._return_borrow(seq)
+
+    def _return_borrow(self, seq: Sequence) -> None:
+        state = seq.prefix_state
+        self.kv.unpin_path(state.borrowed)
+        state.borrowed, state.borrowed_depth = NO_NODE, 0
+
+    def _apply_hit(
+        self, seq: Sequence, txn: MatchTxn, runs: Runs, base_depth: int, accepted: int, node: int
+    ) -> None:
         start = seq.num_computed
-        self._take_path_blocks(seq, txn, runs, base_depth, accepted)
+        self._take_path_blocks(seq, txn, runs, base_depth, accepted, node)
         seq.set_computed(accepted * self.block_size)
         txn.step_after = seq.num_computed
         txn.hit_tokens = seq.num_computed - start
@@ -579,7 +636,9 @@ class BlockTrie:
         """Block ids of a path in table order, up to ``max_depth``."""
         block = self.nodes.block
         parts = [block[first : last + 1] for first, last in reversed(self.nodes.clip_runs(runs, max_depth))]
-        return np.concatenate(parts).astype(np.int32) if parts else _empty_ids()
+        if len(parts) == 1:
+            return parts[0].copy()
+        return np.concatenate(parts) if parts else _empty_ids()
 
     def _path_pending(self, runs: Runs, max_depth: int) -> np.ndarray:
         """Which nodes of a path (table order, up to ``max_depth``) are still pending."""
@@ -702,9 +761,10 @@ class BlockTrie:
 
     def exclusive_blocks(self, seq: Sequence, start: int, end: int) -> frozenset[int]:
         """Blocks the sequence may write for positions ``[start, end)``: held by it alone, or
-        co-owned only by a pending trie node it attached itself (its own uncomputed block)."""
+        co-owned only by a pending trie node it attached itself (its own uncomputed block).
+        A borrowed block is never writable."""
         size = self.block_size
-        indices = range(start // size, -(-end // size))
+        indices = range(max(start // size, seq.prefix_state.borrowed_depth), -(-end // size))
         table = seq.block_table
         own_pending = set()
         state = seq.prefix_state
@@ -740,7 +800,7 @@ class BlockTrie:
         for first, last in nodes.clip_runs(runs, high, low):
             slots = np.arange(first, last + 1)
             own = nodes.block[slots] == table[nodes.depth[slots] - 1]
-            nodes.pending[slots[own]] = False
+            nodes.settle(slots[own])
         if self.index is not None:
             self.index.note_change()
 
@@ -858,8 +918,12 @@ class BlockTrie:
         _require_sequence(seq)
         if self.checkpoints is not None:
             self.checkpoints.forget_sequence(seq)
-        self.pool.release_table(seq)
-        seq.prefix_state.clear_tracking()
+        state = seq.prefix_state
+        self.pool.unref(seq.block_table[state.borrowed_depth :])
+        if state.borrowed_depth:
+            self._return_borrow(seq)
+        seq.truncate_blocks(0)
+        state.clear_tracking()
         seq.set_computed(0)
 
     # --- diagnostics ---------------------------------------------------------------------------
@@ -877,9 +941,14 @@ class BlockTrie:
         assert np.unique(blocks).size == blocks.size, "two trie nodes own one block"
         expected = np.zeros(self.pool.num_blocks, dtype=np.int64)
         np.add.at(expected, blocks, 1)
+        borrowers: dict[int, int] = {}
         for seq in sequences:
-            np.add.at(expected, seq.block_table.astype(np.int64), 1)
+            state = seq.prefix_state
+            np.add.at(expected, seq.block_table[state.borrowed_depth :].astype(np.int64), 1)
+            if state.borrowed_depth:
+                borrowers[state.borrowed] = borrowers.get(state.borrowed, 0) + 1
             self._check_sequence(seq)
+        assert borrowers == self.kv.pins(), "path pins differ from the sequences that borrow"
         if self.checkpoints is not None:
             np.add.at(expected, np.asarray(self.checkpoints.frozen_blocks(), dtype=np.int64), 1)
             self.checkpoints.check_invariants(sequences)
@@ -888,6 +957,12 @@ class BlockTrie:
 
     def _check_sequence(self, seq: Sequence) -> None:
         state = seq.prefix_state
+        if state.borrowed_depth:
+            borrowed = state.borrowed
+            assert self.nodes.attached[borrowed] and self.nodes.depth[borrowed] == state.borrowed_depth
+            runs, _ = self.nodes.path_runs(borrowed, 0)
+            borrowed_blocks = self._path_blocks(runs, state.borrowed_depth)
+            assert np.array_equal(seq.block_table[: state.borrowed_depth], borrowed_blocks), "borrowed table differs"
         if not self.nodes.is_valid(state.cursor, state.cursor_generation) or self.nodes.is_root[state.cursor]:
             return
         depth = int(self.nodes.depth[state.cursor])
