@@ -8,6 +8,7 @@ Every scenario returns one record per implementation with at least ``scenario``,
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -55,9 +56,19 @@ def _record(scenario: str, impl: Impl, case: Case, samples_ms: list[float], per:
 
 
 def _timed(action: Callable[[], object]) -> tuple[object, float]:
-    started = time.perf_counter_ns()
-    value = action()
-    return value, (time.perf_counter_ns() - started) / 1e6
+    """Run ``action`` once and return its value and wall time in ms. The garbage collector is
+    paused inside the timed call (as ``timeit`` does) and runs between samples, so neither
+    implementation pays for collecting the other's heap."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        started = time.perf_counter_ns()
+        value = action()
+        elapsed = time.perf_counter_ns() - started
+    finally:
+        if collecting:
+            gc.enable()
+    return value, elapsed / 1e6
 
 
 def _with_suffix(prompts: list[np.ndarray], seed: int) -> list[np.ndarray]:

@@ -164,7 +164,7 @@ class CheckpointIndex:
             return Verdict(VerifyStatus.REQUEST_MISMATCH, "the producer's save is still in flight")
         if key != record.key:
             return Verdict(VerifyStatus.STALE_INDEX_ENTRY, "index key differs from the record's key")
-        if record.namespace != seq.namespace:
+        if record.namespace is not seq.namespace and record.namespace != seq.namespace:
             return Verdict(VerifyStatus.STALE_INDEX_ENTRY, "namespace differs")
         if step > seq.num_valid - 1:
             return Verdict(VerifyStatus.REQUEST_MISMATCH, "step not before the request's last token")

@@ -81,6 +81,7 @@ class BlockKeyer:
             rng.integers(0, 2**64, size=3, dtype=np.uint64, endpoint=False)
         )
         self._namespace_seeds: dict[Namespace, int] = {}
+        self._scalar_keys = (int(self._position_key), int(self._block_key))
 
     @classmethod
     def deterministic(cls, block_size: int) -> "BlockKeyer":
@@ -108,11 +109,12 @@ class BlockKeyer:
         words = seq.token_view(first * size, end * size).view(np.uint64).reshape(-1, size // 2)
         return self._finish(seq, np.einsum("ij,j->i", words, self._word_keys), np.arange(first, end))
 
-    def values_of(self, seq: Sequence, indices: np.ndarray) -> np.ndarray:
+    def values_of(self, seq: Sequence, indices: np.ndarray | list[int]) -> np.ndarray:
         """Values of the listed complete blocks only (checkpoint probes hash one block each)."""
         size = self.block_size
         if len(indices) <= _SCALAR_PROBES:
             return np.array([self._value_of(seq, int(index)) for index in indices], dtype=np.uint64)
+        indices = np.asarray(indices)
         complete = seq.token_view(0, (int(indices.max()) + 1) * size).view(np.uint64).reshape(-1, size // 2)
         return self._finish(seq, np.einsum("ij,j->i", complete[indices], self._word_keys), indices)
 
@@ -120,11 +122,12 @@ class BlockKeyer:
         """One block's value in Python integers: ``block_values`` for a single block."""
         size = self.block_size
         words = seq.token_view(index * size, (index + 1) * size).view(np.uint64)
-        value = int(np.dot(words, self._word_keys)) ^ (((index + 1) * int(self._position_key)) & _MASK)
+        position_key, block_key = self._scalar_keys
+        value = int(np.dot(words, self._word_keys)) ^ (((index + 1) * position_key) & _MASK)
         spans = self.identity(seq).get(index)
         if spans is not None:
             value ^= self.spans_hash(spans)
-        return _splitmix_int(value ^ int(self._block_key))
+        return _splitmix_int(value ^ block_key)
 
     def _finish(self, seq: Sequence, hashes: np.ndarray, indices: np.ndarray) -> np.ndarray:
         """Mix position and multimodal identity into raw block hashes and finalize them."""
@@ -182,6 +185,8 @@ class BlockKeyer:
 
     def _multimodal_blocks(self, seq: Sequence) -> dict[int, tuple[MultimodalSpan, ...]]:
         """Block index -> the spans overlapping that block (only blocks that have any)."""
+        if not seq.spans:
+            return {}
         size = self.block_size
         indices = sorted({i for span in seq.spans for i in range(span.start // size, (span.end - 1) // size + 1)})
         return {i: seq.spans_overlapping(i * size, (i + 1) * size) for i in indices}

@@ -18,8 +18,7 @@ Allocate:
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -34,7 +33,7 @@ from hybridcache.prefix_cache.kv_lifecycle import KVLifecycle
 from hybridcache.prefix_cache.node import NodeTable
 from hybridcache.prefix_cache.routed_experts import RoutedExpertStore
 from hybridcache.prefix_cache.stats import MissReason, PrefixCacheStats
-from hybridcache.prefix_cache.token_store import TokenStore
+from hybridcache.prefix_cache.token_store import TokenStore, same_tokens
 from hybridcache.prefix_state import NO_NODE
 from hybridcache.sequence import Sequence
 
@@ -75,8 +74,7 @@ class MatchTxn:
         self.open = True
 
 
-@dataclass(frozen=True)
-class _Found:
+class _Found(NamedTuple):
     """Outcome of a checkpoint search: the record (None on a miss), the verified path (to the
     anchor on a hit), how deep the KV trie holds the prefix beyond it, and the miss reason."""
 
@@ -267,30 +265,28 @@ class BlockTrie:
         ):
             return earlier  # nothing that could change the outcome happened since it was found
         self.keyer.identity(seq)
-        base, base_depth = self._verified_or_root(seq)
-        base_path = self._path_of(seq, base, base_depth)
         if highest <= start:
-            return _Found(None, base_path, 0, MissReason.NOTHING_TO_MATCH)
+            return _Found(None, self._base_path(seq), 0, MissReason.NOTHING_TO_MATCH)
         found = None
         if earlier is not None and earlier.record is None:
             if earlier.window == (start, highest) and earlier.epoch == self.index.epoch:
                 # Nothing that could turn it into a hit happened since ingest; evictions may
                 # have moved the verified node, so the path is taken afresh.
-                found = dataclasses.replace(earlier, path=base_path, version=self.nodes.version)
+                found = earlier._replace(path=self._base_path(seq), version=self.nodes.version)
         elif earlier is not None and earlier.window == (start, highest) and self._still_usable(earlier.record):
             # Ingest already verified this checkpoint: only deeper steps published since count,
             # and the KV after it (recompute overlap) is looked at again.
-            found = self._search(seq, self.index.candidate_steps(seq.namespace, earlier.record.step, highest), base_path)
+            found = self._search(seq, self.index.candidate_steps(seq.namespace, earlier.record.step, highest))
             if found.record is None:
                 cached_depth = self._cached_depth(seq, earlier.path)
                 overlap = seq.prefix_state.recompute_blocks * self.block_size
                 found = None
                 if cached_depth * self.block_size >= earlier.record.step + overlap:
-                    found = dataclasses.replace(
-                        earlier, cached_depth=cached_depth, epoch=self.index.epoch, version=self.nodes.version
+                    found = earlier._replace(
+                        cached_depth=cached_depth, epoch=self.index.epoch, version=self.nodes.version
                     )
         if found is None:
-            found = self._search(seq, self.index.candidate_steps(seq.namespace, start, highest), base_path)
+            found = self._search(seq, self.index.candidate_steps(seq.namespace, start, highest))
         state.found = found
         return found
 
@@ -302,24 +298,25 @@ class BlockTrie:
             and self.nodes.is_valid(record.anchor, record.anchor_generation)
         )
 
-    def _search(self, seq: Sequence, steps: list[int], base_path: RequestPath) -> "_Found":
+    def _base_path(self, seq: Sequence) -> RequestPath:
+        return self._path_of(seq, *self._verified_or_root(seq))
+
+    def _search(self, seq: Sequence, steps: list[int]) -> "_Found":
+        """The deepest of ``steps`` (deepest first) whose checkpoint fits the request exactly;
+        on a miss, the verified path and the reason."""
         size, start, highest = self.block_size, seq.num_computed, seq.num_valid - 1
         epoch, version = self.index.epoch, self.nodes.version
-        if not steps:
-            reason = MissReason.NO_CHECKPOINT if self._first_block_cached(seq, base_path) else MissReason.NO_CACHED_PREFIX
-            return _Found(None, base_path, 0, reason, (start, highest), epoch, version)
         first_cached = None
         if len(steps) > _PROBES_BEFORE_FIRST_BLOCK_TEST:
-            first_cached = self._first_block_cached(seq, base_path)
+            first_cached = self._first_block_cached(seq, self._base_path(seq))
             if not first_cached:  # every checkpoint beyond the first block lies on a cached first block
                 steps = [step for step in steps if step < size]
         values = self._anchor_values(seq, steps)
-        root_key = int(self.nodes.key[base_path.root])
         overlap = seq.prefix_state.recompute_blocks * size
         reason = None
         for step in steps:
             anchor_depth = step // size
-            key = (step, values[anchor_depth] if anchor_depth else root_key)
+            key = (step, values[anchor_depth] if anchor_depth else int(self.nodes.key[self._root(seq.namespace)]))
             for record in self.index.bucket(seq.namespace, key):
                 verdict = self.index.verify(record, key, seq)
                 if verdict.status is not VerifyStatus.HIT:
@@ -334,6 +331,7 @@ class BlockTrie:
                     reason = MissReason.RECOMPUTE_OVERLAP
                     continue
                 return _Found(record, path, cached_depth, None, (start, highest), epoch, version)
+        base_path = self._base_path(seq)
         if reason is None:
             if first_cached is None:
                 first_cached = self._first_block_cached(seq, base_path)
@@ -347,7 +345,7 @@ class BlockTrie:
         anchors = sorted({step // size for step in steps if step >= size})
         if not anchors:
             return {}
-        return dict(zip(anchors, self.keyer.values_of(seq, np.asarray(anchors) - 1).tolist()))
+        return dict(zip(anchors, self.keyer.values_of(seq, [anchor - 1 for anchor in anchors]).tolist()))
 
     def _verified_or_root(self, seq: Sequence) -> tuple[int, int]:
         state = seq.prefix_state
@@ -375,10 +373,14 @@ class BlockTrie:
                 return None
             if self.track_pending and nodes.first_pending_depth(runs) is not None:
                 return None
-            state.verified, state.verified_generation = anchor, int(nodes.generation[anchor])
-            path = self._path_of(seq, anchor, depth)
-            if path.depth < depth:  # a node at or above the verified one is still pending
-                return None
+            generation = int(nodes.generation[anchor])
+            state.verified, state.verified_generation = anchor, generation
+            if base_depth == 0 and not self.track_pending:  # the runs are the whole path
+                path = state.path = RequestPath(seq, anchor, depth, runs, ancestor, generation)
+            else:
+                path = self._path_of(seq, anchor, depth)
+                if path.depth < depth:  # a node at or above the verified one is still pending
+                    return None
         if seq.want_routed_experts and self.experts.first_missing_depth(path.runs, nodes.depth) is not None:
             return None
         return path
@@ -403,7 +405,7 @@ class BlockTrie:
         "nothing cached" in the miss statistics)."""
         if base_path.depth > 0 or seq.num_valid < self.block_size:
             return base_path.depth > 0
-        value = int(self.keyer.values_of(seq, np.zeros(1, dtype=np.int64))[0])
+        value = int(self.keyer.values_of(seq, [0])[0])
         first_key = self.keyer.finalize((int(self.nodes.sums[base_path.root]) + value) % 2**64)
         nodes = self.nodes
         return any(
@@ -606,7 +608,7 @@ class BlockTrie:
                 if (
                     nodes.parent[candidate] == node
                     and nodes.extra_identity.get(candidate) == expected_identity
-                    and np.array_equal(self.tokens.run(candidate, candidate), block_tokens)
+                    and same_tokens(self.tokens.run(candidate, candidate), block_tokens)
                 ):
                     node, depth = candidate, depth + 1
                     break
@@ -618,7 +620,7 @@ class BlockTrie:
     def _same_tokens(self, seq: Sequence, runs: Runs) -> bool:
         depth, size = self.nodes.depth, self.block_size
         return all(
-            np.array_equal(self.tokens.run(first, last), seq.token_view((depth[first] - 1) * size, depth[last] * size))
+            same_tokens(self.tokens.run(first, last), seq.token_view((depth[first] - 1) * size, depth[last] * size))
             for first, last in runs
         )
 
