@@ -540,6 +540,7 @@ class BlockTrie:
         else:
             if state.borrowed_depth > base_depth:
                 self._materialize_borrow(seq)
+            ids = ids.copy()  # the transaction drops exactly these references on rollback
             self.pool.ref(ids, unique=True)
         txn.table_start = base_depth
         txn.taken = ids
@@ -635,11 +636,14 @@ class BlockTrie:
         )
 
     def _path_blocks(self, runs: Runs, max_depth: int) -> np.ndarray:
-        """Block ids of a path in table order, up to ``max_depth``."""
+        """Block ids of a path in table order, up to ``max_depth``: a view of the node table
+        when the path is one run (callers that keep the ids copy them)."""
         block = self.nodes.block
         parts = [block[first : last + 1] for first, last in reversed(self.nodes.clip_runs(runs, max_depth))]
         if len(parts) == 1:
-            return parts[0].copy()
+            view = parts[0]
+            view.flags.writeable = False
+            return view
         return np.concatenate(parts) if parts else _empty_ids()
 
     def _path_pending(self, runs: Runs, max_depth: int) -> np.ndarray:
