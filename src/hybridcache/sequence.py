@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Sequence as SequenceLike
 
 import numpy as np
@@ -77,12 +77,17 @@ class Namespace:
 
     adapter: str | None = None
     cache_salt: str | None = None
+    _hash: int = field(init=False, repr=False, compare=False, default=0)
 
     def __post_init__(self) -> None:
         for name in ("adapter", "cache_salt"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise InvalidNamespaceError(f"{name} must be None or a non-empty str, got {value!r}")
+        object.__setattr__(self, "_hash", hash((self.adapter, self.cache_salt)))
+
+    def __hash__(self) -> int:  # looked up on every match: computed once
+        return self._hash
 
 
 BASE_NAMESPACE = Namespace()

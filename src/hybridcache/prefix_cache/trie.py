@@ -417,8 +417,11 @@ class BlockTrie:
         record, path = found.record, found.path
         size, start, step = self.block_size, seq.num_computed, record.step
         anchor_depth = step // size
-        window = self.nodes.clip_runs(path.runs, anchor_depth, base_depth)
-        self._take_path_blocks(seq, txn, window, base_depth, anchor_depth, record.anchor)
+        if base_depth == 0 and path.depth == anchor_depth:
+            window = path.runs  # the verified path is exactly the part to take
+        else:
+            window = self.nodes.clip_runs(path.runs, anchor_depth, base_depth)
+        self._take_path_blocks(seq, txn, window, base_depth, record.anchor)
         seq.set_computed(step)
         txn.step_after = step
         txn.hit_tokens = step - start
@@ -471,7 +474,7 @@ class BlockTrie:
             raise StaleHandleError("the sequence changed after the match; roll back before allocating")
         self._close(txn)
         if txn.taken.size:
-            seq.write_blocks(txn.table_start, txn.displaced)
+            seq.place_blocks(txn.table_start, txn.displaced)
             seq.truncate_blocks(txn.num_blocks_before)
             if txn.borrowed:
                 self._return_borrow(seq)
@@ -524,18 +527,17 @@ class BlockTrie:
             accepted, reason = max(clamped, base_depth), MissReason.MULTIMODAL_BOUNDARY
         return accepted, reason
 
-    def _take_path_blocks(
-        self, seq: Sequence, txn: MatchTxn, runs: Runs, base_depth: int, depth: int, node: int
-    ) -> None:
-        """Hold the path's blocks for table positions [base_depth, depth) and write them: a path
-        from the root is borrowed with one pin on ``node``, anything else referenced per block."""
-        ids = self._path_blocks(runs, depth)
+    def _take_path_blocks(self, seq: Sequence, txn: MatchTxn, runs: Runs, base_depth: int, node: int) -> None:
+        """Hold the blocks of ``runs`` (the path from ``base_depth`` down to ``node``) and write
+        them at their table positions: a path from the root is borrowed with one pin on
+        ``node``, anything else referenced per block."""
+        ids = self._run_blocks(runs)
         if ids.size == 0:
             return
         state = seq.prefix_state
         if base_depth == 0 and state.borrowed_depth == 0:
             self.kv.pin_path(node)
-            state.borrowed, state.borrowed_depth = node, depth
+            state.borrowed, state.borrowed_depth = node, ids.size
             txn.borrowed = True
         else:
             if state.borrowed_depth > base_depth:
@@ -562,12 +564,13 @@ class BlockTrie:
         self, seq: Sequence, txn: MatchTxn, runs: Runs, base_depth: int, accepted: int, node: int
     ) -> None:
         start = seq.num_computed
-        self._take_path_blocks(seq, txn, runs, base_depth, accepted, node)
+        runs = self.nodes.clip_runs(runs, accepted)
+        self._take_path_blocks(seq, txn, runs, base_depth, node)
         seq.set_computed(accepted * self.block_size)
         txn.step_after = seq.num_computed
         txn.hit_tokens = seq.num_computed - start
         if seq.want_routed_experts and seq.num_routed_experts == start:
-            rows = self.experts.gather(self.nodes.clip_runs(runs, accepted))
+            rows = self.experts.gather(runs)
             seq.append_routed_experts(rows[start - base_depth * self.block_size :])
 
     # --- exact lookup --------------------------------------------------------------------------
@@ -636,10 +639,14 @@ class BlockTrie:
         )
 
     def _path_blocks(self, runs: Runs, max_depth: int) -> np.ndarray:
-        """Block ids of a path in table order, up to ``max_depth``: a view of the node table
-        when the path is one run (callers that keep the ids copy them)."""
+        """Block ids of a path in table order, up to ``max_depth``."""
+        return self._run_blocks(self.nodes.clip_runs(runs, max_depth))
+
+    def _run_blocks(self, runs: Runs) -> np.ndarray:
+        """Block ids of runs (deepest first) in table order: a read-only view of the node table
+        when there is one run (callers that keep the ids copy them)."""
         block = self.nodes.block
-        parts = [block[first : last + 1] for first, last in reversed(self.nodes.clip_runs(runs, max_depth))]
+        parts = [block[first : last + 1] for first, last in reversed(runs)]
         if len(parts) == 1:
             view = parts[0]
             view.flags.writeable = False
