@@ -117,6 +117,11 @@ class FewBitsKeyer(BlockKeyer):
         def values_of(self, seq, indices):
             return super().values_of(seq, indices) & np.uint64(3)
 
+    if hasattr(BlockKeyer, "value_of"):
+
+        def value_of(self, seq, index):
+            return super().value_of(seq, index) & 3
+
 
 # --- counters shared by every machine instance (read by run_soak) --------------------------------
 

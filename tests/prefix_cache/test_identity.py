@@ -254,7 +254,7 @@ def test_probe_values_equal_block_values_one_block_or_many():
     spans = [MultimodalSpan(20, 30, "image", "a"), MultimodalSpan(5 * B + 1, 5 * B + 4, "video", "b")]
     seq = Sequence(tokens(12 * B + 3, start=11), multimodal=spans)
     expected = keyer.block_values(seq, 0, 12)
-    one_by_one = [int(keyer.values_of(seq, np.array([index]))[0]) for index in range(12)]
+    one_by_one = [keyer.value_of(seq, index) for index in range(12)]
     assert one_by_one == expected.tolist()
     assert keyer.values_of(seq, np.arange(12)).tolist() == expected.tolist()
 

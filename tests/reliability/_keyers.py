@@ -29,3 +29,8 @@ class ConstantKeyer(BlockKeyer):
 
         def values_of(self, seq, indices):
             return np.full(len(indices), CONSTANT, dtype=np.uint64)
+
+    if hasattr(BlockKeyer, "value_of"):
+
+        def value_of(self, seq, index):
+            return CONSTANT

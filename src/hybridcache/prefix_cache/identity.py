@@ -38,7 +38,6 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 _MASK = 2**64 - 1
-_SCALAR_PROBES = 8  # up to this many blocks, Python integers beat NumPy's per-call overhead
 
 
 def _grown(array: np.ndarray, capacity: int) -> np.ndarray:
@@ -109,17 +108,16 @@ class BlockKeyer:
         words = seq.token_view(first * size, end * size).view(np.uint64).reshape(-1, size // 2)
         return self._finish(seq, np.einsum("ij,j->i", words, self._word_keys), np.arange(first, end))
 
-    def values_of(self, seq: Sequence, indices: np.ndarray | list[int]) -> np.ndarray:
-        """Values of the listed complete blocks only (checkpoint probes hash one block each)."""
+    def values_of(self, seq: Sequence, indices: np.ndarray) -> np.ndarray:
+        """Values of the listed complete blocks only, vectorized (many checkpoint probes)."""
         size = self.block_size
-        if len(indices) <= _SCALAR_PROBES:
-            return np.array([self._value_of(seq, int(index)) for index in indices], dtype=np.uint64)
         indices = np.asarray(indices)
         complete = seq.token_view(0, (int(indices.max()) + 1) * size).view(np.uint64).reshape(-1, size // 2)
         return self._finish(seq, np.einsum("ij,j->i", complete[indices], self._word_keys), indices)
 
-    def _value_of(self, seq: Sequence, index: int) -> int:
-        """One block's value in Python integers: ``block_values`` for a single block."""
+    def value_of(self, seq: Sequence, index: int) -> int:
+        """One complete block's value in Python integers (a single checkpoint probe): equal to
+        ``block_values`` for that block, without NumPy's per-call overhead on tiny arrays."""
         size = self.block_size
         words = seq.token_view(index * size, (index + 1) * size).view(np.uint64)
         position_key, block_key = self._scalar_keys

@@ -40,6 +40,8 @@ from hybridcache.sequence import Sequence
 _EMPTY_RANGE = (0, 0)
 # A miss probing more candidate steps than this first checks the request's first block.
 _PROBES_BEFORE_FIRST_BLOCK_TEST = 4
+# Up to this many anchors, hashing each probe block in Python integers beats NumPy's per-call cost.
+_SCALAR_PROBES = 8
 Runs = list[tuple[int, int]]
 
 
@@ -342,10 +344,11 @@ class BlockTrie:
         """Anchor depth -> keyed value of the request's block ending there, for every step
         anchored below the root (one block hashed per distinct anchor)."""
         size = self.block_size
-        anchors = sorted({step // size for step in steps if step >= size})
-        if not anchors:
-            return {}
-        return dict(zip(anchors, self.keyer.values_of(seq, [anchor - 1 for anchor in anchors]).tolist()))
+        anchors = {step // size for step in steps if step >= size}
+        if len(anchors) <= _SCALAR_PROBES:
+            return {anchor: self.keyer.value_of(seq, anchor - 1) for anchor in anchors}
+        ordered = sorted(anchors)
+        return dict(zip(ordered, self.keyer.values_of(seq, np.asarray(ordered) - 1).tolist()))
 
     def _verified_or_root(self, seq: Sequence) -> tuple[int, int]:
         state = seq.prefix_state
@@ -358,7 +361,6 @@ class BlockTrie:
         experts when the request wants them), else None. Only tokens beyond the verified node
         are compared; a deeper match becomes the new verified node."""
         nodes, state = self.nodes, seq.prefix_state
-        self.keyer.identity(seq)  # the multimodal blocks the identity comparison reads
         base, base_depth = self._verified_or_root(seq)
         if depth <= base_depth:
             base_path = self._path_of(seq, base, base_depth)
@@ -405,7 +407,7 @@ class BlockTrie:
         "nothing cached" in the miss statistics)."""
         if base_path.depth > 0 or seq.num_valid < self.block_size:
             return base_path.depth > 0
-        value = int(self.keyer.values_of(seq, [0])[0])
+        value = self.keyer.value_of(seq, 0)
         first_key = self.keyer.finalize((int(self.nodes.sums[base_path.root]) + value) % 2**64)
         nodes = self.nodes
         return any(
