@@ -32,19 +32,12 @@ def _load_memcmp():
 _MEMCMP = _load_memcmp()
 
 
-def same_tokens(stored: np.ndarray, tokens: np.ndarray) -> bool:
-    """Exact equality of two C-contiguous int32 token arrays."""
-    if stored.size != tokens.size:
-        return False
-    if _MEMCMP is None or not (stored.flags.c_contiguous and tokens.flags.c_contiguous):
-        return bool(np.array_equal(stored, tokens))
-    return _MEMCMP(stored.ctypes.data, tokens.ctypes.data, stored.nbytes) == 0
-
-
 class TokenStore:
     def __init__(self, block_size: int, capacity: int = 0) -> None:
         self.block_size = block_size
         self._rows = np.zeros((capacity, block_size), dtype=TOKEN_DTYPE)
+        self._row_bytes = block_size * self._rows.itemsize
+        self._address = self._rows.ctypes.data  # of row 0, refreshed when the rows move
 
     @property
     def capacity(self) -> int:
@@ -59,6 +52,7 @@ class TokenStore:
             grown = np.zeros((max(capacity, 2 * self.capacity), self.block_size), dtype=TOKEN_DTYPE)
             grown[: self.capacity] = self._rows
             self._rows = grown
+            self._address = grown.ctypes.data
 
     def write(self, slots: np.ndarray, tokens: np.ndarray) -> None:
         """Store whole blocks: ``tokens`` is flat, ``len(slots) * block_size`` long."""
@@ -73,3 +67,11 @@ class TokenStore:
         view = self._rows[first : last + 1].reshape(-1)
         view.flags.writeable = False
         return view
+
+    def equals(self, first: int, last: int, tokens: np.ndarray) -> bool:
+        """Whether slots ``first..last`` hold exactly ``tokens`` (flat int32)."""
+        if tokens.size != (last - first + 1) * self.block_size:
+            return False
+        if _MEMCMP is None or not tokens.flags.c_contiguous:
+            return bool(np.array_equal(self.run(first, last), tokens))
+        return _MEMCMP(self._address + first * self._row_bytes, tokens.ctypes.data, tokens.nbytes) == 0

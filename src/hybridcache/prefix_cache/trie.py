@@ -33,7 +33,7 @@ from hybridcache.prefix_cache.kv_lifecycle import KVLifecycle
 from hybridcache.prefix_cache.node import NodeTable
 from hybridcache.prefix_cache.routed_experts import RoutedExpertStore
 from hybridcache.prefix_cache.stats import MissReason, PrefixCacheStats
-from hybridcache.prefix_cache.token_store import TokenStore, same_tokens
+from hybridcache.prefix_cache.token_store import TokenStore
 from hybridcache.prefix_state import NO_NODE
 from hybridcache.sequence import Sequence
 
@@ -614,7 +614,7 @@ class BlockTrie:
                 if (
                     nodes.parent[candidate] == node
                     and nodes.extra_identity.get(candidate) == expected_identity
-                    and same_tokens(self.tokens.run(candidate, candidate), block_tokens)
+                    and self.tokens.equals(candidate, candidate, block_tokens)
                 ):
                     node, depth = candidate, depth + 1
                     break
@@ -626,7 +626,7 @@ class BlockTrie:
     def _same_tokens(self, seq: Sequence, runs: Runs) -> bool:
         depth, size = self.nodes.depth, self.block_size
         return all(
-            same_tokens(self.tokens.run(first, last), seq.token_view((depth[first] - 1) * size, depth[last] * size))
+            self.tokens.equals(first, last, seq.token_view((depth[first] - 1) * size, depth[last] * size))
             for first, last in runs
         )
 
