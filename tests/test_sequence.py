@@ -846,3 +846,14 @@ def test_mixed_operations_keep_every_error_side_effect_free():
         with pytest.raises((InvalidArgumentError, InvalidTypeError, InvalidBlockIdError)):
             rng.choice(bad_calls)()
         assert_same(before, snapshot(seq))
+
+
+def test_token_address_points_at_the_tokens_and_follows_growth():
+    seq = Sequence([1, 2, 3])
+    assert seq.token_address(1, 3) == seq.token_view(1, 3).ctypes.data
+    seq.append_tokens(list(range(5000)))  # the buffer moves
+    assert seq.token_address(0, 5003) == seq.token_view(0, 5003).ctypes.data
+    with pytest.raises(InvalidStepError):
+        seq.token_address(2, 5004)
+    with pytest.raises(InvalidStepError):
+        seq.token_address(3, 2)

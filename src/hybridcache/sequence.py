@@ -31,6 +31,7 @@ from hybridcache.errors import (
 from hybridcache.prefix_state import PrefixState
 
 TOKEN_DTYPE = np.int32
+_TOKEN_BYTES = np.dtype(TOKEN_DTYPE).itemsize
 EXPERT_DTYPE = np.int16
 MAX_TOKEN_ID = 2**31 - 1
 MAX_EXPERT_ID = np.iinfo(EXPERT_DTYPE).max
@@ -153,6 +154,7 @@ class Sequence:
         self.seq_id = next(_ids) if seq_id is None else int(seq_id)
         self._tokens = np.empty(max(_INITIAL_CAPACITY, initial.size), dtype=TOKEN_DTYPE)
         self._tokens[: initial.size] = initial
+        self._tokens_address = self._tokens.ctypes.data
         self._num_tokens = int(initial.size)
         self._num_computed = 0
         self._blocks = np.full(8 + initial.size // 16, -1, dtype=np.int32)
@@ -197,6 +199,13 @@ class Sequence:
         view.flags.writeable = False
         return view
 
+    def token_address(self, start: int, end: int) -> int:
+        """Memory address of token ``start`` for a native read of tokens ``[start, end)``
+        (exact comparisons); valid until the next append."""
+        if not 0 <= start <= end <= self._num_tokens:
+            raise InvalidStepError(f"token range [{start}, {end}) outside [0, {self._num_tokens})")
+        return self._tokens_address + start * _TOKEN_BYTES
+
     def append_tokens(self, tokens: object) -> None:
         """Append generated or user tokens (validated int ids)."""
         new = as_token_array(tokens)
@@ -205,6 +214,7 @@ class Sequence:
             grown = np.empty(max(needed, 2 * self._tokens.size), dtype=TOKEN_DTYPE)
             grown[: self._num_tokens] = self._tokens[: self._num_tokens]
             self._tokens = grown
+            self._tokens_address = grown.ctypes.data
         self._tokens[self._num_tokens : needed] = new
         self._num_tokens = needed
 

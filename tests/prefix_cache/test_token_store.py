@@ -7,7 +7,7 @@ import pytest
 
 from hybridcache.prefix_cache import token_store
 from hybridcache.prefix_cache.token_store import TokenStore
-from hybridcache.sequence import TOKEN_DTYPE
+from hybridcache.sequence import TOKEN_DTYPE, Sequence
 
 
 def test_contiguous_write_and_run_view():
@@ -58,26 +58,29 @@ def test_growth_keeps_rows():
 @pytest.mark.parametrize("use_memcmp", [True, False])
 def test_equals_compares_runs_exactly(monkeypatch, use_memcmp):
     """The exact comparison (memcmp where the C library is reachable, NumPy otherwise) sees
-    every token: one changed token anywhere, or another length, is a mismatch."""
+    every token: one changed token anywhere, another offset, or a run beyond the sequence's
+    tokens is a mismatch."""
     if not use_memcmp:
         monkeypatch.setattr(token_store, "_MEMCMP", None)
     store = TokenStore(4, capacity=8)
     flat = np.arange(100, 112, dtype=TOKEN_DTYPE)
     store.write(np.array([2, 3, 4]), flat)
-    assert store.equals(2, 4, flat) and store.equals(3, 3, flat[4:8])
+    prompt = [7, 7] + flat.tolist()
+    assert store.equals(2, 4, Sequence(prompt), 2) and store.equals(3, 3, Sequence(prompt), 6)
+    assert not store.equals(2, 4, Sequence(prompt), 1)
     for position in range(12):
-        changed = flat.copy()
-        changed[position] += 1
-        assert not store.equals(2, 4, changed)
-    assert not store.equals(2, 4, flat[:8]) and not store.equals(2, 3, flat)
-    assert store.equals(2, 4, np.repeat(flat, 2)[::2])  # a strided view is compared too
+        changed = list(prompt)
+        changed[2 + position] += 1
+        assert not store.equals(2, 4, Sequence(changed), 2)
+    assert not store.equals(2, 4, Sequence(prompt[:-1]), 2)  # the run would read past the end
 
 
-def test_equals_reads_the_rows_after_they_grow():
+def test_equals_reads_the_rows_and_tokens_after_they_grow():
     store = TokenStore(2, capacity=1)
     store.write(np.array([0]), np.array([7, 8], dtype=TOKEN_DTYPE))
     store.ensure_capacity(64)  # the rows move
     store.write(np.array([40]), np.array([5, 6], dtype=TOKEN_DTYPE))
-    assert store.equals(0, 0, np.array([7, 8], dtype=TOKEN_DTYPE))
-    assert store.equals(40, 40, np.array([5, 6], dtype=TOKEN_DTYPE))
-    assert not store.equals(40, 40, np.array([5, 7], dtype=TOKEN_DTYPE))
+    seq = Sequence([7, 8])
+    seq.append_tokens(list(range(1000)) + [5, 6])  # the sequence's buffer moves too
+    assert store.equals(0, 0, seq, 0) and store.equals(40, 40, seq, 1002)
+    assert not store.equals(40, 40, seq, 1001)

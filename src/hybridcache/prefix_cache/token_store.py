@@ -16,7 +16,7 @@ import ctypes
 
 import numpy as np
 
-from hybridcache.sequence import TOKEN_DTYPE
+from hybridcache.sequence import TOKEN_DTYPE, Sequence
 
 
 def _load_memcmp():
@@ -68,10 +68,12 @@ class TokenStore:
         view.flags.writeable = False
         return view
 
-    def equals(self, first: int, last: int, tokens: np.ndarray) -> bool:
-        """Whether slots ``first..last`` hold exactly ``tokens`` (flat int32)."""
-        if tokens.size != (last - first + 1) * self.block_size:
+    def equals(self, first: int, last: int, seq: Sequence, start: int) -> bool:
+        """Whether slots ``first..last`` hold exactly the sequence's tokens from ``start`` on."""
+        end = start + (last - first + 1) * self.block_size
+        if end > seq.num_tokens:
             return False
-        if _MEMCMP is None or not tokens.flags.c_contiguous:
-            return bool(np.array_equal(self.run(first, last), tokens))
-        return _MEMCMP(self._address + first * self._row_bytes, tokens.ctypes.data, tokens.nbytes) == 0
+        if _MEMCMP is None:
+            return bool(np.array_equal(self.run(first, last), seq.token_view(start, end)))
+        address = seq.token_address(start, end)
+        return _MEMCMP(self._address + first * self._row_bytes, address, (end - start) * self._rows.itemsize) == 0

@@ -608,13 +608,12 @@ class BlockTrie:
         identities = seq.prefix_state.mm_blocks
         node, depth = base, base_depth
         while depth < limit:
-            block_tokens = seq.token_view(depth * size, (depth + 1) * size)
             expected_identity = identities.get(depth)
             for candidate in nodes.candidates(int(keys[depth])):
                 if (
                     nodes.parent[candidate] == node
                     and nodes.extra_identity.get(candidate) == expected_identity
-                    and self.tokens.equals(candidate, candidate, block_tokens)
+                    and self.tokens.equals(candidate, candidate, seq, depth * size)
                 ):
                     node, depth = candidate, depth + 1
                     break
@@ -626,7 +625,7 @@ class BlockTrie:
     def _same_tokens(self, seq: Sequence, runs: Runs) -> bool:
         depth, size = self.nodes.depth, self.block_size
         return all(
-            self.tokens.equals(first, last, seq.token_view((depth[first] - 1) * size, depth[last] * size))
+            self.tokens.equals(first, last, seq, (int(depth[first]) - 1) * size)
             for first, last in runs
         )
 
