@@ -10,6 +10,7 @@ from hybridcache import errors
 from hybridcache.errors import (
     AlreadyPublishedError,
     DoubleFreeError,
+    ForeignSequenceError,
     HybridCacheError,
     InvalidArgumentError,
     InvalidBlockIdError,
@@ -48,6 +49,7 @@ HIERARCHY = {
     WrongRoleError: (LifecycleError, RuntimeError),
     TopologyError: (LifecycleError, RuntimeError),
     StaleHandleError: (LifecycleError, RuntimeError),
+    ForeignSequenceError: (LifecycleError, RuntimeError),
     AlreadyPublishedError: (LifecycleError, RuntimeError),
     PinnedError: (LifecycleError, RuntimeError),
     PinUnderflowError: (LifecycleError, RuntimeError),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import pickle
 import random
 
 import numpy as np
@@ -857,3 +859,23 @@ def test_token_address_points_at_the_tokens_and_follows_growth():
         seq.token_address(2, 5004)
     with pytest.raises(InvalidStepError):
         seq.token_address(3, 2)
+
+
+@pytest.mark.parametrize("clone", [copy.deepcopy, lambda seq: pickle.loads(pickle.dumps(seq))])
+def test_a_copied_sequence_reads_its_own_tokens(clone):
+    """The cached buffer address follows a copy: the clone's native reads never touch the
+    original's buffer (which may grow or be freed)."""
+    seq = Sequence(list(range(100)))
+    twin = clone(seq)
+    seq.append_tokens(list(range(10_000)))  # the original's buffer moves
+    assert twin.token_address(0, 100) == twin.token_view(0, 100).ctypes.data
+
+
+def test_an_unpickled_namespace_hashes_like_a_new_one():
+    """A namespace's cached hash is recomputed when unpickled (str hashes differ between
+    processes), so it finds the same dictionary entries as one built here."""
+    namespace = Namespace("lora", "tenant")
+    object.__setattr__(namespace, "_hash", 12345)  # as if hashed by another process
+    restored = pickle.loads(pickle.dumps(namespace))
+    assert restored == Namespace("lora", "tenant") and hash(restored) == hash(Namespace("lora", "tenant"))
+    assert {Namespace("lora", "tenant"): 1}[restored] == 1

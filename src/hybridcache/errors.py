@@ -87,6 +87,10 @@ class SharedWriteError(LifecycleError):
     """A forward tried to write KV into a block it does not own exclusively."""
 
 
+class ForeignSequenceError(LifecycleError):
+    """A sequence that holds blocks of one trie was handed to another."""
+
+
 class StaleHandleError(LifecycleError):
     """A transaction or handle refers to state that has changed since it was issued."""
 

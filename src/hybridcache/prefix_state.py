@@ -10,6 +10,9 @@ Lifetimes:
   for one keyer (``keyer_id``) and from block ``keys_from`` on (keys resume at a verified node
   instead of hashing the prefix before it). ``mm_blocks`` maps a block index to the multimodal
   spans overlapping it.
+- ``owner``: the trie whose node handles every field below refers to (its ``trie_id``); a
+  sequence holding no blocks moves to another trie by forgetting them, one holding blocks
+  cannot.
 - ``borrowed`` / ``borrowed_depth``: the trie node whose path the first ``borrowed_depth``
   table entries borrow (one pin on the node instead of a reference per block); set by a match
   from the root, undone by its rollback, released with the table.
@@ -58,6 +61,7 @@ class PrefixState:
     key_sum: int = 0
     keyer_id: int = -1
     mm_blocks: dict = field(default_factory=dict)
+    owner: int = -1
     borrowed: int = NO_NODE
     borrowed_depth: int = 0
     cursor: int = NO_NODE

@@ -90,6 +90,11 @@ class Namespace:
     def __hash__(self) -> int:  # looked up on every match: computed once
         return self._hash
 
+    def __setstate__(self, state: dict) -> None:  # str hashes differ between processes
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "_hash", hash((self.adapter, self.cache_salt)))
+
 
 BASE_NAMESPACE = Namespace()
 
@@ -199,6 +204,10 @@ class Sequence:
         view.flags.writeable = False
         return view
 
+    def __setstate__(self, state: dict) -> None:  # a copy's buffer lives elsewhere
+        self.__dict__.update(state)
+        self._tokens_address = self._tokens.ctypes.data
+
     def token_address(self, start: int, end: int) -> int:
         """Memory address of token ``start`` for a native read of tokens ``[start, end)``
         (exact comparisons); valid until the next append."""
@@ -262,7 +271,9 @@ class Sequence:
 
     def place_blocks(self, index: int, ids: np.ndarray) -> np.ndarray:
         """``write_blocks`` for ids that come from the block pool or the trie (a flat int32
-        array, ``index`` at most the table's length): the same write without re-validation."""
+        array): the same write without re-validating the ids."""
+        if index > self._num_blocks:
+            raise InvalidBlockIdError(f"block index {index} beyond the table's {self._num_blocks} blocks")
         end = index + ids.size
         if end > self._blocks.size:
             grown = np.full(max(end, 2 * self._blocks.size), -1, dtype=np.int32)

@@ -135,7 +135,7 @@ def snapshot(*objects):
 # caches of facts about the tokens (kept by a rollback): the block keys, the verified node and its path
 KEY_CACHE_FIELDS = (
     "block_keys", "block_sums", "num_keys", "keys_from", "key_sum", "keyer_id", "mm_blocks", "verified", "verified_generation", "path",
-    "found",
+    "found", "owner",
 )
 
 

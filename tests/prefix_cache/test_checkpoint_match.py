@@ -944,3 +944,52 @@ def test_a_remembered_miss_takes_its_path_afresh_after_evictions():
     assert int(trie.nodes.depth[path.node]) == path.depth
     assert path.root == trie.nodes.find_root(NS)
     trie.check_invariants([request])
+
+
+# --- what a remembered search may reuse ------------------------------------------------------
+
+
+def test_an_overlap_chosen_after_ingest_is_applied_at_match():
+    """A search remembered at ingest is for the policy it was made with: an MTP overlap set
+    afterwards (KV cached only to the checkpoint) turns the hit into an overlap miss, as for
+    a request that had it from the start."""
+    pool, states, trie = make_hybrid()
+    produce(trie, tokens(32), 32)
+    request = Sequence(tokens(32) + [1] * 33)
+    trie.prepare(request)
+    request.prefix_state.recompute_blocks = 1
+    txn, misses, _ = match(trie, request)
+    assert txn.hit_tokens == 0 and misses == {MissReason.RECOMPUTE_OVERLAP.value: 1}
+    trie.rollback(txn)
+
+
+def test_a_remembered_overlap_miss_ends_when_the_kv_arrives():
+    """An overlap miss is reused only while no KV was attached since: once the blocks after
+    the checkpoint are cached, the same request hits like a new one."""
+    pool, states, trie = make_hybrid()
+    produce(trie, tokens(32), 32)
+    request = Sequence(tokens(48) + [1] * 17)
+    request.prefix_state.recompute_blocks = 1
+    txn, _, _ = match(trie, request)
+    assert txn.hit_tokens == 0
+    trie.rollback(txn)
+    store_kv(trie, tokens(48) + [1] * 3)
+    txn, misses, _ = match(trie, request)
+    assert txn.hit_tokens == 32 and misses == {}
+    trie.rollback(txn)
+
+
+def test_a_search_remembered_by_another_trie_is_not_reused():
+    """Two tries never share an index epoch, so a sequence matched on one and then offered to
+    another is searched afresh there."""
+    _, _, first = make_hybrid()
+    _, _, second = make_hybrid()
+    produce(first, tokens(64), 32)
+    produce(second, tokens(64, start=500), 32)  # the same history of changes, other tokens
+    assert second.nodes.version == first.nodes.version
+    request = Sequence(tokens(64) + [1])
+    first.prepare(request)
+    assert request.prefix_state.found.record is not None
+    txn, misses, _ = match(second, request)
+    assert txn.hit_tokens == 0 and request.prefix_state.restore is None
+    second.rollback(txn)

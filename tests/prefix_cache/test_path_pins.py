@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hybridcache.errors import RefcountUnderflowError
+from hybridcache.errors import LifecycleError, RefcountUnderflowError
 from hybridcache.prefix_state import NO_NODE
 from hybridcache.sequence import Sequence
 
@@ -198,20 +198,21 @@ def test_a_match_below_the_borrowed_depth_materializes_the_borrow():
     trie.check_invariants()
 
 
-def test_rolling_back_a_materializing_match_keeps_the_references():
-    """The rollback undoes the second match but not the materialization: the sequence keeps
-    one reference per formerly borrowed block, consistently."""
+def test_rolling_back_a_materializing_match_borrows_the_path_again():
+    """The rollback undoes the second match exactly, materialization included: the sequence
+    borrows its path again and holds no reference on the borrowed blocks."""
     pool, trie = make_trie(16)
     produce(trie, tokens(4 * B + 1))
     seq = Sequence(tokens(4 * B + 1))
     admit(trie, seq)
-    table = seq.block_table.tolist()
+    table, pins, before = seq.block_table.tolist(), trie.kv.pins(), refs(pool, seq)
+    borrowed = borrow(seq)
     seq.set_computed(B)
     txn = trie.match(seq)
+    assert txn.materialized == borrowed and borrow(seq) == (NO_NODE, 0)
     trie.rollback(txn)
     assert seq.num_computed == B and seq.block_table.tolist() == table
-    assert borrow(seq) == (NO_NODE, 0) and trie.kv.pins() == {}
-    assert refs(pool, seq) == [2, 2, 2, 2, 1]
+    assert borrow(seq) == borrowed and trie.kv.pins() == pins and refs(pool, seq) == before
     trie.check_invariants([seq])
     trie.free_sequence(seq)
     trie.check_invariants()
@@ -301,3 +302,17 @@ def test_unpinning_a_slot_that_is_not_pinned_raises():
         trie.kv.unpin_path(leaf)
     assert trie.kv.pins() == {}
     trie.check_invariants()
+
+
+def test_the_pool_refuses_to_release_a_borrowing_table():
+    """``BlockPool.release_table`` would drop references a borrowing sequence never took (the
+    trie's own): it refuses and changes nothing; ``free_sequence`` is the way out."""
+    pool, trie = make_trie(16)
+    produce(trie, tokens(2 * B + 1))
+    seq = Sequence(tokens(2 * B + 1))
+    admit(trie, seq)
+    before = refs(pool, seq)
+    with pytest.raises(LifecycleError):
+        pool.release_table(seq)
+    assert refs(pool, seq) == before and seq.prefix_state.borrowed_depth == 2
+    trie.check_invariants([seq])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -84,3 +86,11 @@ def test_equals_reads_the_rows_and_tokens_after_they_grow():
     seq.append_tokens(list(range(1000)) + [5, 6])  # the sequence's buffer moves too
     assert store.equals(0, 0, seq, 0) and store.equals(40, 40, seq, 1002)
     assert not store.equals(40, 40, seq, 1001)
+
+
+def test_a_copied_store_compares_its_own_rows():
+    store = TokenStore(2, capacity=4)
+    store.write(np.array([1]), np.array([3, 4], dtype=TOKEN_DTYPE))
+    twin = copy.deepcopy(store)
+    store.write(np.array([1]), np.array([9, 9], dtype=TOKEN_DTYPE))
+    assert twin.equals(1, 1, Sequence([3, 4]), 0) and not twin.equals(1, 1, Sequence([9, 9]), 0)

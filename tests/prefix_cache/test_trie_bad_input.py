@@ -8,6 +8,7 @@ import pytest
 
 from hybridcache.errors import (
     DoubleFreeError,
+    ForeignSequenceError,
     InvalidArgumentError,
     InvalidTypeError,
     OutOfBlocksError,
@@ -235,3 +236,25 @@ def test_free_sequence_whose_block_was_already_freed(world):
         trie.free_sequence(live)
     assert snapshot(pool, trie, live, fresh) == before
 
+
+
+def test_a_sequence_holding_blocks_of_another_trie_is_refused():
+    """Node handles cached on a sequence belong to one trie: handing a sequence that still
+    holds blocks there to another trie raises and changes nothing; once freed it moves, and
+    forgets what the first trie verified."""
+    pool, trie = make_trie(16)
+    other_pool, other = make_trie(16)
+    produce(trie, tokens(2 * B + 1))
+    seq = Sequence(tokens(2 * B + 1))
+    admit(trie, seq)
+    before = snapshot(pool, trie, other_pool, other, seq)
+    for call in (other.prepare, other.match, other.allocate):
+        with pytest.raises(ForeignSequenceError):
+            call(seq)
+        assert snapshot(pool, trie, other_pool, other, seq) == before
+    trie.free_sequence(seq)
+    txn = other.match(seq)
+    assert txn.hit_tokens == 0 and seq.num_computed == 0 and seq.prefix_state.owner == other.trie_id
+    other.rollback(txn)
+    trie.check_invariants()
+    other.check_invariants([seq])

@@ -19,6 +19,7 @@ from hybridcache.errors import (
     InvalidArgumentError,
     InvalidBlockIdError,
     InvalidTypeError,
+    LifecycleError,
     OutOfBlocksError,
     RefcountUnderflowError,
 )
@@ -158,8 +159,12 @@ class BlockPool:
     def release_table(self, seq: Sequence) -> np.ndarray:
         """Drop the sequence's reference on every block of its table and empty the table.
 
-        The table is emptied only after ``unref`` succeeded, so an error changes nothing.
+        The table is emptied only after ``unref`` succeeded, so an error changes nothing. A
+        sequence that borrows a cached path holds no reference on the borrowed entries: it is
+        released by ``BlockTrie.free_sequence``, and refused here.
         """
+        if seq.prefix_state.borrowed_depth:
+            raise LifecycleError("the sequence borrows a cached path: release it with BlockTrie.free_sequence")
         freed = self.unref(seq.block_table)
         seq.truncate_blocks(0)
         return freed

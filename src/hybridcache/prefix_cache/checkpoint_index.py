@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +27,7 @@ from hybridcache.prefix_cache.routed_experts import RoutedExpertStore
 from hybridcache.sequence import Namespace, Sequence
 
 Runs = list[tuple[int, int]]
+_EPOCHS = itertools.count()
 
 
 class VerifyStatus(enum.Enum):
@@ -72,8 +74,10 @@ class CheckpointIndex:
         self._steps: dict[Namespace, list[int]] = {}
         self._step_counts: dict[tuple[Namespace, int], int] = {}
         # Advances whenever a miss could turn into a hit (a record indexed or made ready, blocks
-        # computed): a remembered miss is reused only while it has not moved.
-        self.epoch = 0
+        # computed, routed experts cached): a remembered miss is reused only while it has not
+        # moved. Drawn from one process-wide counter, so two indexes never share an epoch and
+        # a search remembered by another trie never passes for this one's.
+        self.epoch = next(_EPOCHS)
 
     def __len__(self) -> int:
         return sum(len(bucket) for bucket in self._buckets.values())
@@ -107,7 +111,7 @@ class CheckpointIndex:
         return True
 
     def note_change(self) -> None:
-        self.epoch += 1
+        self.epoch = next(_EPOCHS)
 
     def _count_step(self, namespace: Namespace, step: int, delta: int) -> None:
         count = self._step_counts.get((namespace, step), 0) + delta

@@ -21,7 +21,8 @@ from hybridcache.sequence import TOKEN_DTYPE, Sequence
 
 def _load_memcmp():
     try:
-        memcmp = ctypes.CDLL(None).memcmp
+        # PyDLL keeps the GIL during the call: no other thread can free a buffer mid-compare.
+        memcmp = ctypes.PyDLL(None).memcmp
     except (OSError, AttributeError, TypeError):
         return None
     memcmp.restype = ctypes.c_int
@@ -38,6 +39,10 @@ class TokenStore:
         self._rows = np.zeros((capacity, block_size), dtype=TOKEN_DTYPE)
         self._row_bytes = block_size * self._rows.itemsize
         self._address = self._rows.ctypes.data  # of row 0, refreshed when the rows move
+
+    def __setstate__(self, state: dict) -> None:  # a copy's rows live elsewhere
+        self.__dict__.update(state)
+        self._address = self._rows.ctypes.data
 
     @property
     def capacity(self) -> int:

@@ -18,11 +18,18 @@ Allocate:
 
 from __future__ import annotations
 
+import itertools
 from typing import NamedTuple
 
 import numpy as np
 
-from hybridcache.errors import InvalidArgumentError, InvalidTypeError, PinnedError, StaleHandleError
+from hybridcache.errors import (
+    ForeignSequenceError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    PinnedError,
+    StaleHandleError,
+)
 from hybridcache.memory.block_pool import BlockPool
 from hybridcache.memory.state_pool import StatePool
 from hybridcache.prefix_cache.checkpoint_index import CheckpointIndex, RequestPath, VerifyStatus
@@ -56,7 +63,7 @@ class MatchTxn:
     __slots__ = (
         "seq", "step_before", "cursor_before", "fresh_before", "match_start_before", "num_blocks_before",
         "restore_before", "table_start", "taken", "displaced", "step_after", "cursor_after", "hit_tokens",
-        "recorded", "borrowed", "open",
+        "recorded", "borrowed", "materialized", "open",
     )
 
     def __init__(self, seq: Sequence) -> None:
@@ -73,6 +80,7 @@ class MatchTxn:
         self.hit_tokens = 0
         self.recorded: tuple[int, int, MissReason | None] | None = None  # the stats delta, undone on rollback
         self.borrowed = False  # the taken blocks are borrowed with one path pin
+        self.materialized: tuple[int, int] | None = None  # (node, depth) of a borrow it turned into references
         self.open = True
 
 
@@ -84,7 +92,7 @@ class _Found(NamedTuple):
     path: RequestPath
     cached_depth: int
     reason: MissReason | None
-    window: tuple[int, int] = (0, 0)  # (num_computed, last valid token) the search was for
+    window: tuple[int, int, int] = (0, 0, 0)  # what the search was for: see ``_window``
     epoch: int = -1  # the index's epoch when searched
     version: int = -1  # the node table's version when searched
 
@@ -100,6 +108,9 @@ _NO_IDS.flags.writeable = False
 def _require_sequence(seq: object) -> None:
     if not isinstance(seq, Sequence):
         raise InvalidTypeError(f"expected a Sequence, got {type(seq).__name__}")
+
+
+_TRIE_IDS = itertools.count()
 
 
 def _require_txn(txn: object) -> None:
@@ -127,6 +138,7 @@ class BlockTrie:
             raise InvalidTypeError(f"keyer must be a BlockKeyer, got {type(keyer).__name__}")
         if keyer is not None and keyer.block_size != block_size:
             raise InvalidArgumentError("keyer block size differs from the trie's")
+        self.trie_id = next(_TRIE_IDS)
         self.pool = pool
         self.block_size = block_size
         self.enabled = bool(enabled)
@@ -154,6 +166,21 @@ class BlockTrie:
         """A hybrid trie needs a published state checkpoint for every hit."""
         return self.checkpoints is not None
 
+    def _track(self, seq: Sequence) -> None:
+        """Validate ``seq`` and make this trie the one its cached facts (verified node, search,
+        cursor) refer to: a sequence holding no blocks forgets another trie's facts; one
+        holding blocks there is refused."""
+        _require_sequence(seq)
+        state = seq.prefix_state
+        if state.owner == self.trie_id:
+            return
+        if state.owner >= 0:
+            if seq.num_blocks or state.borrowed_depth:
+                raise ForeignSequenceError("the sequence holds blocks of another trie; free it there first")
+            state.verified, state.verified_generation, state.path, state.found = NO_NODE, -1, None, None
+            state.clear_tracking()
+        state.owner = self.trie_id
+
     def _root(self, namespace) -> int:
         slot = self.nodes.find_root(namespace)
         return self.nodes.root(namespace, self.keyer.namespace_seed(namespace)) if slot is None else slot
@@ -170,7 +197,7 @@ class BlockTrie:
         (``prefix_state.verified``), so a later ``prepare``, ``match`` or ``allocate`` only
         compares tokens beyond it. Returns the verified path.
         """
-        _require_sequence(seq)
+        self._track(seq)
         if self.checkpoints is not None:
             return self._find_checkpoint(seq).path
         node, depth = self._extend_verified(seq, (seq.num_valid - 1) // self.block_size)
@@ -200,7 +227,7 @@ class BlockTrie:
         Attention-only trie: the deepest cached block path, after the policy cuts. Hybrid trie:
         the deepest exactly verified published checkpoint; a KV path without one is a miss.
         """
-        _require_sequence(seq)
+        self._track(seq)
         state = seq.prefix_state
         if state.restore_pinned:
             raise PinnedError("match while the sequence's restore is pinned; unpin or roll back first")
@@ -257,10 +284,11 @@ class BlockTrie:
         start = seq.num_computed
         state = seq.prefix_state
         highest = seq.num_valid - 1
+        window = self._window(seq)
         earlier = state.found
         if (
             earlier is not None
-            and earlier.window == (start, highest)
+            and earlier.window == window
             and earlier.epoch == self.index.epoch
             and earlier.version == self.nodes.version
             and (earlier.record is None or earlier.record.is_published)
@@ -271,11 +299,15 @@ class BlockTrie:
             return _Found(None, self._base_path(seq), 0, MissReason.NOTHING_TO_MATCH)
         found = None
         if earlier is not None and earlier.record is None:
-            if earlier.window == (start, highest) and earlier.epoch == self.index.epoch:
+            if (
+                earlier.window == window
+                and earlier.epoch == self.index.epoch
+                and earlier.reason is not MissReason.RECOMPUTE_OVERLAP  # newly attached KV could end it
+            ):
                 # Nothing that could turn it into a hit happened since ingest; evictions may
                 # have moved the verified node, so the path is taken afresh.
                 found = earlier._replace(path=self._base_path(seq), version=self.nodes.version)
-        elif earlier is not None and earlier.window == (start, highest) and self._still_usable(earlier.record):
+        elif earlier is not None and earlier.window == window and self._still_usable(earlier.record):
             # Ingest already verified this checkpoint: only deeper steps published since count,
             # and the KV after it (recompute overlap) is looked at again.
             found = self._search(seq, self.index.candidate_steps(seq.namespace, earlier.record.step, highest))
@@ -300,14 +332,20 @@ class BlockTrie:
             and self.nodes.is_valid(record.anchor, record.anchor_generation)
         )
 
+    @staticmethod
+    def _window(seq: Sequence) -> tuple[int, int, int]:
+        """What a checkpoint search depends on besides the cache: the step it starts from, the
+        last valid token and the recompute overlap."""
+        return seq.num_computed, seq.num_valid - 1, seq.prefix_state.recompute_blocks
+
     def _base_path(self, seq: Sequence) -> RequestPath:
         return self._path_of(seq, *self._verified_or_root(seq))
 
     def _search(self, seq: Sequence, steps: list[int]) -> "_Found":
         """The deepest of ``steps`` (deepest first) whose checkpoint fits the request exactly;
         on a miss, the verified path and the reason."""
-        size, start, highest = self.block_size, seq.num_computed, seq.num_valid - 1
-        epoch, version = self.index.epoch, self.nodes.version
+        size = self.block_size
+        epoch, version, window = self.index.epoch, self.nodes.version, self._window(seq)
         first_cached = None
         if len(steps) > _PROBES_BEFORE_FIRST_BLOCK_TEST:
             first_cached = self._first_block_cached(seq, self._base_path(seq))
@@ -332,13 +370,13 @@ class BlockTrie:
                 if overlap and cached_depth * size < step + overlap:
                     reason = MissReason.RECOMPUTE_OVERLAP
                     continue
-                return _Found(record, path, cached_depth, None, (start, highest), epoch, version)
+                return _Found(record, path, cached_depth, None, window, epoch, version)
         base_path = self._base_path(seq)
         if reason is None:
             if first_cached is None:
                 first_cached = self._first_block_cached(seq, base_path)
             reason = MissReason.NO_CHECKPOINT if first_cached else MissReason.NO_CACHED_PREFIX
-        return _Found(None, base_path, 0, reason, (start, highest), epoch, version)
+        return _Found(None, base_path, 0, reason, window, epoch, version)
 
     def _anchor_values(self, seq: Sequence, steps: list[int]) -> dict[int, int]:
         """Anchor depth -> keyed value of the request's block ending there, for every step
@@ -482,6 +520,11 @@ class BlockTrie:
                 self._return_borrow(seq)
             else:
                 self.pool.unref(txn.taken, unique=True)
+        if txn.materialized is not None:  # borrow the path again instead of referencing its blocks
+            node, depth = txn.materialized
+            self.pool.unref(seq.block_table[:depth], unique=True)
+            self.kv.pin_path(node)
+            state.borrowed, state.borrowed_depth = node, depth
         seq.set_computed(txn.step_before)
         state = seq.prefix_state
         if state.restore_pinned:
@@ -543,6 +586,7 @@ class BlockTrie:
             txn.borrowed = True
         else:
             if state.borrowed_depth > base_depth:
+                txn.materialized = (state.borrowed, state.borrowed_depth)
                 self._materialize_borrow(seq)
             ids = ids.copy()  # the transaction drops exactly these references on rollback
             self.pool.ref(ids, unique=True)
@@ -669,7 +713,7 @@ class BlockTrie:
         next forward completes). With ``track_pending`` the new nodes whose tokens are not
         computed yet stay unmatchable until ``mark_computed``.
         """
-        _require_sequence(seq)
+        self._track(seq)
         state = seq.prefix_state
         if not self.enabled:
             state.fresh_range = _EMPTY_RANGE
@@ -874,6 +918,7 @@ class BlockTrie:
         runs, _ = self.nodes.path_runs(state.cursor, first)
         rows = seq.routed_experts
         depth = self.nodes.depth
+        stored = False
         for run_first, run_last in self.nodes.clip_runs(runs, covered):
             slots = np.arange(run_first, run_last + 1)
             missing = slots[~self.experts.has_rows[slots]]
@@ -881,7 +926,10 @@ class BlockTrie:
                 token_starts = (depth[missing] - 1) * size
                 gathered = rows[(token_starts[:, None] + np.arange(size)).reshape(-1)]
                 self.experts.store(missing, gathered)
+                stored = True
         state.experts_cached_blocks = covered
+        if stored and self.index is not None:
+            self.index.note_change()  # a checkpoint miss for want of these rows may now hit
 
     # --- eviction and release ------------------------------------------------------------------
 
