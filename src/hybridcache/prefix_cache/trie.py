@@ -49,6 +49,7 @@ _EMPTY_RANGE = (0, 0)
 _PROBES_BEFORE_FIRST_BLOCK_TEST = 4
 # Up to this many anchors, hashing each probe block in Python integers beats NumPy's per-call cost.
 _SCALAR_PROBES = 8
+_TRIE_IDS = itertools.count()
 Runs = list[tuple[int, int]]
 
 
@@ -108,9 +109,6 @@ _NO_IDS.flags.writeable = False
 def _require_sequence(seq: object) -> None:
     if not isinstance(seq, Sequence):
         raise InvalidTypeError(f"expected a Sequence, got {type(seq).__name__}")
-
-
-_TRIE_IDS = itertools.count()
 
 
 def _require_txn(txn: object) -> None:
