@@ -87,7 +87,7 @@ def test_the_deepest_published_step_wins_not_the_deepest_kv():
     request = Sequence(tokens(49))
     txn, _, _ = match(trie, request)
     assert request.num_computed == 32 and request.prefix_state.restore is record
-    assert request.num_blocks == 2 and request.prefix_state.fresh_range == (2, 3)
+    assert request.num_blocks == 2 and request.prefix_state.fresh_range == (2, 2)  # no MTP: no KV looked up
     trie.commit(txn)
     assert cursor_depth(trie, request) == 2  # the anchor
     trie.check_invariants([request])
@@ -567,7 +567,8 @@ def test_worked_example_c_partial_checkpoint(recompute):
     request.prefix_state.recompute_blocks = recompute
     txn, misses, _ = match(trie, request)
     assert misses == {} and request.num_computed == 33 and request.prefix_state.restore is record
-    assert request.num_blocks == 2 and request.prefix_state.fresh_range == (2, 4)
+    # with MTP the range reaches the cached KV the overlap needs; without, the partial block
+    assert request.num_blocks == 2 and request.prefix_state.fresh_range == ((2, 4) if recompute else (2, 3))
     assert trie.checkpoints.pin_restore(request)
     grow_and_allocate(trie, request)
     trie.commit(txn)
@@ -625,15 +626,16 @@ def test_partial_checkpoint_without_tail_rows_misses_for_an_experts_request():
 def test_w1_aligned_hit_keeps_the_cached_continuation_private():
     """W1. Reference: an aligned hit without MTP sets an empty fresh range, so ``allocate``
     deduplicates the request's blocks 2 and 3 into the shared trie blocks C and D, and the
-    suffix forward writes recomputed KV into blocks other sequences read. Here the fresh range
-    reaches the deepest cached block, allocate keeps the private blocks and only maps them, and
-    they are swapped for the canonical ones once computed."""
+    suffix forward writes recomputed KV into blocks other sequences read. Here every block from
+    the computed step on is one the next forward writes: allocate keeps the private blocks and
+    only maps them, and they are swapped for the canonical ones once computed (without MTP the
+    match does not even look up the KV after the checkpoint)."""
     pool, states, trie = make_hybrid()
     prompt = tokens(64)
     _, record = produce(trie, prompt, 32)
     reader = Sequence(prompt + [1])  # another sequence reading C and D
     txn = trie.match(reader)
-    assert reader.prefix_state.fresh_range == (2, 4)
+    assert reader.prefix_state.fresh_range == (2, 2)
     assert trie.checkpoints.pin_restore(reader)
     grow_and_allocate(trie, reader)
     trie.commit(txn)

@@ -425,9 +425,10 @@ class BlockTrie:
 
     def _cached_depth(self, seq: Sequence, path: RequestPath) -> int:
         """How deep the KV trie holds the request's prefix beyond a verified anchor (hashing
-        only the blocks after it)."""
+        only the blocks after it). Only a request that recomputes an overlap (MTP) needs KV
+        beyond the anchor; for any other the anchor's depth is the answer, without a lookup."""
         limit = (seq.num_valid - 1) // self.block_size
-        if limit <= path.depth:
+        if limit <= path.depth or not seq.prefix_state.recompute_blocks:
             return path.depth
         self.keyer.resume_at(seq, path.depth, int(self.nodes.sums[path.node]))
         keys = self.keyer.extend(seq)
