@@ -391,6 +391,9 @@ def test_match_writes_canonical_blocks_at_the_right_positions():
     assert txn.displaced.tolist() == own[2:4]
     # displaced blocks are held by the transaction until commit
     assert pool.refcounts(own[2:4]).tolist() == [1, 1]
+    trie.check_invariants([session], [txn])
+    with pytest.raises(AssertionError, match="refcount differs"):
+        trie.check_invariants([session])  # the transaction's references are owners too
     trie.commit(txn)
     assert pool.refcounts(own[2:4]).tolist() == [0, 0]
     pool.grow_table(session, session.num_tokens, B)

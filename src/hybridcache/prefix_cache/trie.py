@@ -989,9 +989,14 @@ class BlockTrie:
 
     # --- diagnostics ---------------------------------------------------------------------------
 
-    def check_invariants(self, sequences: tuple[Sequence, ...] | list[Sequence] = ()) -> None:
-        """Refcounts equal trie plus sequence owners; cursors lie on exact paths; leaves are
-        candidates; the token store covers every node."""
+    def check_invariants(
+        self,
+        sequences: tuple[Sequence, ...] | list[Sequence] = (),
+        transactions: tuple[MatchTxn, ...] | list[MatchTxn] = (),
+    ) -> None:
+        """Refcounts equal trie plus sequence owners (and the blocks open ``transactions``
+        displaced, held until commit); cursors lie on exact paths; leaves are candidates; the
+        token store covers every node."""
         nodes = self.nodes
         nodes.check_invariants()
         self.kv.check_invariants()
@@ -1010,6 +1015,9 @@ class BlockTrie:
                 borrowers[state.borrowed] = borrowers.get(state.borrowed, 0) + 1
             self._check_sequence(seq)
         assert borrowers == self.kv.pins(), "path pins differ from the sequences that borrow"
+        for txn in transactions:
+            if txn.open:
+                np.add.at(expected, txn.displaced.astype(np.int64), 1)
         if self.checkpoints is not None:
             np.add.at(expected, np.asarray(self.checkpoints.frozen_blocks(), dtype=np.int64), 1)
             self.checkpoints.check_invariants(sequences)
