@@ -201,14 +201,17 @@ class BlockTrie:
         node, depth = self._extend_verified(seq, (seq.num_valid - 1) // self.block_size)
         return self._path_of(seq, node, depth)
 
-    def _path_of(self, seq: Sequence, node: int, depth: int) -> RequestPath:
-        """The path of a verified node, reused while the node is unchanged."""
+    def _path_of(self, seq: Sequence, node: int, depth: int, known: tuple[Runs, int] | None = None) -> RequestPath:
+        """The path of a verified node, reused while the node is unchanged; ``known`` gives its
+        runs from the root and the root when the caller just walked them."""
         state = seq.prefix_state
-        cached = state.path
         generation = int(self.nodes.generation[node])
-        if cached is not None and (cached.node, cached.generation, cached.depth) == (node, generation, depth):
-            return cached  # the path of an attached node never changes (monotonic topology)
-        runs, root = self.nodes.path_runs(node, 0)
+        if known is None:
+            cached = state.path
+            if cached is not None and (cached.node, cached.generation, cached.depth) == (node, generation, depth):
+                return cached  # the path of an attached node never changes (monotonic topology)
+            known = self.nodes.path_runs(node, 0)
+        runs, root = known
         if self.track_pending:
             waiting = self.nodes.first_pending_depth(runs)
             if waiting is not None:
@@ -411,14 +414,10 @@ class BlockTrie:
                 return None
             if self.track_pending and nodes.first_pending_depth(runs) is not None:
                 return None
-            generation = int(nodes.generation[anchor])
-            state.verified, state.verified_generation = anchor, generation
-            if base_depth == 0 and not self.track_pending:  # the runs are the whole path
-                path = state.path = RequestPath(seq, anchor, depth, runs, ancestor, generation)
-            else:
-                path = self._path_of(seq, anchor, depth)
-                if path.depth < depth:  # a node at or above the verified one is still pending
-                    return None
+            state.verified, state.verified_generation = anchor, int(nodes.generation[anchor])
+            path = self._path_of(seq, anchor, depth, (runs, ancestor) if base_depth == 0 else None)
+            if path.depth < depth:  # a node at or above the verified one is still pending
+                return None
         if seq.want_routed_experts and self.experts.first_missing_depth(path.runs, nodes.depth) is not None:
             return None
         return path
@@ -522,8 +521,7 @@ class BlockTrie:
         if txn.materialized is not None:  # borrow the path again instead of referencing its blocks
             node, depth = txn.materialized
             self.pool.unref(seq.block_table[:depth], unique=True)
-            self.kv.pin_path(node)
-            state.borrowed, state.borrowed_depth = node, depth
+            self._borrow(seq, node, depth)
         seq.set_computed(txn.step_before)
         state = seq.prefix_state
         if state.restore_pinned:
@@ -580,8 +578,7 @@ class BlockTrie:
             return
         state = seq.prefix_state
         if base_depth == 0 and state.borrowed_depth == 0:
-            self.kv.pin_path(node)
-            state.borrowed, state.borrowed_depth = node, ids.size
+            self._borrow(seq, node, ids.size)
             txn.borrowed = True
         else:
             if state.borrowed_depth > base_depth:
@@ -599,6 +596,10 @@ class BlockTrie:
         state = seq.prefix_state
         self.pool.ref(seq.block_table[: state.borrowed_depth], unique=True)
         self._return_borrow(seq)
+
+    def _borrow(self, seq: Sequence, node: int, depth: int) -> None:
+        self.kv.pin_path(node)
+        seq.prefix_state.borrowed, seq.prefix_state.borrowed_depth = node, depth
 
     def _return_borrow(self, seq: Sequence) -> None:
         state = seq.prefix_state
