@@ -36,6 +36,9 @@ EXPERT_DTYPE = np.int16
 MAX_TOKEN_ID = 2**31 - 1
 MAX_EXPERT_ID = np.iinfo(EXPERT_DTYPE).max
 _INITIAL_CAPACITY = 64
+_NO_BLOCKS = np.empty(0, dtype=np.int32)
+_NO_BLOCKS.flags.writeable = False
+_WORD_DTYPE = np.uint64  # two tokens per word: the block hash reads tokens in pairs
 _ids = itertools.count()
 
 
@@ -157,9 +160,8 @@ class Sequence:
         self._span_starts = [span.start for span in self.spans]
         self.want_routed_experts = bool(want_routed_experts)
         self.seq_id = next(_ids) if seq_id is None else int(seq_id)
-        self._tokens = np.empty(max(_INITIAL_CAPACITY, initial.size), dtype=TOKEN_DTYPE)
+        self._set_buffer(np.empty(max(_INITIAL_CAPACITY, initial.size + (initial.size & 1)), dtype=TOKEN_DTYPE))
         self._tokens[: initial.size] = initial
-        self._tokens_address = self._tokens.ctypes.data
         self._num_tokens = int(initial.size)
         self._num_computed = 0
         self._blocks = np.full(8 + initial.size // 16, -1, dtype=np.int32)
@@ -206,7 +208,22 @@ class Sequence:
 
     def __setstate__(self, state: dict) -> None:  # a copy's buffer lives elsewhere
         self.__dict__.update(state)
-        self._tokens_address = self._tokens.ctypes.data
+        self._set_buffer(self._tokens)
+
+    def _set_buffer(self, tokens: np.ndarray) -> None:
+        """Adopt ``tokens`` (an even-sized int32 buffer) and the views and address derived
+        from it."""
+        self._tokens = tokens
+        self._tokens_address = tokens.ctypes.data
+        self._words = tokens.view(_WORD_DTYPE)
+        self._words.flags.writeable = False
+
+    def token_words(self, start: int, end: int) -> np.ndarray:
+        """Read-only view of tokens ``[start, end)`` packed in pairs into 64-bit words (block
+        hashing); ``start`` and ``end`` are even."""
+        if not 0 <= start <= end <= self._num_tokens or (start | end) & 1:
+            raise InvalidStepError(f"token words [{start}, {end}) outside [0, {self._num_tokens}) or odd")
+        return self._words[start >> 1 : end >> 1]
 
     def token_address(self, start: int, end: int) -> int:
         """Memory address of token ``start`` for a native read of tokens ``[start, end)``
@@ -220,10 +237,9 @@ class Sequence:
         new = as_token_array(tokens)
         needed = self._num_tokens + new.size
         if needed > self._tokens.size:
-            grown = np.empty(max(needed, 2 * self._tokens.size), dtype=TOKEN_DTYPE)
+            grown = np.empty(max(needed + (needed & 1), 2 * self._tokens.size), dtype=TOKEN_DTYPE)
             grown[: self._num_tokens] = self._tokens[: self._num_tokens]
-            self._tokens = grown
-            self._tokens_address = grown.ctypes.data
+            self._set_buffer(grown)
         self._tokens[self._num_tokens : needed] = new
         self._num_tokens = needed
 
@@ -233,12 +249,15 @@ class Sequence:
         The routed-expert history is truncated to the new step: rows beyond it describe tokens
         that will be computed again.
         """
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
-            raise InvalidTypeError("step must be an int")
+        if type(step) is not int:
+            if isinstance(step, bool) or not isinstance(step, np.integer):
+                raise InvalidTypeError("step must be an int")
+            step = int(step)
         if not 0 <= step <= self._num_tokens:
             raise InvalidStepError(f"step {step} outside [0, {self._num_tokens}]")
-        self._num_computed = int(step)
-        self._num_experts = min(self._num_experts, self._num_computed)
+        self._num_computed = step
+        if self._num_experts > step:
+            self._num_experts = step
 
     # --- block table -------------------------------------------------------------------------
 
@@ -272,16 +291,18 @@ class Sequence:
     def place_blocks(self, index: int, ids: np.ndarray) -> np.ndarray:
         """``write_blocks`` for ids that come from the block pool or the trie (a flat int32
         array): the same write without re-validating the ids."""
-        if index > self._num_blocks:
-            raise InvalidBlockIdError(f"block index {index} beyond the table's {self._num_blocks} blocks")
+        num_blocks = self._num_blocks
+        if index > num_blocks:
+            raise InvalidBlockIdError(f"block index {index} beyond the table's {num_blocks} blocks")
         end = index + ids.size
         if end > self._blocks.size:
             grown = np.full(max(end, 2 * self._blocks.size), -1, dtype=np.int32)
-            grown[: self._num_blocks] = self._blocks[: self._num_blocks]
+            grown[:num_blocks] = self._blocks[:num_blocks]
             self._blocks = grown
-        replaced = self._blocks[index : min(end, self._num_blocks)].copy()
+        replaced = self._blocks[index : min(end, num_blocks)].copy() if index < num_blocks else _NO_BLOCKS
         self._blocks[index:end] = ids
-        self._num_blocks = max(self._num_blocks, end)
+        if end > num_blocks:
+            self._num_blocks = end
         return replaced
 
     def truncate_blocks(self, count: int) -> np.ndarray:

@@ -57,6 +57,7 @@ class RequestPath:
     runs: Runs
     root: int
     generation: int = -1  # the node's generation when the path was taken (-1: do not reuse)
+    blocks: np.ndarray | None = None  # block ids in table order, filled on first use (fixed while attached)
 
     def slot_at(self, nodes: NodeTable, depth: int) -> int:
         """The path's node at ``depth`` (the namespace root at 0)."""
@@ -154,15 +155,15 @@ class CheckpointIndex:
         its step: everything but the prefix before the anchor, which the trie compares against
         the anchor's path (``BlockTrie._path_to_anchor``)."""
         nodes, size = self._nodes, self._block_size
-        step = record.step
+        step, tail = record.step, record.tail_tokens.size
         anchor_depth = step // size
         if record.state is not CheckpointState.PUBLISHED or record.slot < 0:
             return Verdict(VerifyStatus.STALE_CHECKPOINT, f"record {record.record_id} is {record.state.value}")
-        if step <= 0 or record.is_partial != (record.frozen_block >= 0):
+        if step <= 0 or (tail > 0) != (record.frozen_block >= 0):
             return Verdict(VerifyStatus.STALE_CHECKPOINT, "partial checkpoint without frozen block, or the reverse")
         if not nodes.is_valid(record.anchor, record.anchor_generation):
             return Verdict(VerifyStatus.STALE_CHECKPOINT, "anchor detached")
-        if int(nodes.depth[record.anchor]) != anchor_depth or record.tail_tokens.size != step % size:
+        if int(nodes.depth[record.anchor]) != anchor_depth or tail != step % size:
             return Verdict(VerifyStatus.STALE_CHECKPOINT, "anchor depth or tail length disagrees with the step")
         if not record.ready:
             return Verdict(VerifyStatus.REQUEST_MISMATCH, "the producer's save is still in flight")
@@ -174,7 +175,7 @@ class CheckpointIndex:
             return Verdict(VerifyStatus.REQUEST_MISMATCH, "step not before the request's last token")
         if not seq.is_boundary_safe(step):
             return Verdict(VerifyStatus.REQUEST_MISMATCH, "step inside a multimodal span of the request")
-        if record.is_partial:
+        if tail:
             anchor_tokens = anchor_depth * size
             if not np.array_equal(record.tail_tokens, seq.token_view(anchor_tokens, step)):
                 return Verdict(VerifyStatus.REQUEST_MISMATCH, "tail tokens differ")

@@ -38,6 +38,7 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 _MASK = 2**64 - 1
+_GOLDEN_INT, _MIX1_INT, _MIX2_INT = int(_GOLDEN), int(_MIX1), int(_MIX2)
 
 
 def _grown(array: np.ndarray, capacity: int) -> np.ndarray:
@@ -55,9 +56,9 @@ def _splitmix(values: np.ndarray) -> np.ndarray:
 
 def _splitmix_int(value: int) -> int:
     """``_splitmix`` of one value in Python integers (same result, no array overhead)."""
-    z = (value + int(_GOLDEN)) & _MASK
-    z = ((z ^ (z >> 30)) * int(_MIX1)) & _MASK
-    z = ((z ^ (z >> 27)) * int(_MIX2)) & _MASK
+    z = (value + _GOLDEN_INT) & _MASK
+    z = ((z ^ (z >> 30)) * _MIX1_INT) & _MASK
+    z = ((z ^ (z >> 27)) * _MIX2_INT) & _MASK
     return z ^ (z >> 31)
 
 
@@ -105,21 +106,21 @@ class BlockKeyer:
         multimodal identity, through a non-linear finalizer. A prefix key is the finalized
         running sum of these values."""
         size = self.block_size
-        words = seq.token_view(first * size, end * size).view(np.uint64).reshape(-1, size // 2)
+        words = seq.token_words(first * size, end * size).reshape(-1, size // 2)
         return self._finish(seq, np.einsum("ij,j->i", words, self._word_keys), np.arange(first, end))
 
     def values_of(self, seq: Sequence, indices: np.ndarray) -> np.ndarray:
         """Values of the listed complete blocks only, vectorized (many checkpoint probes)."""
         size = self.block_size
         indices = np.asarray(indices)
-        complete = seq.token_view(0, (int(indices.max()) + 1) * size).view(np.uint64).reshape(-1, size // 2)
+        complete = seq.token_words(0, (int(indices.max()) + 1) * size).reshape(-1, size // 2)
         return self._finish(seq, np.einsum("ij,j->i", complete[indices], self._word_keys), indices)
 
     def value_of(self, seq: Sequence, index: int) -> int:
         """One complete block's value in Python integers (a single checkpoint probe): equal to
         ``block_values`` for that block, without NumPy's per-call overhead on tiny arrays."""
         size = self.block_size
-        words = seq.token_view(index * size, (index + 1) * size).view(np.uint64)
+        words = seq.token_words(index * size, (index + 1) * size)
         position_key, block_key = self._scalar_keys
         value = int(np.dot(words, self._word_keys)) ^ (((index + 1) * position_key) & _MASK)
         spans = self.identity(seq).get(index)

@@ -75,10 +75,11 @@ class TokenStore:
 
     def equals(self, first: int, last: int, seq: Sequence, start: int) -> bool:
         """Whether slots ``first..last`` hold exactly the sequence's tokens from ``start`` on."""
-        end = start + (last - first + 1) * self.block_size
+        rows = last - first + 1
+        end = start + rows * self.block_size
         if end > seq.num_tokens:
             return False
         if _MEMCMP is None:
             return bool(np.array_equal(self.run(first, last), seq.token_view(start, end)))
         address = seq.token_address(start, end)
-        return _MEMCMP(self._address + first * self._row_bytes, address, (end - start) * self._rows.itemsize) == 0
+        return _MEMCMP(self._address + first * self._row_bytes, address, rows * self._row_bytes) == 0

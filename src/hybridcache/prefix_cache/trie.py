@@ -47,7 +47,7 @@ from hybridcache.sequence import Sequence
 _EMPTY_RANGE = (0, 0)
 # A miss probing more candidate steps than this first checks the request's first block.
 _PROBES_BEFORE_FIRST_BLOCK_TEST = 4
-# Up to this many anchors, hashing each probe block in Python integers beats NumPy's per-call cost.
+# Up to this many probes, hashing each probe block when it is probed beats one vectorized call.
 _SCALAR_PROBES = 8
 _TRIE_IDS = itertools.count()
 Runs = list[tuple[int, int]]
@@ -311,7 +311,7 @@ class BlockTrie:
         elif earlier is not None and earlier.window == window and self._still_usable(earlier.record):
             # Ingest already verified this checkpoint: only deeper steps published since count,
             # and the KV after it (recompute overlap) is looked at again.
-            found = self._search(seq, self.index.candidate_steps(seq.namespace, earlier.record.step, highest))
+            found = self._search(seq, self.index.candidate_steps(seq.namespace, earlier.record.step, highest), window)
             if found.record is None:
                 cached_depth = self._cached_depth(seq, earlier.path)
                 overlap = seq.prefix_state.recompute_blocks * self.block_size
@@ -321,7 +321,7 @@ class BlockTrie:
                         cached_depth=cached_depth, epoch=self.index.epoch, version=self.nodes.version
                     )
         if found is None:
-            found = self._search(seq, self.index.candidate_steps(seq.namespace, start, highest))
+            found = self._search(seq, self.index.candidate_steps(seq.namespace, start, highest), window)
         state.found = found
         return found
 
@@ -342,22 +342,23 @@ class BlockTrie:
     def _base_path(self, seq: Sequence) -> RequestPath:
         return self._path_of(seq, *self._verified_or_root(seq))
 
-    def _search(self, seq: Sequence, steps: list[int]) -> "_Found":
+    def _search(self, seq: Sequence, steps: list[int], window: tuple[int, int, int]) -> "_Found":
         """The deepest of ``steps`` (deepest first) whose checkpoint fits the request exactly;
-        on a miss, the verified path and the reason."""
+        on a miss, the verified path and the reason. ``window`` is the request's ``_window``."""
         size = self.block_size
-        epoch, version, window = self.index.epoch, self.nodes.version, self._window(seq)
+        epoch, version = self.index.epoch, self.nodes.version
         first_cached = None
         if len(steps) > _PROBES_BEFORE_FIRST_BLOCK_TEST:
             first_cached = self._first_block_cached(seq, self._base_path(seq))
             if not first_cached:  # every checkpoint beyond the first block lies on a cached first block
                 steps = [step for step in steps if step < size]
-        values = self._anchor_values(seq, steps)
+        # A hit usually comes at the first probe: hash lazily unless many probes are certain.
+        values = self._anchor_values(seq, steps) if len(steps) > _SCALAR_PROBES else None
         overlap = seq.prefix_state.recompute_blocks * size
         reason = None
         for step in steps:
             anchor_depth = step // size
-            key = (step, values[anchor_depth] if anchor_depth else int(self.nodes.key[self._root(seq.namespace)]))
+            key = (step, self._probe_value(seq, anchor_depth, values))
             for record in self.index.bucket(seq.namespace, key):
                 verdict = self.index.verify(record, key, seq)
                 if verdict.status is not VerifyStatus.HIT:
@@ -379,14 +380,23 @@ class BlockTrie:
             reason = MissReason.NO_CHECKPOINT if first_cached else MissReason.NO_CACHED_PREFIX
         return _Found(None, base_path, 0, reason, window, epoch, version)
 
+    def _probe_value(self, seq: Sequence, anchor_depth: int, values: dict[int, int] | None) -> int:
+        """What a checkpoint anchored at ``anchor_depth`` is indexed under besides its step: the
+        keyed value of the request's block ending at the anchor (taken from ``values`` when
+        they were hashed together), or the namespace root's key for an anchor at the root."""
+        if anchor_depth == 0:
+            return int(self.nodes.key[self._root(seq.namespace)])
+        if values is not None:
+            return values[anchor_depth]
+        return self.keyer.value_of(seq, anchor_depth - 1)
+
     def _anchor_values(self, seq: Sequence, steps: list[int]) -> dict[int, int]:
         """Anchor depth -> keyed value of the request's block ending there, for every step
-        anchored below the root (one block hashed per distinct anchor)."""
+        anchored below the root, hashed in one vectorized call."""
         size = self.block_size
-        anchors = {step // size for step in steps if step >= size}
-        if len(anchors) <= _SCALAR_PROBES:
-            return {anchor: self.keyer.value_of(seq, anchor - 1) for anchor in anchors}
-        ordered = sorted(anchors)
+        ordered = sorted({step // size for step in steps if step >= size})
+        if not ordered:
+            return {}
         return dict(zip(ordered, self.keyer.values_of(seq, np.asarray(ordered) - 1).tolist()))
 
     def _verified_or_root(self, seq: Sequence) -> tuple[int, int]:
@@ -455,11 +465,12 @@ class BlockTrie:
         record, path = found.record, found.path
         size, start, step = self.block_size, seq.num_computed, record.step
         anchor_depth = step // size
-        if base_depth == 0 and path.depth == anchor_depth:
-            window = path.runs  # the verified path is exactly the part to take
+        if base_depth == 0 and path.depth == anchor_depth:  # the verified path is exactly the part to take
+            window, ids = path.runs, self._path_ids(path)
         else:
             window = self.nodes.clip_runs(path.runs, anchor_depth, base_depth)
-        self._take_path_blocks(seq, txn, window, base_depth, record.anchor)
+            ids = self._run_blocks(window)
+        self._take_path_blocks(seq, txn, ids, base_depth, record.anchor)
         seq.set_computed(step)
         txn.step_after = step
         txn.hit_tokens = step - start
@@ -569,11 +580,10 @@ class BlockTrie:
             accepted, reason = max(clamped, base_depth), MissReason.MULTIMODAL_BOUNDARY
         return accepted, reason
 
-    def _take_path_blocks(self, seq: Sequence, txn: MatchTxn, runs: Runs, base_depth: int, node: int) -> None:
-        """Hold the blocks of ``runs`` (the path from ``base_depth`` down to ``node``) and write
-        them at their table positions: a path from the root is borrowed with one pin on
-        ``node``, anything else referenced per block."""
-        ids = self._run_blocks(runs)
+    def _take_path_blocks(self, seq: Sequence, txn: MatchTxn, ids: np.ndarray, base_depth: int, node: int) -> None:
+        """Hold the blocks ``ids`` (of the path from ``base_depth`` down to ``node``, read-only)
+        and write them at their table positions: a path from the root is borrowed with one pin
+        on ``node``, anything else referenced per block."""
         if ids.size == 0:
             return
         state = seq.prefix_state
@@ -611,7 +621,7 @@ class BlockTrie:
     ) -> None:
         start = seq.num_computed
         runs = self.nodes.clip_runs(runs, accepted)
-        self._take_path_blocks(seq, txn, runs, base_depth, node)
+        self._take_path_blocks(seq, txn, self._run_blocks(runs), base_depth, node)
         seq.set_computed(accepted * self.block_size)
         txn.step_after = seq.num_computed
         txn.hit_tokens = seq.num_computed - start
@@ -667,14 +677,16 @@ class BlockTrie:
         return depth, node, runs
 
     def _same_tokens(self, seq: Sequence, runs: Runs) -> bool:
-        depth, size = self.nodes.depth, self.block_size
-        return all(
-            self.tokens.equals(first, last, seq, (int(depth[first]) - 1) * size)
-            for first, last in runs
-        )
+        depth, size, equals = self.nodes.depth, self.block_size, self.tokens.equals
+        for first, last in runs:
+            if not equals(first, last, seq, (int(depth[first]) - 1) * size):
+                return False
+        return True
 
     def _same_identity(self, seq: Sequence, runs: Runs, base: int, node: int, base_depth: int, depth: int) -> bool:
         nodes = self.nodes
+        if not nodes.extra_identity and not seq.prefix_state.mm_blocks:
+            return True  # text only on both sides
         expected = {i: spans for i, spans in seq.prefix_state.mm_blocks.items() if base_depth <= i < depth}
         if int(nodes.mm_count[node] - nodes.mm_count[base]) != len(expected):
             return False
@@ -686,6 +698,14 @@ class BlockTrie:
     def _path_blocks(self, runs: Runs, max_depth: int) -> np.ndarray:
         """Block ids of a path in table order, up to ``max_depth``."""
         return self._run_blocks(self.nodes.clip_runs(runs, max_depth))
+
+    def _path_ids(self, path: RequestPath) -> np.ndarray:
+        """Block ids of a whole verified path, kept on the path: an attached node's block never
+        changes, and a cached path is only reused while its node stays attached."""
+        if path.blocks is None:
+            path.blocks = self._run_blocks(path.runs)
+            path.blocks.flags.writeable = False  # shared by every match that reuses the path
+        return path.blocks
 
     def _run_blocks(self, runs: Runs) -> np.ndarray:
         """Block ids of runs (deepest first) in table order: a read-only view of the node table
