@@ -68,7 +68,7 @@ class PrefixState:
     cursor_generation: int = -1
     verified: int = NO_NODE
     verified_generation: int = -1
-    path: object = None  # the RequestPath of ``verified``, reused while it is unchanged
+    path: object = None  # the NodePath of ``verified``, reused while it is unchanged
     found: object = None  # the checkpoint ingest verified, reused while it stays usable
     fresh_range: tuple[int, int] = (0, 0)
     trie_block_map: dict[int, int] = field(default_factory=dict)

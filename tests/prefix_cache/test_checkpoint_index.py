@@ -10,7 +10,7 @@ import pytest
 
 from hybridcache.prefix_cache.checkpoint_index import CheckpointIndex, VerifyStatus
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord, CheckpointState
-from hybridcache.prefix_cache.node import NodeTable
+from hybridcache.prefix_cache.node import NodePath, NodeTable
 from hybridcache.prefix_cache.routed_experts import RoutedExpertStore
 from hybridcache.prefix_cache.stats import MissReason
 from hybridcache.prefix_state import NO_NODE
@@ -29,6 +29,7 @@ def fake_record(step: int, anchor_key: int, namespace: Namespace = NS) -> Checkp
         step=step,
         anchor=0,
         anchor_generation=0,
+        anchor_path=NodePath(0, 0, [], 0, 0),
         key=(step, anchor_key),
         slot=1,
         frozen_block=-1,

@@ -18,6 +18,7 @@ from hybridcache.prefix_cache.checkpoint_record import (
     anchor_step,
     tail_start,
 )
+from hybridcache.prefix_cache.node import NodePath
 from hybridcache.sequence import MultimodalSpan, Namespace
 
 from ._helpers import B, tokens
@@ -112,6 +113,7 @@ def test_record_properties_and_defaults():
         step=20,
         anchor=3,
         anchor_generation=0,
+        anchor_path=NodePath(3, 1, [(3, 3)], 0, 0),
         key=(20, 99),
         slot=2,
         frozen_block=5,

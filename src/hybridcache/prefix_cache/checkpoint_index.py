@@ -26,7 +26,6 @@ from hybridcache.prefix_cache.node import NodeTable
 from hybridcache.prefix_cache.routed_experts import RoutedExpertStore
 from hybridcache.sequence import Namespace, Sequence
 
-Runs = list[tuple[int, int]]
 _EPOCHS = itertools.count()
 
 
@@ -44,26 +43,6 @@ class Verdict:
 
 
 HIT = Verdict(VerifyStatus.HIT)
-
-
-@dataclass
-class RequestPath:
-    """What ingest verified about a request: its deepest exactly matching trie node and the
-    runs of that node's path (deepest first, down to the root)."""
-
-    seq: Sequence
-    node: int
-    depth: int
-    runs: Runs
-    root: int
-    generation: int = -1  # the node's generation when the path was taken (-1: do not reuse)
-    blocks: np.ndarray | None = None  # block ids in table order, filled on first use (fixed while attached)
-
-    def slot_at(self, nodes: NodeTable, depth: int) -> int:
-        """The path's node at ``depth`` (the namespace root at 0)."""
-        if depth == 0:
-            return self.root
-        return NodeTable.slot_at_depth(self.runs, nodes.depth, depth)
 
 
 class CheckpointIndex:

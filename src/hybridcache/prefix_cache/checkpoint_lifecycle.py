@@ -135,11 +135,13 @@ class CheckpointLifecycle:
                 self._states.free_checkpoint(slot)
                 return NO_SAVE
         start = anchor_step(step, self._block_size)
+        anchor_path = self._nodes.path_to(anchor)
         record = CheckpointRecord(
             namespace=seq.namespace,
             step=step,
             anchor=anchor,
-            anchor_generation=int(self._nodes.generation[anchor]),
+            anchor_generation=anchor_path.generation,
+            anchor_path=anchor_path,
             key=(step, self._nodes.last_block_value(anchor)),
             slot=slot,
             frozen_block=frozen,

@@ -7,7 +7,8 @@ checkpoint state slot. It lives on its *anchor*: the trie node at depth ``step /
 ``step`` tokens, plus the tokens (and multimodal identity, and routed-expert rows) of that
 partial *tail*. Everything before the anchor is identified by the anchor's trie path, which
 cannot change while the anchor is attached (monotonic topology), so a record's exact-match
-metadata is O(block_size), never a copy of its prefix.
+metadata is O(block_size) plus the anchor's path as a few runs of nodes (kept on the record so
+a hit need not walk it), never a copy of its prefix.
 
 Only ``checkpoint_lifecycle`` changes a record's lifecycle fields (state, slot, pins, stamp).
 """
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hybridcache.prefix_cache.node import NodePath
 from hybridcache.sequence import MultimodalSpan, Namespace
 
 _record_ids = itertools.count(1)
@@ -49,6 +51,7 @@ class CheckpointRecord:
     step: int
     anchor: int
     anchor_generation: int
+    anchor_path: NodePath  # root..anchor, shared by every request verified against it
     key: tuple[int, int]
     slot: int
     frozen_block: int
@@ -79,10 +82,12 @@ class CheckpointRecord:
 
     @property
     def metadata_bytes(self) -> int:
-        """Host bytes of exact-match metadata: the tail, its identity and the fixed fields."""
+        """Host bytes of exact-match metadata: the tail, its identity, the fixed fields and the
+        anchor path (a few words per run; its block ids are a view of the trie's)."""
         experts = 0 if self.tail_experts is None else self.tail_experts.nbytes
         fixed = 16 * 8  # step, anchor, generation, key (2), slot, frozen block, pins, stamp, ...
-        return self.tail_tokens.nbytes + experts + fixed + 64 * len(self.tail_identity)
+        path = 64 * (len(self.anchor_path.runs) + 3)  # the path object, its run list and runs, the ids view
+        return self.tail_tokens.nbytes + experts + fixed + path + 64 * len(self.tail_identity)
 
     def __repr__(self) -> str:
         return (

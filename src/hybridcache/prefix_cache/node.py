@@ -17,6 +17,8 @@ single run.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from hybridcache.errors import TopologyError
@@ -24,6 +26,34 @@ from hybridcache.prefix_cache.key_index import KeyIndex
 from hybridcache.sequence import MultimodalSpan, Namespace
 
 NO_SLOT = -1
+Runs = list[tuple[int, int]]
+_NO_BLOCKS = np.empty(0, dtype=np.int32)
+_NO_BLOCKS.flags.writeable = False
+
+
+@dataclass(eq=False)
+class NodePath:
+    """The path from a namespace root down to ``node``: its runs (deepest first) and root.
+
+    A node's path cannot change while it is attached, so one is shared by everyone who
+    verified up to that node (a checkpoint record keeps its anchor's) and reused while
+    ``generation`` is the node's. ``blocks`` caches the path's block ids in table order
+    (``NodeTable.path_blocks``); it is a read-only view of the block column, which keeps a
+    column the table has since outgrown alive while the path lives.
+    """
+
+    node: int
+    depth: int
+    runs: Runs
+    root: int
+    generation: int = -1  # the node's generation when the path was taken (-1: do not reuse)
+    blocks: np.ndarray | None = None
+
+    def slot_at(self, nodes: "NodeTable", depth: int) -> int:
+        """The path's node at ``depth`` (the namespace root at 0)."""
+        if depth == 0:
+            return self.root
+        return NodeTable.slot_at_depth(self.runs, nodes.depth, depth)
 
 
 class NodeTable:
@@ -204,6 +234,30 @@ class NodeTable:
             runs.append((head, slot))
             slot = int(self.parent[head])
         return runs, slot
+
+    def path_to(self, slot: int) -> NodePath:
+        """The path root..``slot`` of an attached node, stamped with its generation."""
+        runs, root = self.path_runs(slot, 0)
+        return NodePath(slot, int(self.depth[slot]), runs, root, int(self.generation[slot]))
+
+    def run_blocks(self, runs: Runs) -> np.ndarray:
+        """Block ids of runs (deepest first) in table order: a read-only view of the block
+        column when there is one run (callers that keep the ids copy them)."""
+        block = self.block
+        parts = [block[first : last + 1] for first, last in reversed(runs)]
+        if len(parts) == 1:
+            view = parts[0]
+            view.flags.writeable = False
+            return view
+        return np.concatenate(parts) if parts else _NO_BLOCKS
+
+    def path_blocks(self, path: NodePath) -> np.ndarray:
+        """Block ids of a whole path (read-only), computed once per path: an attached node's
+        block never changes."""
+        if path.blocks is None:
+            path.blocks = self.run_blocks(path.runs)
+            path.blocks.flags.writeable = False  # shared by every match that reuses the path
+        return path.blocks
 
     @staticmethod
     def slot_at_depth(runs: list[tuple[int, int]], depth: np.ndarray, target: int) -> int:

@@ -32,12 +32,12 @@ from hybridcache.errors import (
 )
 from hybridcache.memory.block_pool import BlockPool
 from hybridcache.memory.state_pool import StatePool
-from hybridcache.prefix_cache.checkpoint_index import CheckpointIndex, RequestPath, VerifyStatus
+from hybridcache.prefix_cache.checkpoint_index import CheckpointIndex, VerifyStatus
 from hybridcache.prefix_cache.checkpoint_lifecycle import CheckpointLifecycle
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord
 from hybridcache.prefix_cache.identity import BlockKeyer
 from hybridcache.prefix_cache.kv_lifecycle import KVLifecycle
-from hybridcache.prefix_cache.node import NodeTable
+from hybridcache.prefix_cache.node import NodePath, NodeTable, Runs
 from hybridcache.prefix_cache.routed_experts import RoutedExpertStore
 from hybridcache.prefix_cache.stats import MissReason, PrefixCacheStats
 from hybridcache.prefix_cache.token_store import TokenStore
@@ -50,7 +50,6 @@ _PROBES_BEFORE_FIRST_BLOCK_TEST = 4
 # Up to this many probes, hashing each probe block when it is probed beats one vectorized call.
 _SCALAR_PROBES = 8
 _TRIE_IDS = itertools.count()
-Runs = list[tuple[int, int]]
 
 
 class MatchTxn:
@@ -90,7 +89,7 @@ class _Found(NamedTuple):
     anchor on a hit), how deep the KV trie holds the prefix beyond it, and the miss reason."""
 
     record: CheckpointRecord | None
-    path: RequestPath
+    path: NodePath
     cached_depth: int
     reason: MissReason | None
     window: tuple[int, int, int] = (0, 0, 0)  # what the search was for: see ``_window``
@@ -98,11 +97,7 @@ class _Found(NamedTuple):
     version: int = -1  # the node table's version when searched
 
 
-def _empty_ids() -> np.ndarray:
-    return np.empty(0, dtype=np.int32)
-
-
-_NO_IDS = _empty_ids()
+_NO_IDS = np.empty(0, dtype=np.int32)
 _NO_IDS.flags.writeable = False
 
 
@@ -185,7 +180,7 @@ class BlockTrie:
 
     # --- match ---------------------------------------------------------------------------------
 
-    def prepare(self, seq: Sequence) -> RequestPath:
+    def prepare(self, seq: Sequence) -> NodePath:
         """Ingest: verify the request's deepest reusable prefix exactly, once.
 
         Attention-only trie: compute the request's block keys and verify its deepest cached
@@ -201,26 +196,28 @@ class BlockTrie:
         node, depth = self._extend_verified(seq, (seq.num_valid - 1) // self.block_size)
         return self._path_of(seq, node, depth)
 
-    def _path_of(self, seq: Sequence, node: int, depth: int, known: tuple[Runs, int] | None = None) -> RequestPath:
-        """The path of a verified node, reused while the node is unchanged; ``known`` gives its
-        runs from the root and the root when the caller just walked them."""
+    def _path_of(self, seq: Sequence, node: int, depth: int, known: NodePath | None = None) -> NodePath:
+        """The path of a verified node, reused while the node is unchanged; ``known`` is that
+        path when the caller holds it (a checkpoint record's anchor path)."""
         state = seq.prefix_state
-        generation = int(self.nodes.generation[node])
         if known is None:
+            generation = int(self.nodes.generation[node])
             cached = state.path
             if cached is not None and (cached.node, cached.generation, cached.depth) == (node, generation, depth):
                 return cached  # the path of an attached node never changes (monotonic topology)
-            known = self.nodes.path_runs(node, 0)
-        runs, root = known
+            runs, root = self.nodes.path_runs(node, 0)
+            known = NodePath(node, depth, runs, root, generation)
         if self.track_pending:
+            runs, root = known.runs, known.root
             waiting = self.nodes.first_pending_depth(runs)
             if waiting is not None:
                 depth = waiting - 1
                 node = root if depth == 0 else NodeTable.slot_at_depth(runs, self.nodes.depth, depth)
                 runs = self.nodes.clip_runs(runs, depth)
-            generation = -1  # readiness changes without topology changing: recompute next time
-        state.path = RequestPath(seq=seq, node=node, depth=depth, runs=runs, root=root, generation=generation)
-        return state.path
+            # Readiness changes without topology changing: recompute next time.
+            known = NodePath(node, depth, runs, root)
+        state.path = known
+        return known
 
     def match(self, seq: Sequence) -> MatchTxn:
         """Tentatively reuse the longest exactly cached prefix beyond ``seq.num_computed``.
@@ -251,7 +248,7 @@ class BlockTrie:
         return txn
 
     def _match_blocks(
-        self, seq: Sequence, txn: MatchTxn, path: RequestPath, base: int, base_depth: int
+        self, seq: Sequence, txn: MatchTxn, path: NodePath, base: int, base_depth: int
     ) -> tuple[int, MissReason | None]:
         size, start = self.block_size, seq.num_computed
         limit = (seq.num_valid - 1) // size
@@ -339,7 +336,7 @@ class BlockTrie:
         last valid token and the recompute overlap."""
         return seq.num_computed, seq.num_valid - 1, seq.prefix_state.recompute_blocks
 
-    def _base_path(self, seq: Sequence) -> RequestPath:
+    def _base_path(self, seq: Sequence) -> NodePath:
         return self._path_of(seq, *self._verified_or_root(seq))
 
     def _search(self, seq: Sequence, steps: list[int], window: tuple[int, int, int]) -> "_Found":
@@ -365,7 +362,7 @@ class BlockTrie:
                     if verdict.status is not VerifyStatus.REQUEST_MISMATCH:
                         self.checkpoints.clean_stale(record, key, verdict)
                     continue
-                path = self._path_to_anchor(seq, record.anchor, anchor_depth)
+                path = self._path_to_anchor(seq, record, anchor_depth)
                 if path is None:
                     continue
                 cached_depth = self._cached_depth(seq, path)
@@ -405,34 +402,34 @@ class BlockTrie:
             return state.verified, int(self.nodes.depth[state.verified])
         return self._root(seq.namespace), 0
 
-    def _path_to_anchor(self, seq: Sequence, anchor: int, depth: int) -> RequestPath | None:
-        """The anchor's path when it equals the request's prefix (and its blocks carry routed
-        experts when the request wants them), else None. Only tokens beyond the verified node
-        are compared; a deeper match becomes the new verified node."""
+    def _path_to_anchor(self, seq: Sequence, record: CheckpointRecord, depth: int) -> NodePath | None:
+        """The record's anchor path when it equals the request's prefix (and its blocks carry
+        routed experts when the request wants them), else None. Only tokens beyond the verified
+        node are compared; a deeper match becomes the new verified node."""
         nodes, state = self.nodes, seq.prefix_state
+        anchor, path = record.anchor, record.anchor_path
         base, base_depth = self._verified_or_root(seq)
         if depth <= base_depth:
             base_path = self._path_of(seq, base, base_depth)
             if base_path.depth < depth or base_path.slot_at(nodes, depth) != anchor:
                 return None
-            path = RequestPath(seq, anchor, depth, nodes.clip_runs(base_path.runs, depth), base_path.root)
         else:
-            runs, ancestor = nodes.path_runs(anchor, base_depth)
+            runs, ancestor = (path.runs, path.root) if base_depth == 0 else nodes.path_runs(anchor, base_depth)
             if ancestor != base or not self._same_tokens(seq, runs):
                 return None
             if not self._same_identity(seq, runs, base, anchor, base_depth, depth):
                 return None
             if self.track_pending and nodes.first_pending_depth(runs) is not None:
                 return None
-            state.verified, state.verified_generation = anchor, int(nodes.generation[anchor])
-            path = self._path_of(seq, anchor, depth, (runs, ancestor) if base_depth == 0 else None)
+            state.verified, state.verified_generation = anchor, record.anchor_generation
+            path = self._path_of(seq, anchor, depth, path)
             if path.depth < depth:  # a node at or above the verified one is still pending
                 return None
         if seq.want_routed_experts and self.experts.first_missing_depth(path.runs, nodes.depth) is not None:
             return None
         return path
 
-    def _cached_depth(self, seq: Sequence, path: RequestPath) -> int:
+    def _cached_depth(self, seq: Sequence, path: NodePath) -> int:
         """How deep the KV trie holds the request's prefix beyond a verified anchor (hashing
         only the blocks after it). Only a request that recomputes an overlap (MTP) needs KV
         beyond the anchor; for any other the anchor's depth is the answer, without a lookup."""
@@ -448,7 +445,7 @@ class BlockTrie:
                 depth = waiting - 1  # blocks nobody has computed yet are not cached KV
         return depth
 
-    def _first_block_cached(self, seq: Sequence, base_path: RequestPath) -> bool:
+    def _first_block_cached(self, seq: Sequence, base_path: NodePath) -> bool:
         """Whether the request's first block is cached at all (tells "no checkpoint" from
         "nothing cached" in the miss statistics)."""
         if base_path.depth > 0 or seq.num_valid < self.block_size:
@@ -466,10 +463,10 @@ class BlockTrie:
         size, start, step = self.block_size, seq.num_computed, record.step
         anchor_depth = step // size
         if base_depth == 0 and path.depth == anchor_depth:  # the verified path is exactly the part to take
-            window, ids = path.runs, self._path_ids(path)
+            window, ids = path.runs, self.nodes.path_blocks(path)
         else:
             window = self.nodes.clip_runs(path.runs, anchor_depth, base_depth)
-            ids = self._run_blocks(window)
+            ids = self.nodes.run_blocks(window)
         self._take_path_blocks(seq, txn, ids, base_depth, record.anchor)
         seq.set_computed(step)
         txn.step_after = step
@@ -621,7 +618,7 @@ class BlockTrie:
     ) -> None:
         start = seq.num_computed
         runs = self.nodes.clip_runs(runs, accepted)
-        self._take_path_blocks(seq, txn, self._run_blocks(runs), base_depth, node)
+        self._take_path_blocks(seq, txn, self.nodes.run_blocks(runs), base_depth, node)
         seq.set_computed(accepted * self.block_size)
         txn.step_after = seq.num_computed
         txn.hit_tokens = seq.num_computed - start
@@ -697,26 +694,7 @@ class BlockTrie:
 
     def _path_blocks(self, runs: Runs, max_depth: int) -> np.ndarray:
         """Block ids of a path in table order, up to ``max_depth``."""
-        return self._run_blocks(self.nodes.clip_runs(runs, max_depth))
-
-    def _path_ids(self, path: RequestPath) -> np.ndarray:
-        """Block ids of a whole verified path, kept on the path: an attached node's block never
-        changes, and a cached path is only reused while its node stays attached."""
-        if path.blocks is None:
-            path.blocks = self._run_blocks(path.runs)
-            path.blocks.flags.writeable = False  # shared by every match that reuses the path
-        return path.blocks
-
-    def _run_blocks(self, runs: Runs) -> np.ndarray:
-        """Block ids of runs (deepest first) in table order: a read-only view of the node table
-        when there is one run (callers that keep the ids copy them)."""
-        block = self.nodes.block
-        parts = [block[first : last + 1] for first, last in reversed(runs)]
-        if len(parts) == 1:
-            view = parts[0]
-            view.flags.writeable = False
-            return view
-        return np.concatenate(parts) if parts else _empty_ids()
+        return self.nodes.run_blocks(self.nodes.clip_runs(runs, max_depth))
 
     def _path_pending(self, runs: Runs, max_depth: int) -> np.ndarray:
         """Which nodes of a path (table order, up to ``max_depth``) are still pending."""
