@@ -40,8 +40,8 @@ def block_of(trie, slot: int) -> int:
 
 
 def test_a_root_match_borrows_the_path_with_one_pin():
-    """A 3-block cached path hit from the root: one pin on the leaf, no block reference, and
-    only the pinned node's block is stamped."""
+    """A 3-block cached path hit from the root: one pin on the leaf, no block reference and
+    no stamp (a pinned path cannot be evicted; it is stamped when the pin is returned)."""
     pool, trie = make_trie(16)
     produce(trie, tokens(3 * B + 1))
     (leaf,) = leaves(trie)
@@ -55,11 +55,13 @@ def test_a_root_match_borrows_the_path_with_one_pin():
     assert seq.block_table.tolist() == path_blocks(trie, seq)
     assert all_refcounts(pool) == refcounts_before  # nothing referenced per block
     ancestors, leaf_block = seq.block_table[:2].tolist(), block_of(trie, leaf)
-    assert pool.stamp_of(leaf_block) > stamps_before[leaf_block]
-    assert pool.stamps(ancestors).tolist() == [stamps_before[b] for b in ancestors]
+    assert pool.stamps(np.arange(pool.num_blocks)).tolist() == stamps_before
     trie.check_invariants([seq])
     trie.commit(txn)
     assert trie.kv.pins() == {leaf: 1} and borrow(seq) == (leaf, 3)
+    trie.free_sequence(seq)
+    assert pool.stamp_of(leaf_block) > stamps_before[leaf_block]
+    assert pool.stamps(ancestors).tolist() == [stamps_before[b] for b in ancestors]
     trie.check_invariants([seq])
 
 

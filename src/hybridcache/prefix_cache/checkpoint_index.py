@@ -142,7 +142,7 @@ class CheckpointIndex:
             return Verdict(VerifyStatus.STALE_CHECKPOINT, "partial checkpoint without frozen block, or the reverse")
         if not nodes.is_valid(record.anchor, record.anchor_generation):
             return Verdict(VerifyStatus.STALE_CHECKPOINT, "anchor detached")
-        if int(nodes.depth[record.anchor]) != anchor_depth or tail != step % size:
+        if record.anchor_path.depth != anchor_depth or tail != step % size:
             return Verdict(VerifyStatus.STALE_CHECKPOINT, "anchor depth or tail length disagrees with the step")
         if not record.ready:
             return Verdict(VerifyStatus.REQUEST_MISMATCH, "the producer's save is still in flight")

@@ -6,8 +6,9 @@ borrow a cached path, and the persistent LRU heap of leaf candidates.
 A sequence whose match starts at the root borrows the matched path with one pin on its
 deepest node instead of one block reference per block: eviction only takes leaves, so a
 pinned node keeps its whole ancestry attached, and a hit costs O(1) whatever its length.
-Recency follows the same rule: a pin or unpin stamps the pinned node's block, and an evicted
-leaf hands its stamp to its parent, so a path's blocks age as if each had been stamped.
+Recency follows the same rule: returning a pin stamps the pinned node's block (while pinned
+the path cannot be evicted, so a stamp at pin time would never be read), and an evicted leaf
+hands its stamp to its parent, so a path's blocks age as if each had been stamped.
 
 The heap is never rebuilt from all candidates: entries carry the stamp and the node generation
 they were pushed with and are re-validated when popped (lazy invalidation). A popped entry
@@ -38,7 +39,6 @@ class KVLifecycle:
     def pin_path(self, slot: int) -> None:
         """A sequence borrows the path root..``slot`` (keeps it attached until unpinned)."""
         self._pins[slot] = self._pins.get(slot, 0) + 1
-        self._pool.stamp_now(int(self._nodes.block[slot]))
 
     def unpin_path(self, slot: int) -> None:
         count = self._pins.get(slot, 0)
