@@ -264,3 +264,13 @@ def test_finalize_is_the_key_of_a_running_sum():
     seq = Sequence(tokens(3 * B))
     keys = keyer.extend(seq)
     assert [keyer.finalize(int(total)) for total in seq.prefix_state.block_sums[:3]] == keys.tolist()
+
+
+def test_key_after_continues_a_running_sum_by_one_block():
+    """The key of block i from the running sum before it equals the extended key, in any
+    namespace (the sum carries the namespace seed)."""
+    keyer = BlockKeyer(B)
+    for seq in (Sequence(tokens(4 * B)), Sequence(tokens(4 * B), adapter="lora")):
+        keys = keyer.extend(seq).tolist()
+        sums = [keyer.namespace_seed(seq.namespace)] + [int(s) for s in seq.prefix_state.block_sums[:3]]
+        assert [keyer.key_after(seq, index, sums[index]) for index in range(4)] == keys

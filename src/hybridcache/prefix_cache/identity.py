@@ -143,6 +143,12 @@ class BlockKeyer:
         """The prefix key of a running sum (what the node index stores)."""
         return _splitmix_int(block_sum ^ int(self._prefix_key))
 
+    def key_after(self, seq: Sequence, index: int, block_sum: int) -> int:
+        """The prefix key of complete block ``index`` when the running sum of the blocks
+        before it is ``block_sum`` (a node's ``sums`` entry): one block hashed, no extension
+        of the sequence's cached keys."""
+        return self.finalize((block_sum + self.value_of(seq, index)) & _MASK)
+
     def identity(self, seq: Sequence) -> dict[int, tuple[MultimodalSpan, ...]]:
         """Block index -> multimodal spans overlapping it (computed once per sequence)."""
         state = seq.prefix_state

@@ -450,9 +450,8 @@ class BlockTrie:
         "nothing cached" in the miss statistics)."""
         if base_path.depth > 0 or seq.num_valid < self.block_size:
             return base_path.depth > 0
-        value = self.keyer.value_of(seq, 0)
-        first_key = self.keyer.finalize((int(self.nodes.sums[base_path.root]) + value) % 2**64)
         nodes = self.nodes
+        first_key = self.keyer.key_after(seq, 0, int(nodes.sums[base_path.root]))
         return any(
             nodes.parent[slot] == base_path.root and not (self.track_pending and nodes.pending[slot])
             for slot in nodes.candidates(first_key)
