@@ -49,7 +49,7 @@ class NodePath:
     generation: int = -1  # the node's generation when the path was taken (-1: do not reuse)
     blocks: np.ndarray | None = None
 
-    def slot_at(self, nodes: "NodeTable", depth: int) -> int:
+    def slot_at(self, nodes: NodeTable, depth: int) -> int:
         """The path's node at ``depth`` (the namespace root at 0)."""
         if depth == 0:
             return self.root
