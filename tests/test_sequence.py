@@ -879,3 +879,53 @@ def test_an_unpickled_namespace_hashes_like_a_new_one():
     restored = pickle.loads(pickle.dumps(namespace))
     assert restored == Namespace("lora", "tenant") and hash(restored) == hash(Namespace("lora", "tenant"))
     assert {Namespace("lora", "tenant"): 1}[restored] == 1
+
+
+def test_set_computed_accepts_int_subclasses():
+    import enum
+
+    class Where(enum.IntEnum):
+        THREE = 3
+
+    seq = Sequence(list(range(8)))
+    seq.set_computed(Where.THREE)
+    assert seq.num_computed == 3 and type(seq.num_computed) is int
+    seq.set_computed(np.int64(5))
+    assert seq.num_computed == 5 and type(seq.num_computed) is int
+
+
+def test_write_blocks_returns_a_writable_array_even_when_nothing_is_replaced():
+    seq = Sequence(list(range(8)))
+    replaced = seq.write_blocks(0, [4, 5])
+    assert replaced.size == 0 and replaced.dtype == np.int32 and replaced.flags.writeable
+
+
+@pytest.mark.parametrize("size", [1, 63, 64, 65, 127])
+def test_token_words_pack_token_pairs_and_follow_appends_and_copies(size):
+    seq = Sequence(list(range(size)))
+    even = size - size % 2
+    expected = seq.token_view(0, even).view(np.uint64)
+    assert np.array_equal(seq.token_words(0, even), expected) and not seq.token_words(0, even).flags.writeable
+    seq.append_tokens(list(range(1000, 1000 + 3 * size)))  # the buffer may move
+    total = seq.num_tokens - seq.num_tokens % 2
+    assert np.array_equal(seq.token_words(0, total), seq.token_view(0, total).view(np.uint64))
+    for twin in (copy.deepcopy(seq), pickle.loads(pickle.dumps(seq))):
+        assert np.array_equal(twin.token_words(0, total), seq.token_words(0, total))
+        assert twin.token_words(0, total).ctypes.data != seq.token_words(0, total).ctypes.data
+    with pytest.raises(InvalidStepError):
+        seq.token_words(1, 3)  # odd bounds
+    with pytest.raises(InvalidStepError):
+        seq.token_words(0, total + 2)
+
+
+def test_a_pickle_carries_the_tokens_once_and_an_odd_sized_old_buffer_still_loads():
+    seq = Sequence(list(range(100_000)))
+    assert len(pickle.dumps(seq)) < 1.2 * seq.token_view(0, 100_000).nbytes
+    state = seq.__getstate__()
+    assert "_words" not in state and "_tokens_address" not in state
+    state["_tokens"] = np.arange(65, dtype=np.int32)  # as an older version could leave it
+    state["_num_tokens"] = 65
+    old = Sequence.__new__(Sequence)
+    old.__setstate__(state)
+    assert old.num_tokens == 65 and old.tokens.tolist() == list(range(65))
+    assert np.array_equal(old.token_words(0, 64), old.token_view(0, 64).view(np.uint64))

@@ -36,8 +36,6 @@ EXPERT_DTYPE = np.int16
 MAX_TOKEN_ID = 2**31 - 1
 MAX_EXPERT_ID = np.iinfo(EXPERT_DTYPE).max
 _INITIAL_CAPACITY = 64
-_NO_BLOCKS = np.empty(0, dtype=np.int32)
-_NO_BLOCKS.flags.writeable = False
 _WORD_DTYPE = np.uint64  # two tokens per word: the block hash reads tokens in pairs
 _ids = itertools.count()
 
@@ -206,9 +204,17 @@ class Sequence:
         view.flags.writeable = False
         return view
 
+    def __getstate__(self) -> dict:  # the word view and the address are derived from the buffer
+        state = self.__dict__.copy()
+        del state["_words"], state["_tokens_address"]
+        return state
+
     def __setstate__(self, state: dict) -> None:  # a copy's buffer lives elsewhere
         self.__dict__.update(state)
-        self._set_buffer(self._tokens)
+        tokens = self._tokens
+        if tokens.size & 1:  # pickled by a version that allowed an odd-sized buffer
+            tokens = np.concatenate([tokens, np.zeros(1, dtype=TOKEN_DTYPE)])
+        self._set_buffer(tokens)
 
     def _set_buffer(self, tokens: np.ndarray) -> None:
         """Adopt ``tokens`` (an even-sized int32 buffer) and the views and address derived
@@ -250,7 +256,7 @@ class Sequence:
         that will be computed again.
         """
         if type(step) is not int:
-            if isinstance(step, bool) or not isinstance(step, np.integer):
+            if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
                 raise InvalidTypeError("step must be an int")
             step = int(step)
         if not 0 <= step <= self._num_tokens:
@@ -299,7 +305,7 @@ class Sequence:
             grown = np.full(max(end, 2 * self._blocks.size), -1, dtype=np.int32)
             grown[:num_blocks] = self._blocks[:num_blocks]
             self._blocks = grown
-        replaced = self._blocks[index : min(end, num_blocks)].copy() if index < num_blocks else _NO_BLOCKS
+        replaced = self._blocks[index : min(end, num_blocks)].copy() if index < num_blocks else np.empty(0, np.int32)
         self._blocks[index:end] = ids
         if end > num_blocks:
             self._num_blocks = end

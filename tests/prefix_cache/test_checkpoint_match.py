@@ -835,6 +835,27 @@ def test_prompt_end_checkpoint_on_pending_nodes_becomes_matchable_after_the_forw
     trie.check_invariants([producer, request])
 
 
+def test_a_hit_on_computed_nodes_shares_the_record_path_with_track_pending():
+    """With pending tracking on, a hit whose path has no pending node reuses the record's
+    anchor path as is (and its block ids), like a trie without pending tracking."""
+    pool, states, trie = make_hybrid(track_pending=True)
+    producer = Sequence(tokens(40))
+    admit(trie, producer)
+    trie.checkpoints.reserve_save(producer)
+    record = producer.prefix_state.pending_save
+    start = producer.num_computed
+    producer.set_computed(producer.num_tokens)
+    trie.mark_computed(producer, start)
+    assert trie.checkpoints.publish_save(producer)
+    first, second = Sequence(tokens(41)), Sequence(tokens(45))
+    assert trie.prepare(first) is record.anchor_path and trie.prepare(second) is record.anchor_path
+    txn = trie.match(first)
+    assert txn.hit_tokens == 40 and record.anchor_path.blocks is not None
+    assert first.block_table.tolist() == record.anchor_path.blocks.tolist()
+    trie.rollback(txn)
+    trie.check_invariants([producer, first, second])
+
+
 def test_a_miss_on_pending_nodes_is_no_cached_prefix():
     """Pending nodes are not cached yet: a request whose only cached blocks are pending misses
     with NO_CACHED_PREFIX, as in an attention-only trie."""

@@ -208,3 +208,22 @@ def test_is_valid_rejects_out_of_range_and_unused_slots():
     assert not table.is_valid(root + 1, 0)
     assert not table.is_valid(10_000, 0)
     assert not table.is_valid(root, 1)
+
+
+def test_path_to_and_path_blocks():
+    """A one-run path keeps its block ids as a read-only view; a path of several runs is
+    gathered each time and never kept (no copy of a prefix lives on a path)."""
+    table = NodeTable()
+    root = table.root(Namespace())
+    trunk = chain(table, root, 100, 3, first_block=10)
+    branch = chain(table, int(trunk[0]), 200, 2, first_block=20)
+    straight = table.path_to(int(trunk[-1]))
+    assert (straight.node, straight.depth, straight.root) == (int(trunk[-1]), 3, root)
+    assert straight.generation == int(table.generation[trunk[-1]])
+    ids = table.path_blocks(straight)
+    assert ids.tolist() == [10, 11, 12] and not ids.flags.writeable and straight.blocks is ids
+    assert table.path_blocks(straight) is ids
+    bent = table.path_to(int(branch[-1]))
+    ids = table.path_blocks(bent)
+    assert ids.tolist() == [10, 20, 21] and not ids.flags.writeable and bent.blocks is None
+    assert bent.slot_at(table, 0) == root and bent.slot_at(table, 2) == int(branch[0])

@@ -7,8 +7,8 @@ A sequence whose match starts at the root borrows the matched path with one pin 
 deepest node instead of one block reference per block: eviction only takes leaves, so a
 pinned node keeps its whole ancestry attached, and a hit costs O(1) whatever its length.
 Recency follows the same rule: returning a pin stamps the pinned node's block (while pinned
-the path cannot be evicted, so a stamp at pin time would never be read), and an evicted leaf
-hands its stamp to its parent, so a path's blocks age as if each had been stamped.
+the path cannot be evicted, so a stamp at pin time would never decide an eviction), and an
+evicted leaf hands its stamp to its parent, so a path's blocks age as if each had been stamped.
 
 The heap is never rebuilt from all candidates: entries carry the stamp and the node generation
 they were pushed with and are re-validated when popped (lazy invalidation). A popped entry

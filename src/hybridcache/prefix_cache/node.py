@@ -27,8 +27,8 @@ from hybridcache.sequence import MultimodalSpan, Namespace
 
 NO_SLOT = -1
 Runs = list[tuple[int, int]]
-_NO_BLOCKS = np.empty(0, dtype=np.int32)
-_NO_BLOCKS.flags.writeable = False
+NO_BLOCKS = np.empty(0, dtype=np.int32)  # shared: read-only
+NO_BLOCKS.flags.writeable = False
 
 
 @dataclass(eq=False)
@@ -37,9 +37,9 @@ class NodePath:
 
     A node's path cannot change while it is attached, so one is shared by everyone who
     verified up to that node (a checkpoint record keeps its anchor's) and reused while
-    ``generation`` is the node's. ``blocks`` caches the path's block ids in table order
-    (``NodeTable.path_blocks``); it is a read-only view of the block column, which keeps a
-    column the table has since outgrown alive while the path lives.
+    ``generation`` is the node's. ``blocks`` caches the block ids of a one-run path
+    (``NodeTable.path_blocks``): a read-only view of the block column, never a copy, which
+    keeps a column the table has since outgrown alive while the path lives.
     """
 
     node: int
@@ -249,15 +249,20 @@ class NodeTable:
             view = parts[0]
             view.flags.writeable = False
             return view
-        return np.concatenate(parts) if parts else _NO_BLOCKS
+        return np.concatenate(parts) if parts else NO_BLOCKS
 
     def path_blocks(self, path: NodePath) -> np.ndarray:
-        """Block ids of a whole path (read-only), computed once per path: an attached node's
-        block never changes."""
-        if path.blocks is None:
-            path.blocks = self.run_blocks(path.runs)
-            path.blocks.flags.writeable = False  # shared by every match that reuses the path
-        return path.blocks
+        """Block ids of a whole path in table order (read-only). A one-run path keeps its view
+        (an attached node's block never changes); a path of several runs is gathered each
+        time, so a long-lived path never holds a copy of its prefix's ids."""
+        if path.blocks is not None:
+            return path.blocks
+        ids = self.run_blocks(path.runs)
+        if len(path.runs) == 1:
+            path.blocks = ids
+        else:
+            ids.flags.writeable = False
+        return ids
 
     @staticmethod
     def slot_at_depth(runs: list[tuple[int, int]], depth: np.ndarray, target: int) -> int:

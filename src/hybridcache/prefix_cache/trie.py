@@ -37,7 +37,7 @@ from hybridcache.prefix_cache.checkpoint_lifecycle import CheckpointLifecycle
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord
 from hybridcache.prefix_cache.identity import BlockKeyer
 from hybridcache.prefix_cache.kv_lifecycle import KVLifecycle
-from hybridcache.prefix_cache.node import NodePath, NodeTable, Runs
+from hybridcache.prefix_cache.node import NO_BLOCKS, NodePath, NodeTable, Runs
 from hybridcache.prefix_cache.routed_experts import RoutedExpertStore
 from hybridcache.prefix_cache.stats import MissReason, PrefixCacheStats
 from hybridcache.prefix_cache.token_store import TokenStore
@@ -76,7 +76,7 @@ class MatchTxn:
         self.num_blocks_before = seq.num_blocks
         self.restore_before: CheckpointRecord | None = state.restore
         self.table_start = 0
-        self.taken = self.displaced = _NO_IDS
+        self.taken = self.displaced = NO_BLOCKS
         self.hit_tokens = 0
         self.recorded: tuple[int, int, MissReason | None] | None = None  # the stats delta, undone on rollback
         self.borrowed = False  # the taken blocks are borrowed with one path pin
@@ -97,8 +97,6 @@ class _Found(NamedTuple):
     version: int = -1  # the node table's version when searched
 
 
-_NO_IDS = np.empty(0, dtype=np.int32)
-_NO_IDS.flags.writeable = False
 
 
 def _require_sequence(seq: object) -> None:
@@ -207,15 +205,15 @@ class BlockTrie:
                 return cached  # the path of an attached node never changes (monotonic topology)
             runs, root = self.nodes.path_runs(node, 0)
             known = NodePath(node, depth, runs, root, generation)
-        if self.track_pending:
+        waiting = self.nodes.first_pending_depth(known.runs) if self.track_pending else None
+        if waiting is not None:
+            # Verified only up to the first node still pending; that node's readiness changes
+            # without the topology changing, so the clipped path is recomputed next time
+            # (generation -1). A node that is not pending never becomes pending again.
             runs, root = known.runs, known.root
-            waiting = self.nodes.first_pending_depth(runs)
-            if waiting is not None:
-                depth = waiting - 1
-                node = root if depth == 0 else NodeTable.slot_at_depth(runs, self.nodes.depth, depth)
-                runs = self.nodes.clip_runs(runs, depth)
-            # Readiness changes without topology changing: recompute next time.
-            known = NodePath(node, depth, runs, root)
+            depth = waiting - 1
+            node = root if depth == 0 else NodeTable.slot_at_depth(runs, self.nodes.depth, depth)
+            known = NodePath(node, depth, self.nodes.clip_runs(runs, depth), root)
         state.path = known
         return known
 
@@ -577,9 +575,9 @@ class BlockTrie:
         return accepted, reason
 
     def _take_path_blocks(self, seq: Sequence, txn: MatchTxn, ids: np.ndarray, base_depth: int, node: int) -> None:
-        """Hold the blocks ``ids`` (of the path from ``base_depth`` down to ``node``, read-only)
-        and write them at their table positions: a path from the root is borrowed with one pin
-        on ``node``, anything else referenced per block."""
+        """Hold the blocks ``ids`` (of the path from ``base_depth`` down to ``node``; possibly
+        a shared view, never written) and write them at their table positions: a path from the
+        root is borrowed with one pin on ``node``, anything else referenced per block."""
         if ids.size == 0:
             return
         state = seq.prefix_state
