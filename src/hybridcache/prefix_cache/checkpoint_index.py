@@ -132,7 +132,8 @@ class CheckpointIndex:
     def verify(self, record: CheckpointRecord, key: tuple[int, int], seq: Sequence) -> Verdict:
         """Decide whether ``record`` is a usable published checkpoint that fits the request at
         its step: everything but the prefix before the anchor, which the trie compares against
-        the anchor's path (``BlockTrie._path_to_anchor``)."""
+        the anchor's path (``BlockTrie._path_to_anchor``). A hit is always the shared ``HIT``
+        verdict, so callers may test it by identity."""
         nodes, size = self._nodes, self._block_size
         step, tail = record.step, record.tail_tokens.size
         anchor_depth = step // size

@@ -32,7 +32,7 @@ from hybridcache.errors import (
 )
 from hybridcache.memory.block_pool import BlockPool
 from hybridcache.memory.state_pool import StatePool
-from hybridcache.prefix_cache.checkpoint_index import CheckpointIndex, VerifyStatus
+from hybridcache.prefix_cache.checkpoint_index import HIT, CheckpointIndex, VerifyStatus
 from hybridcache.prefix_cache.checkpoint_lifecycle import CheckpointLifecycle
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord
 from hybridcache.prefix_cache.identity import BlockKeyer
@@ -92,7 +92,7 @@ class _Found(NamedTuple):
     path: NodePath
     cached_depth: int
     reason: MissReason | None
-    window: tuple[int, int, int] = (0, 0, 0)  # what the search was for: see ``_window``
+    window: tuple[int, int, int] = (0, 0, 0)  # what the search was for: see ``_find_checkpoint``
     epoch: int = -1  # the index's epoch when searched
     version: int = -1  # the node table's version when searched
 
@@ -229,17 +229,16 @@ class BlockTrie:
             raise PinnedError("match while the sequence's restore is pinned; unpin or roll back first")
         txn = MatchTxn(seq)
         state.fresh_range = _EMPTY_RANGE
-        state.match_start_step = seq.num_computed
+        state.match_start_step = txn.step_before
         state.restore = None
         if not self.enabled:
             return txn
         base, base_depth = self._resume_point(seq)
         if self.checkpoints is None:
-            node, reason = self._match_blocks(seq, txn, self.prepare(seq), base, base_depth)
+            cursor, reason = self._match_blocks(seq, txn, self.prepare(seq), base, base_depth)
         else:
-            node, reason = self._match_checkpoint(seq, txn, base, base_depth)
-        state.cursor, state.cursor_generation = node, int(self.nodes.generation[node])
-        txn.cursor_after = (state.cursor, state.cursor_generation)
+            cursor, reason = self._match_checkpoint(seq, txn, base, base_depth)
+        state.cursor, state.cursor_generation = txn.cursor_after = cursor
         if not state.suppress_stats:
             txn.recorded = (seq.num_tokens - txn.step_before, txn.hit_tokens, reason)
             self.stats.record_match(*txn.recorded)
@@ -247,30 +246,38 @@ class BlockTrie:
 
     def _match_blocks(
         self, seq: Sequence, txn: MatchTxn, path: NodePath, base: int, base_depth: int
-    ) -> tuple[int, MissReason | None]:
+    ) -> tuple[tuple[int, int], MissReason | None]:
+        """Attention-only match: the new cursor handle and why the hit fell short, if it did."""
         size, start = self.block_size, seq.num_computed
         limit = (seq.num_valid - 1) // size
         raw_depth = path.depth
         if raw_depth <= base_depth:
-            return base, (MissReason.NOTHING_TO_MATCH if limit <= start // size else MissReason.NO_CACHED_PREFIX)
+            reason = MissReason.NOTHING_TO_MATCH if limit <= start // size else MissReason.NO_CACHED_PREFIX
+            return self._handle(base), reason
         window = self.nodes.clip_runs(path.runs, raw_depth, base_depth)
         accepted, reason = self._accepted_depth(seq, raw_depth, base_depth, window, limit)
         if raw_depth > accepted:
             seq.prefix_state.fresh_range = (accepted, raw_depth)
         if accepted * size <= start:
-            return base, reason or MissReason.NO_CACHED_PREFIX
+            return self._handle(base), reason or MissReason.NO_CACHED_PREFIX
         node = path.slot_at(self.nodes, accepted)
         self._apply_hit(seq, txn, window, base_depth, accepted, node)
-        return node, reason
+        return self._handle(node), reason
 
     def _match_checkpoint(
         self, seq: Sequence, txn: MatchTxn, base: int, base_depth: int
-    ) -> tuple[int, MissReason | None]:
+    ) -> tuple[tuple[int, int], MissReason | None]:
+        """Hybrid match: the new cursor handle (the checkpoint's anchor on a hit) and the miss
+        reason."""
         found = self._find_checkpoint(seq)
-        if found.record is None:
-            return base, found.reason
+        record = found.record
+        if record is None:
+            return self._handle(base), found.reason
         self._apply_restore(seq, txn, found, base_depth)
-        return found.record.anchor, None
+        return (record.anchor, record.anchor_generation), None
+
+    def _handle(self, node: int) -> tuple[int, int]:
+        return node, int(self.nodes.generation[node])
 
     def _find_checkpoint(self, seq: Sequence) -> "_Found":
         """The deepest published checkpoint in ``(num_computed, num_valid - 1]`` whose whole
@@ -280,7 +287,9 @@ class BlockTrie:
         start = seq.num_computed
         state = seq.prefix_state
         highest = seq.num_valid - 1
-        window = self._window(seq)
+        # What a search depends on besides the cache: where it starts, the last valid token
+        # and the recompute overlap.
+        window = (start, highest, state.recompute_blocks)
         earlier = state.found
         if (
             earlier is not None
@@ -328,18 +337,12 @@ class BlockTrie:
             and self.nodes.is_valid(record.anchor, record.anchor_generation)
         )
 
-    @staticmethod
-    def _window(seq: Sequence) -> tuple[int, int, int]:
-        """What a checkpoint search depends on besides the cache: the step it starts from, the
-        last valid token and the recompute overlap."""
-        return seq.num_computed, seq.num_valid - 1, seq.prefix_state.recompute_blocks
-
     def _base_path(self, seq: Sequence) -> NodePath:
         return self._path_of(seq, *self._verified_or_root(seq))
 
     def _search(self, seq: Sequence, steps: list[int], window: tuple[int, int, int]) -> "_Found":
         """The deepest of ``steps`` (deepest first) whose checkpoint fits the request exactly;
-        on a miss, the verified path and the reason. ``window`` is the request's ``_window``."""
+        on a miss, the verified path and the reason. ``window`` is what the search is for (see ``_find_checkpoint``)."""
         size = self.block_size
         epoch, version = self.index.epoch, self.nodes.version
         first_cached = None
@@ -356,14 +359,14 @@ class BlockTrie:
             key = (step, self._probe_value(seq, anchor_depth, values))
             for record in self.index.bucket(seq.namespace, key):
                 verdict = self.index.verify(record, key, seq)
-                if verdict.status is not VerifyStatus.HIT:
+                if verdict is not HIT:
                     if verdict.status is not VerifyStatus.REQUEST_MISMATCH:
                         self.checkpoints.clean_stale(record, key, verdict)
                     continue
                 path = self._path_to_anchor(seq, record, anchor_depth)
                 if path is None:
                     continue
-                cached_depth = self._cached_depth(seq, path)
+                cached_depth = self._cached_depth(seq, path) if overlap else path.depth
                 if overlap and cached_depth * size < step + overlap:
                     reason = MissReason.RECOMPUTE_OVERLAP
                     continue
@@ -457,7 +460,7 @@ class BlockTrie:
 
     def _apply_restore(self, seq: Sequence, txn: MatchTxn, found: "_Found", base_depth: int) -> None:
         record, path = found.record, found.path
-        size, start, step = self.block_size, seq.num_computed, record.step
+        size, start, step = self.block_size, txn.step_before, record.step
         anchor_depth = step // size
         if base_depth == 0 and path.depth == anchor_depth:  # the verified path is exactly the part to take
             window, ids = path.runs, self.nodes.path_blocks(path)
