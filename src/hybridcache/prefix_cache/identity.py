@@ -122,7 +122,7 @@ class BlockKeyer:
         size = self.block_size
         words = seq.token_words(index * size, (index + 1) * size)
         position_key, block_key = self._scalar_keys
-        value = int(np.dot(words, self._word_keys)) ^ (((index + 1) * position_key) & _MASK)
+        value = int(words.dot(self._word_keys)) ^ (((index + 1) * position_key) & _MASK)  # ndarray.dot: no dispatch
         spans = self.identity(seq).get(index)
         if spans is not None:
             value ^= self.spans_hash(spans)

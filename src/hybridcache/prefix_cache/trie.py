@@ -550,7 +550,7 @@ class BlockTrie:
     def _resume_point(self, seq: Sequence) -> tuple[int, int]:
         """The deepest node known to match ``seq`` at or below its computed blocks."""
         state = seq.prefix_state
-        if self.nodes.is_valid(state.cursor, state.cursor_generation):
+        if state.cursor != NO_NODE and self.nodes.is_valid(state.cursor, state.cursor_generation):
             node = state.cursor
             depth = int(self.nodes.depth[node])
             computed_blocks = seq.num_computed // self.block_size
