@@ -97,8 +97,6 @@ class _Found(NamedTuple):
     version: int = -1  # the node table's version when searched
 
 
-
-
 def _require_sequence(seq: object) -> None:
     if not isinstance(seq, Sequence):
         raise InvalidTypeError(f"expected a Sequence, got {type(seq).__name__}")
@@ -277,6 +275,7 @@ class BlockTrie:
         return (record.anchor, record.anchor_generation), None
 
     def _handle(self, node: int) -> tuple[int, int]:
+        """``(slot, generation)`` of an attached node: what a cursor remembers."""
         return node, int(self.nodes.generation[node])
 
     def _find_checkpoint(self, seq: Sequence) -> "_Found":
@@ -342,7 +341,8 @@ class BlockTrie:
 
     def _search(self, seq: Sequence, steps: list[int], window: tuple[int, int, int]) -> "_Found":
         """The deepest of ``steps`` (deepest first) whose checkpoint fits the request exactly;
-        on a miss, the verified path and the reason. ``window`` is what the search is for (see ``_find_checkpoint``)."""
+        on a miss, the verified path and the reason. ``window`` is what the search is for (see
+        ``_find_checkpoint``)."""
         size = self.block_size
         epoch, version = self.index.epoch, self.nodes.version
         first_cached = None
