@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hybridcache.errors import TopologyError
-from hybridcache.prefix_cache.node import NO_SLOT, NodeTable
+from hybridcache.prefix_cache.node import NO_SLOT, NodePath, NodeTable
 from hybridcache.sequence import MultimodalSpan, Namespace
 
 from ._helpers import snapshot
@@ -227,3 +227,22 @@ def test_path_to_and_path_blocks():
     ids = table.path_blocks(bent)
     assert ids.tolist() == [10, 20, 21] and not ids.flags.writeable and bent.blocks is None
     assert bent.slot_at(table, 0) == root and bent.slot_at(table, 2) == int(branch[0])
+
+
+def test_check_path_catches_a_drifted_path_and_ignores_a_stale_one():
+    table = NodeTable()
+    root = table.root(Namespace())
+    trunk = chain(table, root, 100, 3, first_block=10)
+    path = table.path_to(int(trunk[-1]))
+    table.path_blocks(path)
+    table.check_path(path)
+    drifted = NodePath(path.node, path.depth, [(int(trunk[1]), int(trunk[2]))], root, path.generation)
+    with pytest.raises(AssertionError):
+        table.check_path(drifted)
+    wrong_ids = table.path_to(int(trunk[-1]))
+    wrong_ids.blocks = np.array([10, 11, 99], dtype=np.int32)
+    wrong_ids.blocks.flags.writeable = False
+    with pytest.raises(AssertionError):
+        table.check_path(wrong_ids)
+    table.detach_leaf(int(trunk[-1]))
+    table.check_path(drifted)  # its node is gone: a stale path is never reused, so not checked

@@ -491,6 +491,11 @@ class CheckpointLifecycle:
             if record.is_published:
                 assert self._nodes.is_valid(record.anchor, record.anchor_generation), "published on a detached anchor"
                 assert int(self._nodes.depth[record.anchor]) == record.step // self._block_size
+                assert (record.anchor_path.node, record.anchor_path.generation) == (
+                    record.anchor,
+                    record.anchor_generation,
+                ), "a record keeps another node's path"
+                self._nodes.check_path(record.anchor_path)
             elif record.state is CheckpointState.RESERVED:
                 assert record.pin_count == 0, "a reservation is pinned"
         entries = list(self._index.entries())

@@ -264,6 +264,17 @@ class NodeTable:
             ids.flags.writeable = False
         return ids
 
+    def check_path(self, path: NodePath) -> None:
+        """A kept path whose node still has its generation equals a fresh walk, and its cached
+        block ids (a one-run path only, read-only) equal the path's blocks."""
+        if path.generation < 0 or not self.is_valid(path.node, path.generation):
+            return
+        runs, root = self.path_runs(path.node, 0)
+        assert (path.runs, path.root, path.depth) == (runs, root, int(self.depth[path.node])), "kept path drifted"
+        if path.blocks is not None:
+            assert len(runs) == 1 and not path.blocks.flags.writeable, "a bent or writable path caches ids"
+            assert np.array_equal(path.blocks, self.run_blocks(runs)), "a kept path's block ids differ"
+
     @staticmethod
     def slot_at_depth(runs: list[tuple[int, int]], depth: np.ndarray, target: int) -> int:
         """The slot at ``target`` depth on a path given as runs."""

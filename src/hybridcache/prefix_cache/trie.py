@@ -1025,6 +1025,9 @@ class BlockTrie:
 
     def _check_sequence(self, seq: Sequence) -> None:
         state = seq.prefix_state
+        for path in (state.path, state.found.path if state.found is not None else None):
+            if path is not None and state.owner == self.trie_id:
+                self.nodes.check_path(path)
         if state.borrowed_depth:
             borrowed = state.borrowed
             assert self.nodes.attached[borrowed] and self.nodes.depth[borrowed] == state.borrowed_depth
