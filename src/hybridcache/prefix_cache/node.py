@@ -27,8 +27,6 @@ from hybridcache.sequence import MultimodalSpan, Namespace
 
 NO_SLOT = -1
 Runs = list[tuple[int, int]]
-NO_BLOCKS = np.empty(0, dtype=np.int32)  # shared: read-only
-NO_BLOCKS.flags.writeable = False
 
 
 @dataclass(eq=False)
@@ -240,29 +238,33 @@ class NodeTable:
         runs, root = self.path_runs(slot, 0)
         return NodePath(slot, int(self.depth[slot]), runs, root, int(self.generation[slot]))
 
+    @staticmethod
+    def _along(column: np.ndarray, runs: Runs) -> np.ndarray:
+        """Read-only entries of ``column`` along runs (deepest first) in table order: a view of
+        the column for one run, a copy for several (callers that keep them copy them)."""
+        parts = [column[first : last + 1] for first, last in reversed(runs)]
+        values = parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else column[:0]
+        values.flags.writeable = False
+        return values
+
     def run_blocks(self, runs: Runs) -> np.ndarray:
-        """Block ids of runs (deepest first) in table order: a read-only view of the block
-        column when there is one run (callers that keep the ids copy them)."""
-        block = self.block
-        parts = [block[first : last + 1] for first, last in reversed(runs)]
-        if len(parts) == 1:
-            view = parts[0]
-            view.flags.writeable = False
-            return view
-        return np.concatenate(parts) if parts else NO_BLOCKS
+        """Block ids of runs in table order (``_along``)."""
+        return self._along(self.block, runs)
+
+    def run_pending(self, runs: Runs) -> np.ndarray:
+        """Which nodes of runs, in table order, are still pending (``_along``)."""
+        return self._along(self.pending, runs)
 
     def path_blocks(self, path: NodePath) -> np.ndarray:
         """Block ids of a whole path in table order (read-only). A one-run path keeps its view
         (an attached node's block never changes); a path of several runs is gathered each
         time, so a long-lived path never holds a copy of its prefix's ids."""
-        if path.blocks is not None:
-            return path.blocks
-        ids = self.run_blocks(path.runs)
-        if len(path.runs) == 1:
+        if path.blocks is None:
+            ids = self.run_blocks(path.runs)
+            if len(path.runs) != 1:
+                return ids
             path.blocks = ids
-        else:
-            ids.flags.writeable = False
-        return ids
+        return path.blocks
 
     def check_path(self, path: NodePath) -> None:
         """A kept path whose node still has its generation equals a fresh walk, and its cached

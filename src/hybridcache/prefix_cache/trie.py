@@ -37,7 +37,7 @@ from hybridcache.prefix_cache.checkpoint_lifecycle import CheckpointLifecycle
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord
 from hybridcache.prefix_cache.identity import BlockKeyer
 from hybridcache.prefix_cache.kv_lifecycle import KVLifecycle
-from hybridcache.prefix_cache.node import NO_BLOCKS, NodePath, NodeTable, Runs
+from hybridcache.prefix_cache.node import NodePath, NodeTable, Runs
 from hybridcache.prefix_cache.routed_experts import RoutedExpertStore
 from hybridcache.prefix_cache.stats import MissReason, PrefixCacheStats
 from hybridcache.prefix_cache.token_store import TokenStore
@@ -50,6 +50,8 @@ _PROBES_BEFORE_FIRST_BLOCK_TEST = 4
 # Up to this many probes, hashing each probe block when it is probed beats one vectorized call.
 _SCALAR_PROBES = 8
 _TRIE_IDS = itertools.count()
+_NO_IDS = np.empty(0, dtype=np.int32)  # shared: read-only
+_NO_IDS.flags.writeable = False
 
 
 class MatchTxn:
@@ -76,7 +78,7 @@ class MatchTxn:
         self.num_blocks_before = seq.num_blocks
         self.restore_before: CheckpointRecord | None = state.restore
         self.table_start = 0
-        self.taken = self.displaced = NO_BLOCKS
+        self.taken = self.displaced = _NO_IDS
         self.hit_tokens = 0
         self.recorded: tuple[int, int, MissReason | None] | None = None  # the stats delta, undone on rollback
         self.borrowed = False  # the taken blocks are borrowed with one path pin
@@ -698,9 +700,7 @@ class BlockTrie:
 
     def _path_pending(self, runs: Runs, max_depth: int) -> np.ndarray:
         """Which nodes of a path (table order, up to ``max_depth``) are still pending."""
-        pending = self.nodes.pending
-        parts = [pending[first : last + 1] for first, last in reversed(self.nodes.clip_runs(runs, max_depth))]
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=bool)
+        return self.nodes.run_pending(self.nodes.clip_runs(runs, max_depth))
 
     # --- allocate ------------------------------------------------------------------------------
 
