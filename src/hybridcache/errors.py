@@ -108,3 +108,19 @@ class OutOfBlocksError(ResourceExhaustedError):
 
 class OutOfStateSlotsError(ResourceExhaustedError):
     """The state pool has too few free slots for the requested role."""
+
+
+# --- external models -------------------------------------------------------------------------
+
+
+class UnsupportedModelError(InvalidConfigError):
+    """A model's architecture or one of its cache layer kinds cannot be served exactly (for
+    example sliding-window attention or a model-specific cache class)."""
+
+
+class ModelLoadError(InvalidConfigError):
+    """A model directory cannot be loaded: no readable config, or no weights."""
+
+
+class ModelWeightsError(ModelLoadError):
+    """A checkpoint's weights are missing, unexpected or of the wrong shape for its config."""
