@@ -9,12 +9,14 @@ import pytest
 from hybridcache import errors
 from hybridcache.errors import (
     AlreadyPublishedError,
+    CorruptObjectError,
     DoubleFreeError,
     ForeignSequenceError,
     HybridCacheError,
     InvalidArgumentError,
     InvalidBlockIdError,
     InvalidConfigError,
+    InvalidKeyError,
     InvalidNamespaceError,
     InvalidSpanError,
     InvalidStepError,
@@ -23,13 +25,19 @@ from hybridcache.errors import (
     LifecycleError,
     OutOfBlocksError,
     OutOfStateSlotsError,
+    PayloadChecksumError,
     PinnedError,
     PinUnderflowError,
     RefcountUnderflowError,
     ResourceExhaustedError,
     SharedWriteError,
     StaleHandleError,
+    StoreError,
+    StoreLockedError,
+    StoreTimeoutError,
+    StoreUnavailableError,
     TopologyError,
+    UnsupportedFormatError,
     WrongRoleError,
 )
 
@@ -57,8 +65,16 @@ HIERARCHY = {
     ResourceExhaustedError: (HybridCacheError, MemoryError),
     OutOfBlocksError: (ResourceExhaustedError, MemoryError),
     OutOfStateSlotsError: (ResourceExhaustedError, MemoryError),
+    CorruptObjectError: (InvalidArgumentError, ValueError),
+    UnsupportedFormatError: (CorruptObjectError, ValueError),
+    PayloadChecksumError: (CorruptObjectError, ValueError),
+    InvalidKeyError: (InvalidArgumentError, ValueError),
+    StoreLockedError: (LifecycleError, RuntimeError),
+    StoreError: (HybridCacheError, OSError),
+    StoreUnavailableError: (StoreError, OSError),
+    StoreTimeoutError: (StoreError, OSError),
 }
-FAMILIES = (ValueError, TypeError, IndexError, RuntimeError, MemoryError)
+FAMILIES = (ValueError, TypeError, IndexError, RuntimeError, MemoryError, OSError)
 
 
 def _module_error_classes() -> set[type]:

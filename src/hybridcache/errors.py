@@ -2,8 +2,9 @@
 
 Every public entry point validates before it mutates: when one of these is raised, no
 structure has changed. Input errors are also ``ValueError`` (or ``TypeError`` /
-``IndexError``), lifecycle misuse is also ``RuntimeError`` and exhaustion is also
-``MemoryError``, so callers can catch either the specific class or the builtin family.
+``IndexError``), lifecycle misuse is also ``RuntimeError``, exhaustion is also
+``MemoryError`` and a failing object store is also ``OSError``, so callers can catch either
+the specific class or the builtin family.
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ class InvalidBlockIdError(HybridCacheError, IndexError):
 
 class InvalidStepError(InvalidArgumentError):
     """A token position is negative or beyond the sequence."""
+
+
+class TraceFormatError(InvalidArgumentError):
+    """A request trace has a malformed line; the message names the file and the line."""
 
 
 # --- lifecycle misuse ------------------------------------------------------------------------
@@ -124,3 +129,42 @@ class ModelLoadError(InvalidConfigError):
 
 class ModelWeightsError(ModelLoadError):
     """A checkpoint's weights are missing, unexpected or of the wrong shape for its config."""
+
+
+# --- stored objects and object stores (hybridcache.tiers) ------------------------------------
+
+
+class CorruptObjectError(InvalidArgumentError):
+    """Bytes read as a stored object are truncated, garbled or fail their header checksum."""
+
+
+class UnsupportedFormatError(CorruptObjectError):
+    """A stored object carries a format version this build does not read."""
+
+
+class PayloadChecksumError(CorruptObjectError):
+    """A stored object's payload does not match the checksum in its header."""
+
+
+class InvalidKeyError(InvalidArgumentError):
+    """An object-store key is empty, too long or uses characters outside the portable set."""
+
+
+class StoreLockedError(LifecycleError):
+    """A disk tier directory is already owned by another open store."""
+
+
+class StoreError(HybridCacheError, OSError):
+    """An object store failed an operation; nothing it returned may be trusted.
+
+    Unlike the other classes, a failed batch may have been partly applied: stored objects are
+    immutable and content-addressed, so a repeated put of the same item is harmless.
+    """
+
+
+class StoreUnavailableError(StoreError, ConnectionError):
+    """The store cannot be reached, refused the connection or dropped it."""
+
+
+class StoreTimeoutError(StoreError, TimeoutError):
+    """A store operation did not finish within its timeout."""
