@@ -1,0 +1,211 @@
+"""Readers of request traces in three JSONL formats, validated line by line.
+
+Owns no state between calls. Formats (one JSON object per line; blank lines are skipped):
+
+* ``mooncake``: ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids`` of
+  512-token blocks (exactly ``ceil(input_length / 512)`` of them).
+* ``bailian`` (Qwen-Bailian): the same with 16-token blocks, ``timestamp`` in seconds, plus
+  ``chat_id``, ``parent_chat_id`` (-1: first turn), ``turn`` and ``type``.
+* ``tokens`` (ours): ``prompt`` (token ids), ``output_length``, optional ``output`` (token ids,
+  exactly ``output_length`` of them), ``timestamp`` (ms) and ``conversation``.
+
+Every malformed line raises ``TraceFormatError`` naming the file and the line: bad JSON, a
+missing field, a wrong type, a negative length, a timestamp earlier than the previous one, or a
+hash-id count that does not match the prompt length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from hybridcache.errors import InvalidArgumentError, TraceFormatError
+from hybridcache.sequence import MAX_TOKEN_ID
+from hybridcache.workloads.records import Trace, TraceEntry, frozen_array
+
+BLOCK_TOKENS = {"mooncake": 512, "bailian": 16, "tokens": 0}
+FORMATS = tuple(BLOCK_TOKENS)
+
+
+class _LineError(Exception):
+    """A field of the current line is malformed (turned into ``TraceFormatError``)."""
+
+
+def _require_int(record: dict, name: str, minimum: int) -> int:
+    if name not in record:
+        raise _LineError(f"missing field {name!r}")
+    value = record[name]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _LineError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise _LineError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _optional_int(record: dict, name: str, minimum: int) -> int | None:
+    return _require_int(record, name, minimum) if record.get(name) is not None else None
+
+
+def _timestamp(record: dict, required: bool) -> float | None:
+    if "timestamp" not in record:
+        if required:
+            raise _LineError("missing field 'timestamp'")
+        return None
+    value = record["timestamp"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _LineError(f"timestamp must be a finite number, got {value!r}")
+    if value < 0:
+        raise _LineError(f"timestamp must be >= 0, got {value}")
+    return float(value)
+
+
+def _int_list(record: dict, name: str, maximum: int) -> list[int]:
+    if name not in record:
+        raise _LineError(f"missing field {name!r}")
+    values = record[name]
+    if not isinstance(values, list):
+        raise _LineError(f"{name} must be a list of ints, got {type(values).__name__}")
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _LineError(f"{name} must hold ints only, got {value!r}")
+        if not 0 <= value <= maximum:
+            raise _LineError(f"{name} values must lie in [0, {maximum}], got {value}")
+    return values
+
+
+def _hash_ids(record: dict, input_length: int, block_tokens: int) -> np.ndarray:
+    ids = _int_list(record, "hash_ids", 2**63 - 1)
+    expected = -(-input_length // block_tokens)
+    if len(ids) > expected:
+        raise _LineError(f"{len(ids)} hash ids but input_length {input_length} allows {expected} blocks of {block_tokens}")
+    if len(ids) < expected:
+        raise _LineError(f"{len(ids)} hash ids do not cover input_length {input_length} ({expected} blocks of {block_tokens})")
+    return frozen_array(ids, np.int64)
+
+
+def _mooncake(record: dict, line: int) -> TraceEntry:
+    input_length = _require_int(record, "input_length", 1)
+    return TraceEntry(
+        line=line,
+        timestamp_ms=_timestamp(record, required=True),
+        input_length=input_length,
+        output_length=_require_int(record, "output_length", 0),
+        hash_ids=_hash_ids(record, input_length, BLOCK_TOKENS["mooncake"]),
+    )
+
+
+def _bailian(record: dict, line: int) -> TraceEntry:
+    input_length = _require_int(record, "input_length", 1)
+    kind = record.get("type")
+    if kind is not None and not isinstance(kind, str):
+        raise _LineError(f"type must be a string, got {type(kind).__name__}")
+    parent = _require_int(record, "parent_chat_id", -1)
+    return TraceEntry(
+        line=line,
+        timestamp_ms=_timestamp(record, required=True) * 1000.0,  # the format's seconds
+        input_length=input_length,
+        output_length=_require_int(record, "output_length", 0),
+        hash_ids=_hash_ids(record, input_length, BLOCK_TOKENS["bailian"]),
+        chat_id=_require_int(record, "chat_id", 0),
+        parent_chat_id=None if parent < 0 else parent,
+        turn=_optional_int(record, "turn", 0),
+        kind=kind,
+    )
+
+
+def _tokens(record: dict, line: int) -> TraceEntry:
+    prompt = _int_list(record, "prompt", MAX_TOKEN_ID)
+    if not prompt:
+        raise _LineError("prompt must hold at least one token")
+    output_length = _require_int(record, "output_length", 0)
+    output = None
+    if record.get("output") is not None:
+        output = _int_list(record, "output", MAX_TOKEN_ID)
+        if len(output) != output_length:
+            raise _LineError(f"output holds {len(output)} tokens, output_length says {output_length}")
+        output = frozen_array(output, np.int32)
+    conversation = record.get("conversation")
+    if conversation is not None and (isinstance(conversation, bool) or not isinstance(conversation, (str, int))):
+        raise _LineError(f"conversation must be a string or an int, got {type(conversation).__name__}")
+    timestamp = _timestamp(record, required=False)
+    return TraceEntry(
+        line=line,
+        timestamp_ms=math.nan if timestamp is None else timestamp,
+        input_length=len(prompt),
+        output_length=output_length,
+        prompt=frozen_array(prompt, np.int32),
+        output=output,
+        conversation=None if conversation is None else str(conversation),
+    )
+
+
+_PARSERS: dict[str, Callable[[dict, int], TraceEntry]] = {"mooncake": _mooncake, "bailian": _bailian, "tokens": _tokens}
+
+
+def detect_format(record: dict) -> str:
+    """The format a first trace line belongs to, by its distinguishing fields."""
+    if "prompt" in record:
+        return "tokens"
+    if "chat_id" in record or "parent_chat_id" in record:
+        return "bailian"
+    return "mooncake"
+
+
+def _parse_line(text: str, where: str) -> dict:
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise TraceFormatError(f"{where}: not valid JSON ({error.msg})") from None
+    if not isinstance(record, dict):
+        raise TraceFormatError(f"{where}: a line must be a JSON object, got {type(record).__name__}")
+    return record
+
+
+def read_trace(path: str | Path, fmt: str = "auto", limit: int | None = None) -> Trace:
+    """Read and validate a trace; ``fmt`` is one of ``FORMATS`` or ``auto`` (by the first
+    line); ``limit`` keeps only the first ``limit`` requests."""
+    if fmt != "auto" and fmt not in _PARSERS:
+        raise InvalidArgumentError(f"unknown trace format {fmt!r}; choose one of {', '.join(FORMATS)} or auto")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise InvalidArgumentError(f"limit must be an int >= 1, got {limit!r}")
+    path = Path(path)
+    try:
+        handle = path.open(encoding="utf-8")
+    except OSError as error:
+        raise TraceFormatError(f"{path}: cannot open the trace ({error.strerror})") from None
+    with handle:
+        found, entries = _read_entries(handle, str(path), fmt, limit)
+    if not entries:
+        raise TraceFormatError(f"{path}: the trace holds no request")
+    return Trace(path=str(path), format=found, block_tokens=BLOCK_TOKENS[found], entries=tuple(entries))
+
+
+def _read_entries(handle, where: str, fmt: str, limit: int | None) -> tuple[str, list[TraceEntry]]:
+    entries: list[TraceEntry] = []
+    previous_time = 0.0
+    try:
+        for number, text in enumerate(handle, start=1):
+            if not text.strip():
+                continue
+            record = _parse_line(text, f"{where}:{number}")
+            fmt = detect_format(record) if fmt == "auto" else fmt
+            try:
+                entry = _PARSERS[fmt](record, number)
+            except _LineError as error:
+                raise TraceFormatError(f"{where}:{number}: {error}") from None
+            if math.isnan(entry.timestamp_ms):  # an explicit-token line without a time arrives with the previous one
+                entry = dataclasses.replace(entry, timestamp_ms=previous_time)
+            if entry.timestamp_ms < previous_time:
+                raise TraceFormatError(f"{where}:{number}: timestamp goes back in time ({entry.timestamp_ms} ms after {previous_time} ms)")
+            previous_time = entry.timestamp_ms
+            entries.append(entry)
+            if limit is not None and len(entries) >= limit:
+                break
+    except UnicodeDecodeError:
+        raise TraceFormatError(f"{where}: the trace is not UTF-8 text") from None
+    return fmt, entries
