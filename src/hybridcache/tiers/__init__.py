@@ -1,0 +1,41 @@
+"""Tiered and shared caching of KV chunks and recurrent-state checkpoints, exact on fetch.
+
+Owns no state itself. The object model (:mod:`~hybridcache.tiers.fingerprint`,
+:mod:`~hybridcache.tiers.keys`, :mod:`~hybridcache.tiers.objects`,
+:mod:`~hybridcache.tiers.verify`) needs only NumPy; the stores live in
+:mod:`hybridcache.tiers.backends`. The format and the failure rules are in ``docs/tiers.md``.
+"""
+
+from hybridcache.tiers.fingerprint import DEFAULT_CHUNK_SIZE, FORMAT_VERSION, NamespaceFingerprint
+from hybridcache.tiers.keys import Expectation, KeyChain, ObjectKey, ObjectKind
+from hybridcache.tiers.objects import (
+    ROUTED_EXPERTS,
+    ObjectHeader,
+    StoredObject,
+    decode,
+    decode_header,
+    encode_checkpoint,
+    encode_kv_chunk,
+)
+from hybridcache.tiers.verify import MissReason, Verdict, fetch_verified, verify
+
+__all__ = [
+    "DEFAULT_CHUNK_SIZE",
+    "FORMAT_VERSION",
+    "ROUTED_EXPERTS",
+    "Expectation",
+    "KeyChain",
+    "MissReason",
+    "NamespaceFingerprint",
+    "ObjectHeader",
+    "ObjectKey",
+    "ObjectKind",
+    "StoredObject",
+    "Verdict",
+    "decode",
+    "decode_header",
+    "encode_checkpoint",
+    "encode_kv_chunk",
+    "fetch_verified",
+    "verify",
+]

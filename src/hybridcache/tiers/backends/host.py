@@ -1,0 +1,84 @@
+"""T1: objects in host RAM under a byte budget, least recently used evicted first.
+
+Owns the object dictionary (in recency order), the bytes it holds and the lock that guards
+both. Budgets per kind (KV chunks, checkpoints) are separate stores, one per budget.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+from hybridcache.errors import InvalidArgumentError, InvalidTypeError
+from hybridcache.tiers.backends.base import DEFAULT_TIMEOUT_S, ObjectStore, PutOutcome
+
+
+class HostMemoryStore(ObjectStore):
+    """Objects in process memory; a put that does not fit evicts the least recently used."""
+
+    def __init__(self, capacity_bytes: int, *, default_timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        super().__init__(default_timeout=default_timeout)
+        if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int):
+            raise InvalidTypeError("capacity_bytes must be an int")
+        if capacity_bytes <= 0:
+            raise InvalidArgumentError(f"capacity_bytes must be positive, got {capacity_bytes}")
+        self.capacity_bytes = capacity_bytes
+        self._objects: OrderedDict[str, bytes] = OrderedDict()
+        self._used = 0
+        self._evictions = 0
+        self._lock = threading.Lock()
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
+
+    @property
+    def evictions(self) -> int:
+        """Objects evicted to make room since the store was created."""
+        return self._evictions
+
+    def _exists(self, keys: list[str], timeout: float) -> list[bool]:
+        with self._lock:
+            return [key in self._objects for key in keys]
+
+    def _put_if_absent(self, items: list[tuple[str, bytes]], timeout: float) -> list[PutOutcome]:
+        with self._lock:
+            return [self._put_one(key, value) for key, value in items]
+
+    def _put_one(self, key: str, value: bytes) -> PutOutcome:
+        if key in self._objects:
+            return PutOutcome.PRESENT
+        if len(value) > self.capacity_bytes:
+            return PutOutcome.REJECTED
+        while self._used + len(value) > self.capacity_bytes:
+            _, evicted = self._objects.popitem(last=False)
+            self._used -= len(evicted)
+            self._evictions += 1
+        self._objects[key] = value
+        self._used += len(value)
+        return PutOutcome.STORED
+
+    def _get(self, keys: list[str], timeout: float) -> list[bytes | None]:
+        with self._lock:
+            found = []
+            for key in keys:
+                data = self._objects.get(key)
+                if data is not None:
+                    self._objects.move_to_end(key)  # a read makes it the most recently used
+                found.append(data)
+            return found
+
+    def _remove(self, keys: list[str], timeout: float) -> list[bool]:
+        with self._lock:
+            removed = []
+            for key in keys:
+                data = self._objects.pop(key, None)
+                if data is not None:
+                    self._used -= len(data)
+                removed.append(data is not None)
+            return removed
+
+    def _close(self) -> None:
+        with self._lock:
+            self._objects.clear()
+            self._used = 0

@@ -1,0 +1,158 @@
+"""T3 on Mooncake Store: objects in the memory segments of a Mooncake cluster.
+
+Owns one ``MooncakeDistributedStore`` client and its :class:`DeadlineRunner`. The client is an
+extra (``pip install hybridcache[mooncake]``, package ``mooncake-transfer-engine-non-cuda``)
+imported when a store is created.
+
+The cluster is a ``mooncake_master`` (with its HTTP metadata server, so no etcd) and one or
+more client processes that mount memory segments (``mooncake_client``, or this store itself
+with ``segment_bytes > 0``). Mooncake's ``put`` keeps an existing object, so put-if-absent is
+``batch_is_exist`` followed by ``put_batch`` of the absent items; two writers racing on one key
+both get ``STORED`` and the store keeps one of two identical objects (keys are content
+addresses). Removal is forced: a read lease would otherwise block it for the lease time.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Callable, TypeVar
+
+from hybridcache.errors import InvalidConfigError, InvalidTypeError, StoreError, StoreUnavailableError
+from hybridcache.tiers.backends.base import DEFAULT_TIMEOUT_S, DeadlineRunner, ObjectStore, PutOutcome
+
+_T = TypeVar("_T")
+# Mooncake status codes (mooncake-store types.h) this store tells apart.
+_NO_AVAILABLE_HANDLE = -200  # no segment space, even after eviction
+_OBJECT_NOT_FOUND = -704
+_RPC_FAIL = -900
+DEFAULT_SETUP_TIMEOUT_S = 30.0
+
+
+def _import_store_class():
+    try:
+        from mooncake.store import MooncakeDistributedStore
+    except ImportError as error:
+        raise InvalidConfigError(
+            "MooncakeStore needs Mooncake: pip install 'hybridcache[mooncake]' (and libibverbs1)"
+        ) from error
+    return MooncakeDistributedStore
+
+
+class MooncakeStore(ObjectStore):
+    """A Mooncake Store client over TCP, registered with the master at ``master_address``.
+
+    ``metadata_server`` is the master's HTTP metadata URL (``http://host:port/metadata``).
+    ``local_hostname`` is the address this client advertises to its peers; Mooncake reads its
+    bind address from the environment, so it is set there (``MC_TCP_BIND_ADDRESS``, and
+    ``MC_FORCE_TCP`` for the TCP transport) unless the caller set them first.
+    """
+
+    def __init__(
+        self,
+        master_address: str,
+        metadata_server: str,
+        *,
+        local_hostname: str = "127.0.0.1",
+        segment_bytes: int = 0,
+        local_buffer_bytes: int = 64 << 20,
+        default_timeout: float = DEFAULT_TIMEOUT_S,
+        setup_timeout: float = DEFAULT_SETUP_TIMEOUT_S,
+        workers: int = 4,
+    ) -> None:
+        super().__init__(default_timeout=default_timeout)
+        for name, value in (("master_address", master_address), ("metadata_server", metadata_server),
+                            ("local_hostname", local_hostname)):
+            if not isinstance(value, str) or not value:
+                raise InvalidTypeError(f"{name} must be a non-empty str")
+        for name, value in (("segment_bytes", segment_bytes), ("local_buffer_bytes", local_buffer_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidConfigError(f"{name} must be a non-negative int")
+        if local_buffer_bytes == 0:
+            raise InvalidConfigError("local_buffer_bytes must be positive: every transfer stages through it")
+        self.max_object_bytes = local_buffer_bytes
+        store_class = _import_store_class()
+        os.environ.setdefault("MC_TCP_BIND_ADDRESS", local_hostname)
+        os.environ.setdefault("MC_FORCE_TCP", "1")
+        self._runner = DeadlineRunner("mooncake-store", workers=workers)
+        self._store = store_class()
+        setup = functools.partial(
+            self._store.setup, local_hostname, metadata_server, segment_bytes, local_buffer_bytes, "tcp", "", master_address
+        )
+        try:
+            status = self._runner.run(setup, self._timeout(setup_timeout), "mooncake setup")
+        except BaseException:
+            self._runner.shutdown()
+            raise
+        if status != 0:
+            self._runner.shutdown()
+            raise StoreUnavailableError(f"mooncake setup with master {master_address} failed ({status})")
+
+    def _call(self, action: Callable[[], _T], timeout: float, what: str) -> _T:
+        return self._runner.run(action, timeout, f"mooncake {what}")
+
+    def _existence(self, keys: list[str]) -> list[bool]:
+        codes = self._store.batch_is_exist(keys)
+        if any(code < 0 for code in codes):
+            raise StoreUnavailableError(f"mooncake exists failed ({min(codes)})")
+        return [code == 1 for code in codes]
+
+    def _exists(self, keys: list[str], timeout: float) -> list[bool]:
+        return self._call(lambda: self._existence(keys), timeout, "exists")
+
+    def _put_if_absent(self, items: list[tuple[str, bytes]], timeout: float) -> list[PutOutcome]:
+        return self._call(lambda: self._put_absent(items), timeout, "put")
+
+    def _put_absent(self, items: list[tuple[str, bytes]]) -> list[PutOutcome]:
+        present = self._existence([key for key, _ in items])
+        outcomes = {key: PutOutcome.PRESENT for (key, _), here in zip(items, present) if here}
+        fitting = []
+        for (key, value), here in zip(items, present):
+            if not here and len(value) > self.max_object_bytes:
+                outcomes[key] = PutOutcome.REJECTED
+            elif not here:
+                fitting.append((key, value))
+        if fitting:
+            outcomes.update(self._put_batch(fitting))
+        return [outcomes[key] for key, _ in items]
+
+    def _put_batch(self, items: list[tuple[str, bytes]]) -> dict[str, PutOutcome]:
+        keys = [key for key, _ in items]
+        status = self._store.put_batch(keys, [value for _, value in items])
+        if status == 0:
+            return {key: PutOutcome.STORED for key in keys}
+        if status == _RPC_FAIL:
+            raise StoreUnavailableError(f"mooncake put failed ({status})")
+        if status != _NO_AVAILABLE_HANDLE:
+            raise StoreError(f"mooncake put failed ({status})")
+        # Out of space: whatever made it in is stored, the rest was refused.
+        stored = self._existence(keys)
+        return {key: PutOutcome.STORED if here else PutOutcome.REJECTED for key, here in zip(keys, stored)}
+
+    def _get(self, keys: list[str], timeout: float) -> list[bytes | None]:
+        return self._call(lambda: self._read(keys), timeout, "get")
+
+    def _read(self, keys: list[str]) -> list[bytes | None]:
+        found = [data if data else None for data in self._store.get_batch(keys)]
+        empty = [key for key, data in zip(keys, found) if data is None]
+        if empty:
+            self._existence(empty)  # tells a failing store (raises) from missing objects
+        return found
+
+    def _remove(self, keys: list[str], timeout: float) -> list[bool]:
+        return self._call(lambda: self._delete(keys), timeout, "remove")
+
+    def _delete(self, keys: list[str]) -> list[bool]:
+        codes = self._store.batch_remove(keys, True)
+        for code in codes:
+            if code == _RPC_FAIL:
+                raise StoreUnavailableError(f"mooncake remove failed ({code})")
+            if code not in (0, _OBJECT_NOT_FOUND):
+                raise StoreError(f"mooncake remove failed ({code})")
+        return [code == 0 for code in codes]
+
+    def _close(self) -> None:
+        try:
+            self._runner.run(self._store.close, self.default_timeout, "mooncake close")
+        finally:
+            self._runner.shutdown()

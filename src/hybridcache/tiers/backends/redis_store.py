@@ -1,0 +1,119 @@
+"""T3 on Redis or Valkey: one string value per object, put-if-absent by ``SET NX``.
+
+Owns its client (a connection pool) and its :class:`DeadlineRunner`. The ``redis`` client is
+an extra (``pip install hybridcache[redis]``) imported when a store is created.
+
+Every command runs with a socket timeout (the store's default) and no client-side retry; a
+per-call timeout shorter than that is enforced by the runner. Eviction is the server's
+(``maxmemory`` and ``maxmemory-policy``); a put refused for memory (``OOM``) is ``REJECTED``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, TypeVar
+
+from hybridcache.errors import InvalidConfigError, InvalidTypeError, StoreError, StoreTimeoutError, StoreUnavailableError
+from hybridcache.tiers.backends.base import DEFAULT_TIMEOUT_S, DeadlineRunner, ObjectStore, PutOutcome, check_key
+
+_T = TypeVar("_T")
+
+
+def _import_redis():
+    try:
+        import redis
+        import redis.backoff
+        import redis.exceptions
+        import redis.retry
+    except ImportError as error:
+        raise InvalidConfigError("RedisStore needs the redis client: pip install 'hybridcache[redis]'") from error
+    return redis
+
+
+class RedisStore(ObjectStore):
+    """Objects in a Redis (or Valkey) server at ``url``, e.g. ``redis://127.0.0.1:6379/0``."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        key_prefix: str = "",
+        default_timeout: float = DEFAULT_TIMEOUT_S,
+        max_connections: int = 8,
+    ) -> None:
+        super().__init__(default_timeout=default_timeout)
+        if not isinstance(url, str) or not isinstance(key_prefix, str):
+            raise InvalidTypeError("url and key_prefix must be str")
+        if key_prefix:
+            check_key(key_prefix)
+        redis = _import_redis()
+        self._errors = redis.exceptions
+        self._prefix = key_prefix
+        try:
+            self._client = redis.Redis.from_url(
+                url,
+                socket_timeout=self.default_timeout,
+                socket_connect_timeout=self.default_timeout,
+                retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0),  # a failure is a miss, not a wait
+                max_connections=max_connections,
+            )
+        except (ValueError, self._errors.RedisError) as error:
+            raise InvalidConfigError(f"bad Redis url {url!r}: {error}") from error
+        self._runner = DeadlineRunner("redis-store", workers=max_connections)
+
+    def _call(self, action: Callable[[], _T], timeout: float, what: str) -> _T:
+        return self._runner.run(lambda: self._mapped(action, what), timeout, what)
+
+    def _mapped(self, action: Callable[[], _T], what: str) -> _T:
+        errors = self._errors
+        try:
+            return action()
+        except errors.TimeoutError as error:
+            raise StoreTimeoutError(f"redis {what}: {error}") from error
+        except errors.ConnectionError as error:
+            raise StoreUnavailableError(f"redis {what}: {error}") from error
+        except errors.RedisError as error:
+            raise StoreError(f"redis {what}: {error}") from error
+
+    def _names(self, keys: list[str]) -> list[str]:
+        return [self._prefix + key for key in keys]
+
+    def _exists(self, keys: list[str], timeout: float) -> list[bool]:
+        def run() -> list[bool]:
+            pipe = self._client.pipeline(transaction=False)
+            for name in self._names(keys):
+                pipe.exists(name)
+            return [count > 0 for count in pipe.execute()]
+
+        return self._call(run, timeout, "exists")
+
+    def _put_if_absent(self, items: list[tuple[str, bytes]], timeout: float) -> list[PutOutcome]:
+        def run() -> list[PutOutcome]:
+            pipe = self._client.pipeline(transaction=False)
+            for key, value in items:
+                pipe.set(self._prefix + key, value, nx=True)
+            return [self._put_outcome(reply) for reply in pipe.execute(raise_on_error=False)]
+
+        return self._call(run, timeout, "put")
+
+    def _put_outcome(self, reply: object) -> PutOutcome:
+        if isinstance(reply, self._errors.OutOfMemoryError):
+            return PutOutcome.REJECTED
+        if isinstance(reply, Exception):
+            raise reply  # mapped by _mapped
+        return PutOutcome.STORED if reply else PutOutcome.PRESENT
+
+    def _get(self, keys: list[str], timeout: float) -> list[bytes | None]:
+        return self._call(lambda: list(self._client.mget(self._names(keys))), timeout, "get")
+
+    def _remove(self, keys: list[str], timeout: float) -> list[bool]:
+        def run() -> list[bool]:
+            pipe = self._client.pipeline(transaction=False)
+            for name in self._names(keys):
+                pipe.delete(name)
+            return [count > 0 for count in pipe.execute()]
+
+        return self._call(run, timeout, "remove")
+
+    def _close(self) -> None:
+        self._runner.shutdown()
+        self._client.close()

@@ -1,0 +1,175 @@
+"""Content-addressed object keys: a BLAKE2b chain over the namespace and each chunk's content.
+
+Owns no shared state. A :class:`KeyChain` owns the validated tokens and spans of one request and
+the digests of its complete chunks, computed once at construction.
+
+Chunk ``i`` covers tokens ``[i*C, (i+1)*C)`` for the fingerprint's chunk size ``C``. Its digest is
+``d_i = BLAKE2b-256(d_{i-1} || start || tokens || multimodal identity of the chunk)`` with
+``d_-1`` the fingerprint digest, so equal prefixes in one namespace give equal keys in every
+process, and a change of any token, span or fingerprint field changes every later key. A
+checkpoint at step ``s = k*C`` is keyed by ``d_{k-1}``, the digest of the chunk ending at ``s``;
+the object kind is part of the key, so a chunk and a checkpoint never share one.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import re
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from hybridcache.errors import InvalidArgumentError, InvalidKeyError, InvalidStepError, InvalidTypeError
+from hybridcache.sequence import MultimodalSpan, Sequence, as_token_array
+from hybridcache.tiers import wire
+from hybridcache.tiers.fingerprint import DIGEST_BYTES, FORMAT_VERSION, NamespaceFingerprint
+
+_CHAIN_PERSON = b"hc-kv-chain"
+
+
+class ObjectKind(enum.IntEnum):
+    """What an object holds; the value is its header byte."""
+
+    KV_CHUNK = 1
+    CHECKPOINT = 2
+
+    @property
+    def tag(self) -> str:
+        return _TAGS[self]
+
+
+_TAGS = {ObjectKind.KV_CHUNK: "kv", ObjectKind.CHECKPOINT: "ck"}
+_KEY_NAME = re.compile(rf"hc{FORMAT_VERSION}-(kv|ck)-([0-9a-f]{{{2 * DIGEST_BYTES}}})")
+
+
+@dataclass(frozen=True)
+class ObjectKey:
+    """An object's identity: its kind and its chain digest. ``name`` is the key in every store."""
+
+    kind: ObjectKind
+    digest: bytes
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, ObjectKind):
+            raise InvalidTypeError("kind must be an ObjectKind")
+        if not isinstance(self.digest, bytes) or len(self.digest) != DIGEST_BYTES:
+            raise InvalidArgumentError(f"digest must be {DIGEST_BYTES} bytes")
+
+    @property
+    def name(self) -> str:
+        return f"hc{FORMAT_VERSION}-{self.kind.tag}-{self.digest.hex()}"
+
+    @classmethod
+    def from_name(cls, name: str) -> ObjectKey:
+        match = _KEY_NAME.fullmatch(name) if isinstance(name, str) else None
+        if match is None:
+            raise InvalidKeyError(f"not an object key name: {name!r}")
+        kind = next(k for k, tag in _TAGS.items() if tag == match.group(1))
+        return cls(kind, bytes.fromhex(match.group(2)))
+
+
+def chain_step(previous: bytes, start: int, tokens: np.ndarray, spans: tuple[MultimodalSpan, ...]) -> bytes:
+    """The digest of one chunk given the digest before it."""
+    hasher = hashlib.blake2b(digest_size=DIGEST_BYTES, person=_CHAIN_PERSON)
+    hasher.update(previous)
+    hasher.update(wire.pack_u64(start))
+    hasher.update(wire.pack_u32(tokens.size))
+    hasher.update(np.ascontiguousarray(tokens, dtype=wire.TOKEN_WIRE_DTYPE).tobytes())
+    hasher.update(wire.encode_spans(spans))
+    return hasher.digest()
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """What a fetched object must be: checked field by field by :func:`hybridcache.tiers.verify`."""
+
+    key: ObjectKey
+    fingerprint: NamespaceFingerprint
+    start: int
+    step: int
+    tokens: np.ndarray
+    multimodal: tuple[MultimodalSpan, ...]
+
+
+class KeyChain:
+    """Keys of every complete chunk and chunk-aligned checkpoint of one request's tokens."""
+
+    def __init__(self, fingerprint: NamespaceFingerprint, tokens: object, multimodal: object = ()) -> None:
+        if not isinstance(fingerprint, NamespaceFingerprint):
+            raise InvalidTypeError("fingerprint must be a NamespaceFingerprint")
+        self.fingerprint = fingerprint
+        self.tokens = as_token_array(tokens)
+        self.tokens.flags.writeable = False
+        self.spans = wire.validate_spans(multimodal, self.tokens.size)
+        self.chunk_size = fingerprint.chunk_size
+        self._digests = self._chain()
+
+    @classmethod
+    def for_sequence(cls, base: NamespaceFingerprint, sequence: Sequence) -> KeyChain:
+        """The chain of a sequence's tokens, in its own namespace (adapter, cache salt)."""
+        if not isinstance(sequence, Sequence):
+            raise InvalidTypeError("sequence must be a hybridcache.Sequence")
+        if not isinstance(base, NamespaceFingerprint):
+            raise InvalidTypeError("base must be a NamespaceFingerprint")
+        namespace = sequence.namespace
+        fingerprint = replace(base, adapter=namespace.adapter, cache_salt=namespace.cache_salt)
+        return cls(fingerprint, sequence.tokens, sequence.spans)
+
+    def _chain(self) -> tuple[bytes, ...]:
+        digests = []
+        previous = self.fingerprint.digest
+        for index in range(self.num_chunks):
+            start, end = self.chunk_range(index)
+            previous = chain_step(previous, start, self.tokens[start:end], self.spans_in(start, end))
+            digests.append(previous)
+        return tuple(digests)
+
+    @property
+    def num_chunks(self) -> int:
+        """Complete chunks; a partial tail chunk is never stored."""
+        return self.tokens.size // self.chunk_size
+
+    def chunk_range(self, index: int) -> tuple[int, int]:
+        self._check_index(index)
+        return index * self.chunk_size, (index + 1) * self.chunk_size
+
+    def spans_in(self, start: int, end: int) -> tuple[MultimodalSpan, ...]:
+        return wire.spans_overlapping(self.spans, start, end)
+
+    def chunk_key(self, index: int) -> ObjectKey:
+        self._check_index(index)
+        return ObjectKey(ObjectKind.KV_CHUNK, self._digests[index])
+
+    def checkpoint_steps(self) -> tuple[int, ...]:
+        """Every step a checkpoint of this request may sit at, shallowest first."""
+        return tuple((index + 1) * self.chunk_size for index in range(self.num_chunks))
+
+    def checkpoint_key(self, step: int) -> ObjectKey:
+        return ObjectKey(ObjectKind.CHECKPOINT, self._digests[self._checkpoint_index(step)])
+
+    def expect_chunk(self, index: int) -> Expectation:
+        start, end = self.chunk_range(index)
+        return Expectation(
+            self.chunk_key(index), self.fingerprint, start, end, self.tokens[start:end], self.spans_in(start, end)
+        )
+
+    def expect_checkpoint(self, step: int) -> Expectation:
+        key = self.checkpoint_key(step)
+        return Expectation(key, self.fingerprint, 0, step, self.tokens[:step], self.spans_in(0, step))
+
+    def _check_index(self, index: object) -> None:
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+            raise InvalidTypeError("chunk index must be an int")
+        if not 0 <= index < self.num_chunks:
+            raise InvalidArgumentError(f"chunk index {index} outside [0, {self.num_chunks})")
+
+    def _checkpoint_index(self, step: object) -> int:
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
+            raise InvalidTypeError("step must be an int")
+        if step <= 0 or step % self.chunk_size or step > self.num_chunks * self.chunk_size:
+            raise InvalidStepError(
+                f"checkpoint step {step} must be a positive multiple of {self.chunk_size} "
+                f"within the {self.num_chunks} complete chunks"
+            )
+        return int(step) // self.chunk_size - 1

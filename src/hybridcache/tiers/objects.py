@@ -1,0 +1,336 @@
+"""Immutable stored objects (KV chunks and checkpoints) and their binary encoding.
+
+Owns no shared state: an :class:`ObjectHeader` and a :class:`StoredObject` are frozen values
+whose arrays are read-only. The byte layout is documented in ``docs/tiers.md``; in short::
+
+    header  magic "HCTO" | version u16 | kind u8 | flags u8 | header length u32
+            | start u64 | step u64 | own digest 32 B | fingerprint (u16 length + bytes)
+            | tokens (u32 count + int32 each) | multimodal spans (u32 count + spans)
+            | payload length u64 | payload BLAKE2b-256 | header BLAKE2b-128
+    payload array count u32 | per array: name, dtype, ndim u8, shape u64 each, offset u64,
+            length u64 | array bytes, each starting at a multiple of 64 from the payload start
+
+Encoding is canonical (one object, one byte string), so equal objects have equal bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping
+
+import numpy as np
+
+from hybridcache.errors import (
+    CorruptObjectError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    PayloadChecksumError,
+    UnsupportedFormatError,
+)
+from hybridcache.sequence import MultimodalSpan
+from hybridcache.tiers import wire
+from hybridcache.tiers.fingerprint import DIGEST_BYTES, FORMAT_VERSION, NamespaceFingerprint
+from hybridcache.tiers.keys import Expectation, KeyChain, ObjectKey, ObjectKind
+
+MAGIC = b"HCTO"
+ROUTED_EXPERTS = "routed_experts"  # the payload name of a checkpoint's routed-expert rows
+PAYLOAD_ALIGNMENT = 64
+_HEADER_CHECKSUM_BYTES = 16
+_FIXED_PREFIX = 4 + 2 + 1 + 1 + 4  # magic, version, kind, flags, header length
+_MAX_NDIM = 8
+_MAX_NAME_BYTES = 255
+_DTYPE_TEXT = re.compile(r"[<>|][biufc][0-9]{1,2}")
+
+
+@dataclass(frozen=True)
+class ObjectHeader:
+    """Everything an object says about itself; the payload is described, not held."""
+
+    key: ObjectKey
+    fingerprint: NamespaceFingerprint
+    start: int
+    step: int
+    tokens: np.ndarray
+    multimodal: tuple[MultimodalSpan, ...]
+    payload_length: int
+    payload_checksum: bytes
+    header_length: int
+
+    @property
+    def kind(self) -> ObjectKind:
+        return self.key.kind
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """A decoded object: its header and its named read-only arrays."""
+
+    header: ObjectHeader
+    payload: Mapping[str, np.ndarray]
+
+    @property
+    def key(self) -> ObjectKey:
+        return self.header.key
+
+    @property
+    def kind(self) -> ObjectKind:
+        return self.header.key.kind
+
+
+# --- building ----------------------------------------------------------------------------------
+
+
+def encode_kv_chunk(chain: KeyChain, index: int, arrays: Mapping[str, np.ndarray]) -> bytes:
+    """The bytes of chunk ``index`` of ``chain`` holding its KV ``arrays`` (any layout)."""
+    if not isinstance(chain, KeyChain):
+        raise InvalidTypeError("chain must be a KeyChain")
+    return _encode(chain.expect_chunk(index), _checked_arrays(arrays))
+
+
+def encode_checkpoint(
+    chain: KeyChain,
+    step: int,
+    states: Mapping[str, np.ndarray],
+    routed_experts: np.ndarray | None = None,
+) -> bytes:
+    """The bytes of the checkpoint at ``step``: every recurrent layer's state, optionally the
+    routed-expert rows of the whole prefix (one row per token, stored as ``routed_experts``)."""
+    if not isinstance(chain, KeyChain):
+        raise InvalidTypeError("chain must be a KeyChain")
+    expected = chain.expect_checkpoint(step)
+    arrays = _checked_arrays(states)
+    if ROUTED_EXPERTS in arrays:
+        raise InvalidArgumentError(f"state name {ROUTED_EXPERTS!r} is reserved for routed-expert rows")
+    if routed_experts is not None:
+        rows = _checked_array(ROUTED_EXPERTS, routed_experts)
+        if rows.ndim < 1 or rows.shape[0] != step:
+            raise InvalidArgumentError(f"routed_experts needs {step} rows, got shape {rows.shape}")
+        arrays[ROUTED_EXPERTS] = rows
+    return _encode(expected, arrays)
+
+
+def _checked_arrays(arrays: object) -> dict[str, np.ndarray]:
+    if not isinstance(arrays, Mapping):
+        raise InvalidTypeError("arrays must be a mapping of name -> numpy array")
+    if not arrays:
+        raise InvalidArgumentError("an object needs at least one array")
+    return {name: _checked_array(name, array) for name, array in arrays.items()}
+
+
+def _checked_array(name: object, array: object) -> np.ndarray:
+    if not isinstance(name, str):
+        raise InvalidTypeError("array names must be str")
+    if not name or len(name.encode()) > _MAX_NAME_BYTES:
+        raise InvalidArgumentError(f"array name must have 1..{_MAX_NAME_BYTES} UTF-8 bytes, got {name!r}")
+    if not isinstance(array, np.ndarray):
+        raise InvalidTypeError(f"array {name!r} must be a numpy array")
+    if not _DTYPE_TEXT.fullmatch(array.dtype.str):
+        raise InvalidTypeError(f"array {name!r} has unsupported dtype {array.dtype} (plain numeric only)")
+    if array.ndim > _MAX_NDIM:
+        raise InvalidArgumentError(f"array {name!r} has more than {_MAX_NDIM} dimensions")
+    return np.ascontiguousarray(array)
+
+
+def _encode(expected: Expectation, arrays: dict[str, np.ndarray]) -> bytes:
+    payload = _encode_payload(arrays)
+    body = b"".join(
+        (
+            wire.pack_u64(expected.start),
+            wire.pack_u64(expected.step),
+            expected.key.digest,
+            _pack_fingerprint(expected.fingerprint),
+            wire.pack_u32(expected.tokens.size),
+            np.ascontiguousarray(expected.tokens, dtype=wire.TOKEN_WIRE_DTYPE).tobytes(),
+            wire.encode_spans(expected.multimodal),
+            wire.pack_u64(len(payload)),
+            _payload_checksum(payload),
+        )
+    )
+    header_length = _FIXED_PREFIX + len(body) + _HEADER_CHECKSUM_BYTES
+    prefix = MAGIC + wire.pack_u16(FORMAT_VERSION) + wire.pack_u8(expected.key.kind) + b"\0"
+    unsigned = prefix + wire.pack_u32(header_length) + body
+    return unsigned + _header_checksum(unsigned) + payload
+
+
+def _pack_fingerprint(fingerprint: NamespaceFingerprint) -> bytes:
+    raw = fingerprint.encode()
+    return wire.pack_u16(len(raw)) + raw
+
+
+def _encode_payload(arrays: dict[str, np.ndarray]) -> bytes:
+    table = [wire.pack_u32(len(arrays))]
+    table_size = 4 + sum(_entry_size(name, array) for name, array in arrays.items())
+    offset = _aligned(table_size)
+    regions = []
+    for name, array in arrays.items():
+        table.append(wire.pack_text(name) + wire.pack_text(array.dtype.str) + wire.pack_u8(array.ndim))
+        table.extend(wire.pack_u64(extent) for extent in array.shape)
+        table.append(wire.pack_u64(offset) + wire.pack_u64(array.nbytes))
+        regions.append((offset, array))
+        offset = _aligned(offset + array.nbytes)
+    payload = bytearray(regions[-1][0] + regions[-1][1].nbytes)
+    head = b"".join(table)
+    payload[: len(head)] = head
+    for start, array in regions:
+        payload[start : start + array.nbytes] = array.reshape(-1).view(np.uint8).data
+    return bytes(payload)
+
+
+def _entry_size(name: str, array: np.ndarray) -> int:
+    return 2 + len(name.encode()) + 2 + len(array.dtype.str) + 1 + 8 * array.ndim + 16
+
+
+def _aligned(offset: int) -> int:
+    return -(-offset // PAYLOAD_ALIGNMENT) * PAYLOAD_ALIGNMENT
+
+
+def _payload_checksum(payload: bytes | memoryview) -> bytes:
+    return hashlib.blake2b(payload, digest_size=DIGEST_BYTES, person=b"hc-payload").digest()
+
+
+def _header_checksum(header: bytes | memoryview) -> bytes:
+    return hashlib.blake2b(header, digest_size=_HEADER_CHECKSUM_BYTES, person=b"hc-header").digest()
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+
+def decode_header(data: object) -> ObjectHeader:
+    """Parse and check the header of an object's bytes (not the payload checksum).
+
+    Raises :class:`CorruptObjectError` for truncated or garbled bytes and
+    :class:`UnsupportedFormatError` for another format version.
+    """
+    view = _readonly_view(data)
+    reader = wire.Reader(view)
+    if bytes(reader.take(4, "magic")) != MAGIC:
+        raise CorruptObjectError("not a hybridcache object (bad magic)")
+    version = reader.u16("format version")
+    if version != FORMAT_VERSION:
+        raise UnsupportedFormatError(f"object format version {version}, this build reads {FORMAT_VERSION}")
+    kind = _read_kind(reader.u8("kind"))
+    if reader.u8("flags") != 0:
+        raise CorruptObjectError("unknown header flags")
+    header_length = reader.u32("header length")
+    if header_length > len(view) or header_length < _FIXED_PREFIX + _HEADER_CHECKSUM_BYTES:
+        raise CorruptObjectError(f"header length {header_length} does not fit {len(view)} bytes")
+    checksum_at = header_length - _HEADER_CHECKSUM_BYTES
+    if bytes(view[checksum_at:header_length]) != _header_checksum(view[:checksum_at]):
+        raise CorruptObjectError("header checksum mismatch")
+    fields = wire.Reader(view, reader.offset, checksum_at)
+    header = _read_header_fields(fields, kind, header_length)
+    if fields.remaining:
+        raise CorruptObjectError("header has trailing bytes")
+    if header_length + header.payload_length != len(view):
+        raise CorruptObjectError(
+            f"object is {len(view)} bytes, header says {header_length + header.payload_length}"
+        )
+    return header
+
+
+def _read_kind(value: int) -> ObjectKind:
+    try:
+        return ObjectKind(value)
+    except ValueError as error:
+        raise CorruptObjectError(f"unknown object kind {value}") from error
+
+
+def _read_header_fields(reader: wire.Reader, kind: ObjectKind, header_length: int) -> ObjectHeader:
+    start = reader.u64("start")
+    step = reader.u64("step")
+    digest = bytes(reader.take(DIGEST_BYTES, "own key"))
+    fingerprint = NamespaceFingerprint.decode(bytes(reader.take(reader.u16("fingerprint"), "fingerprint")))
+    count = reader.u32("token count")
+    if step < start or count != step - start:
+        raise CorruptObjectError(f"header covers [{start}, {step}) but holds {count} tokens")
+    tokens = np.frombuffer(reader.take(4 * count, "tokens"), dtype=wire.TOKEN_WIRE_DTYPE)
+    if count and int(tokens.min()) < 0:
+        raise CorruptObjectError("negative token id in header")
+    multimodal = wire.read_spans(reader)
+    payload_length = reader.u64("payload length")
+    payload_checksum = bytes(reader.take(DIGEST_BYTES, "payload checksum"))
+    return ObjectHeader(
+        ObjectKey(kind, digest), fingerprint, start, step, tokens, multimodal,
+        payload_length, payload_checksum, header_length,
+    )
+
+
+def payload_matches(data: object, header: ObjectHeader) -> bool:
+    """True when the payload bytes hash to the header's checksum."""
+    view = _readonly_view(data)
+    return _payload_checksum(view[header.header_length :]) == header.payload_checksum
+
+
+def decode(data: object) -> StoredObject:
+    """Parse a whole object: header, payload checksum and every array.
+
+    Raises :class:`PayloadChecksumError` when the payload was altered, and the errors of
+    :func:`decode_header`.
+    """
+    view = _readonly_view(data)
+    header = decode_header(view)
+    if not payload_matches(view, header):
+        raise PayloadChecksumError(f"payload checksum mismatch for {header.key.name}")
+    return StoredObject(header, decode_payload(view, header))
+
+
+def decode_payload(data: object, header: ObjectHeader) -> Mapping[str, np.ndarray]:
+    """The payload's arrays as read-only views into ``data`` (the checksum is not checked here)."""
+    view = _readonly_view(data)[header.header_length :]
+    reader = wire.Reader(view)
+    count = reader.u32("array count")
+    if count == 0:
+        raise CorruptObjectError("payload holds no arrays")
+    entries = [_read_entry(reader) for _ in range(min(count, reader.remaining))]
+    if len(entries) != count:
+        raise CorruptObjectError("truncated payload table")
+    return MappingProxyType(_place_arrays(view, entries, reader.offset))
+
+
+def _read_entry(reader: wire.Reader) -> tuple[str, np.dtype, tuple[int, ...], int, int]:
+    name = reader.text("array name")
+    dtype_text = reader.text("array dtype")
+    if not name or not _DTYPE_TEXT.fullmatch(dtype_text):
+        raise CorruptObjectError(f"bad array entry {name!r} with dtype {dtype_text!r}")
+    dtype = np.dtype(dtype_text)
+    ndim = reader.u8("array ndim")
+    if ndim > _MAX_NDIM:
+        raise CorruptObjectError(f"array {name!r} claims {ndim} dimensions")
+    shape = tuple(reader.u64("array shape") for _ in range(ndim))
+    offset = reader.u64("array offset")
+    length = reader.u64("array length")
+    if length != dtype.itemsize * int(np.prod(shape, dtype=object)):
+        raise CorruptObjectError(f"array {name!r} length {length} does not match {dtype} {shape}")
+    return name, dtype, shape, offset, length
+
+
+def _place_arrays(view: memoryview, entries: list, table_end: int) -> dict[str, np.ndarray]:
+    arrays: dict[str, np.ndarray] = {}
+    expected_offset = _aligned(table_end)
+    for name, dtype, shape, offset, length in entries:
+        if name in arrays:
+            raise CorruptObjectError(f"array {name!r} appears twice")
+        if offset != expected_offset or offset + length > len(view):
+            raise CorruptObjectError(f"array {name!r} at {offset} breaks the payload layout")
+        flat = np.frombuffer(view, dtype=dtype, count=length // dtype.itemsize, offset=offset)
+        arrays[name] = flat.reshape(shape)
+        expected_offset = _aligned(offset + length)
+    last_name, last_dtype, last_shape, last_offset, last_length = entries[-1]
+    if last_offset + last_length != len(view):
+        raise CorruptObjectError("payload has trailing bytes")
+    return arrays
+
+
+def _readonly_view(data: object) -> memoryview:
+    if isinstance(data, memoryview):
+        view = data
+    elif isinstance(data, (bytes, bytearray)):
+        view = memoryview(data)
+    else:
+        raise InvalidTypeError(f"object bytes must be bytes-like, got {type(data).__name__}")
+    if view.ndim != 1 or view.itemsize != 1:
+        view = view.cast("B")
+    return view.toreadonly()

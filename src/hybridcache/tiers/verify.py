@@ -1,0 +1,108 @@
+"""Exact verification of fetched objects: every doubt is a miss with its reason (fail closed).
+
+Owns no state. :func:`verify` checks bytes against an :class:`Expectation` in a fixed order
+(decodable, fingerprint, kind and range, tokens, multimodal identity, own key, payload
+checksum) and returns a :class:`Verdict`; :func:`fetch_verified` does the same for a batch read
+from a store, turning a store failure into ``TIMEOUT`` or ``UNAVAILABLE`` verdicts instead of
+an exception, so a caller falls back to a shallower step or to recompute.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from hybridcache.errors import CorruptObjectError, InvalidTypeError, StoreError, StoreTimeoutError, UnsupportedFormatError
+from hybridcache.tiers.keys import Expectation
+from hybridcache.tiers.objects import ObjectHeader, StoredObject, decode_header, decode_payload, payload_matches
+
+
+class MissReason(enum.Enum):
+    """Why a fetched object was not used."""
+
+    MISSING = "missing"  # no object under the key in this store
+    TIMEOUT = "timeout"  # the store did not answer in time
+    UNAVAILABLE = "unavailable"  # the store failed or could not be reached
+    CORRUPT = "corrupt"  # truncated, garbled, or a header checksum mismatch
+    FINGERPRINT_MISMATCH = "fingerprint_mismatch"  # another model, layout, namespace or format
+    RANGE_MISMATCH = "range_mismatch"  # another kind, start or step than requested
+    TOKEN_MISMATCH = "token_mismatch"
+    MULTIMODAL_MISMATCH = "multimodal_mismatch"
+    KEY_MISMATCH = "key_mismatch"  # the header names another key than the one requested
+    CHECKSUM_MISMATCH = "checksum_mismatch"  # the payload was altered
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome for one object: ``obj`` when usable, else the ``reason`` and a ``detail``."""
+
+    reason: MissReason | None
+    detail: str = ""
+    obj: StoredObject | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+
+def verify(data: bytes | bytearray | memoryview | None, expected: Expectation) -> Verdict:
+    """Check fetched bytes (``None`` = not found) against what the request needs."""
+    if not isinstance(expected, Expectation):
+        raise InvalidTypeError("expected must be an Expectation")
+    if data is None:
+        return Verdict(MissReason.MISSING, expected.key.name)
+    try:
+        header = decode_header(data)
+    except CorruptObjectError as error:
+        return Verdict(_decode_reason(error), str(error))
+    mismatch = _header_mismatch(header, expected)
+    if mismatch is not None:
+        return mismatch
+    if not payload_matches(data, header):
+        return Verdict(MissReason.CHECKSUM_MISMATCH, expected.key.name)
+    try:
+        return Verdict(None, obj=StoredObject(header, decode_payload(data, header)))
+    except CorruptObjectError as error:  # a well-hashed but malformed payload: a writer's bug
+        return Verdict(MissReason.CORRUPT, str(error))
+
+
+def _decode_reason(error: CorruptObjectError) -> MissReason:
+    # Another format version is another namespace: its fingerprint cannot be read to compare.
+    return MissReason.FINGERPRINT_MISMATCH if isinstance(error, UnsupportedFormatError) else MissReason.CORRUPT
+
+
+def _header_mismatch(header: ObjectHeader, expected: Expectation) -> Verdict | None:
+    differing = expected.fingerprint.differing_fields(header.fingerprint)
+    if differing:
+        return Verdict(MissReason.FINGERPRINT_MISMATCH, "differs in " + ", ".join(differing))
+    if (header.kind, header.start, header.step) != (expected.key.kind, expected.start, expected.step):
+        return Verdict(
+            MissReason.RANGE_MISMATCH,
+            f"{header.kind.name} [{header.start}, {header.step}) instead of "
+            f"{expected.key.kind.name} [{expected.start}, {expected.step})",
+        )
+    if not np.array_equal(header.tokens, expected.tokens):
+        first = int(np.argmax(header.tokens != expected.tokens))
+        return Verdict(MissReason.TOKEN_MISMATCH, f"first differing token at {header.start + first}")
+    if header.multimodal != expected.multimodal:
+        return Verdict(MissReason.MULTIMODAL_MISMATCH, f"{header.multimodal} instead of {expected.multimodal}")
+    if header.key != expected.key:
+        return Verdict(MissReason.KEY_MISMATCH, f"{header.key.name} instead of {expected.key.name}")
+    return None
+
+
+def fetch_verified(store, expectations: Sequence[Expectation], timeout: float | None = None) -> list[Verdict]:
+    """Read ``expectations`` from ``store`` in one batch and verify each object."""
+    expectations = list(expectations)
+    if any(not isinstance(item, Expectation) for item in expectations):
+        raise InvalidTypeError("expectations must be Expectation instances")
+    try:
+        found = store.get([item.key.name for item in expectations], timeout=timeout)
+    except StoreTimeoutError as error:
+        return [Verdict(MissReason.TIMEOUT, str(error)) for _ in expectations]
+    except StoreError as error:
+        return [Verdict(MissReason.UNAVAILABLE, str(error)) for _ in expectations]
+    return [verify(data, item) for data, item in zip(found, expectations)]
