@@ -70,6 +70,12 @@ def _demo(_: argparse.Namespace, __: list[str]) -> int:
     return 0 if run_demo(console) else 1
 
 
+def _replay(args: argparse.Namespace, _: list[str]) -> int:
+    from hybridcache.replay.cli import run
+
+    return run(args, console)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hybridcache", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -87,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--smoke", action="store_true", help="a seconds-long run that only checks the scenario works")
     bench.add_argument("--json", metavar="PATH", help="write the records as JSON")
     bench.set_defaults(handler=_bench)
+    from hybridcache.replay.cli import add_arguments as add_replay_arguments
+
+    replay = commands.add_parser("replay", help="replay a request trace through the cache and measure hit rates")
+    add_replay_arguments(replay)
+    replay.set_defaults(handler=_replay)
     return parser
 
 
