@@ -1,0 +1,64 @@
+"""Fixtures for the tier tests: real servers on free loopback ports, one store per backend.
+
+``redis-server`` runs for the session on 127.0.0.1; Mooncake (master, segment holder and the
+client under test) runs for the session inside a private network namespace, driven through
+:class:`tiers.remote.RemoteStore`. Both are stopped by pid at the end of the session. A
+missing server binary fails the tests that need it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+
+import pytest
+
+from hybridcache.tiers.backends import DiskStore, HostMemoryStore, RedisStore
+
+from . import servers
+from .remote import RemoteStore
+
+BACKENDS = ("host", "disk", "redis", "mooncake")
+CAPACITY = 64 << 20
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    server = servers.start_redis(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def mooncake_remote(tmp_path_factory):
+    remote = RemoteStore(tmp_path_factory.mktemp("mooncake"))
+    yield remote
+    remote.close()
+
+
+def redis_url(server: servers.Server) -> str:
+    return f"redis://127.0.0.1:{server.port}/0"
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request, tmp_path):
+    """A store of each backend; the shared servers are isolated by unique keys per test."""
+    if request.param == "host":
+        opened = HostMemoryStore(CAPACITY)
+    elif request.param == "disk":
+        opened = DiskStore(tmp_path / "disk", CAPACITY)
+    elif request.param == "redis":
+        opened = RedisStore(redis_url(request.getfixturevalue("redis_server")), key_prefix=f"t{uuid.uuid4().hex[:8]}:")
+    else:
+        yield request.getfixturevalue("mooncake_remote")  # shared for the session: not closed here
+        return
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def new_key():
+    """Fresh keys, unique across tests, so stores shared by the session never collide."""
+    run = uuid.uuid4().hex[:12]
+    counter = itertools.count()
+    return lambda: f"k-{run}-{next(counter)}"
