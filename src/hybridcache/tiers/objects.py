@@ -131,7 +131,7 @@ def _checked_array(name: object, array: object) -> np.ndarray:
         raise InvalidTypeError(f"array {name!r} has unsupported dtype {array.dtype} (plain numeric only)")
     if array.ndim > _MAX_NDIM:
         raise InvalidArgumentError(f"array {name!r} has more than {_MAX_NDIM} dimensions")
-    return np.ascontiguousarray(array)
+    return array if array.flags.c_contiguous else array.copy(order="C")  # ascontiguousarray lifts 0-d
 
 
 def _encode(expected: Expectation, arrays: dict[str, np.ndarray]) -> bytes:
