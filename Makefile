@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[engine,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[engine,dev,redis,mooncake]'
 	touch $(STAMP)
 
 demo: $(STAMP)
