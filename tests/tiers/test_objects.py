@@ -141,3 +141,22 @@ def test_trailing_bytes_wrong_magic_and_other_versions_are_refused():
         decode(b"")
     with pytest.raises(InvalidTypeError):
         decode("not bytes")
+
+
+@pytest.mark.parametrize("dtype_text", ["<f3", "<b1", "|i4"])
+def test_a_well_hashed_object_with_an_impossible_dtype_is_corrupt(dtype_text):
+    blob = encode_kv_chunk(chain(), 0, {"k": np.zeros(3, dtype="<f4")})
+    forged_payload = blob[decode_header(blob).header_length :].replace(b"<f4", dtype_text.encode())
+    header = decode_header(blob)
+    rebuilt = _with_payload(blob[: header.header_length], forged_payload)
+    with pytest.raises(CorruptObjectError):
+        decode(rebuilt)
+
+
+def _with_payload(header: bytes, payload: bytes) -> bytes:
+    """Re-sign a header for a forged payload: what a buggy writer could produce."""
+    import hashlib
+
+    checksum = hashlib.blake2b(payload, digest_size=32, person=b"hc-payload").digest()
+    unsigned = header[: len(header) - 16 - 32] + checksum
+    return unsigned + hashlib.blake2b(unsigned, digest_size=16, person=b"hc-header").digest() + payload

@@ -13,7 +13,7 @@ from hybridcache.tiers import KeyChain, MissReason, encode_checkpoint, encode_kv
 from hybridcache.tiers.backends import Fault, FaultInjectingStore, HostMemoryStore, Operation
 from hybridcache.tiers.objects import MAGIC
 
-from .helpers import CHUNK, chain, fingerprint, kv_arrays, state_arrays
+from .helpers import CHUNK, chain, kv_arrays, state_arrays
 from .test_keys import FINGERPRINT_CHANGES
 
 SPAN = MultimodalSpan(CHUNK + 2, CHUNK + 9, "image", "sha256:aa")

@@ -293,9 +293,9 @@ def decode_payload(data: object, header: ObjectHeader) -> Mapping[str, np.ndarra
 def _read_entry(reader: wire.Reader) -> tuple[str, np.dtype, tuple[int, ...], int, int]:
     name = reader.text("array name")
     dtype_text = reader.text("array dtype")
-    if not name or not _DTYPE_TEXT.fullmatch(dtype_text):
+    dtype = _read_dtype(dtype_text)
+    if not name or dtype is None:
         raise CorruptObjectError(f"bad array entry {name!r} with dtype {dtype_text!r}")
-    dtype = np.dtype(dtype_text)
     ndim = reader.u8("array ndim")
     if ndim > _MAX_NDIM:
         raise CorruptObjectError(f"array {name!r} claims {ndim} dimensions")
@@ -305,6 +305,17 @@ def _read_entry(reader: wire.Reader) -> tuple[str, np.dtype, tuple[int, ...], in
     if length != dtype.itemsize * int(np.prod(shape, dtype=object)):
         raise CorruptObjectError(f"array {name!r} length {length} does not match {dtype} {shape}")
     return name, dtype, shape, offset, length
+
+
+def _read_dtype(text: str) -> np.dtype | None:
+    """The dtype named by ``text`` when it is a plain numeric one in canonical form."""
+    if not _DTYPE_TEXT.fullmatch(text):
+        return None
+    try:
+        dtype = np.dtype(text)
+    except TypeError:  # e.g. "<f3": the pattern allows sizes NumPy does not have
+        return None
+    return dtype if dtype.str == text else None
 
 
 def _place_arrays(view: memoryview, entries: list, table_end: int) -> dict[str, np.ndarray]:
@@ -318,7 +329,7 @@ def _place_arrays(view: memoryview, entries: list, table_end: int) -> dict[str, 
         flat = np.frombuffer(view, dtype=dtype, count=length // dtype.itemsize, offset=offset)
         arrays[name] = flat.reshape(shape)
         expected_offset = _aligned(offset + length)
-    last_name, last_dtype, last_shape, last_offset, last_length = entries[-1]
+    *_, last_offset, last_length = entries[-1]
     if last_offset + last_length != len(view):
         raise CorruptObjectError("payload has trailing bytes")
     return arrays
