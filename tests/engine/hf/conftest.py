@@ -1,0 +1,38 @@
+"""Fixtures: tiny random checkpoints saved with ``save_pretrained``, one directory per family
+per test session, and the transformers oracle loaded back independently of the adapter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from tests.engine.hf.tiny_configs import tiny_config
+
+
+def save_tiny_model(family: str, directory, *, sensitive: bool = True, seed: int = 0) -> str:
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(family, sensitive=sensitive), experts_implementation="eager")
+    model.save_pretrained(directory)
+    return str(directory)
+
+
+def load_oracle(directory: str) -> torch.nn.Module:
+    """transformers' own model from the same directory, float64, no hybridcache code involved."""
+    model = AutoModelForCausalLM.from_pretrained(
+        directory, local_files_only=True, dtype=torch.float64, experts_implementation="eager"
+    )
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory):
+    """``checkpoint(family)`` -> the directory of that family's tiny sensitive checkpoint."""
+    saved: dict[str, str] = {}
+
+    def get(family: str) -> str:
+        if family not in saved:
+            saved[family] = save_tiny_model(family, tmp_path_factory.mktemp(family))
+        return saved[family]
+
+    return get
