@@ -25,6 +25,16 @@ def load_oracle(directory: str) -> torch.nn.Module:
     return model.eval()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_intra_op_thread():
+    """The oracle runs on one thread too: torch's multi-threaded float64 depthwise conv1d is
+    three orders of magnitude slower on these tiny tensors."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory):
     """``checkpoint(family)`` -> the directory of that family's tiny sensitive checkpoint."""

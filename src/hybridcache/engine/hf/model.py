@@ -12,6 +12,7 @@ are found at load time by ``_detect_resume`` and resume token by token after pos
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
@@ -42,6 +43,16 @@ _RESUME_PROBE_STATE_STD = 1.0
 _RESUME_PROBE_RTOL = 1e-3
 
 
+@contextlib.contextmanager
+def _intra_op_threads(count: int):
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def _gap(left: np.ndarray, right: np.ndarray) -> float:
     return float(np.abs(left - right).max())
 
@@ -67,10 +78,11 @@ class HFModel:
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
         self._keeps_last_logits = "logits_to_keep" in parameters
         vocab_size = self._model.config.get_text_config(decoder=True).vocab_size
-        probe = probe_model(self._model, vocab_size)
-        self._routers = RouterHooks(probe.routers, probe.router_outputs)
-        self.layout = ModelLayout(probe.layers, vocab_size, self._routers.width, CHUNK_RESUME)
-        self.layout = replace(self.layout, resume=self._detect_resume())
+        with _intra_op_threads(config.num_threads):
+            probe = probe_model(self._model, vocab_size)
+            self._routers = RouterHooks(probe.routers, probe.router_outputs)
+            self.layout = ModelLayout(probe.layers, vocab_size, self._routers.width, CHUNK_RESUME)
+            self.layout = replace(self.layout, resume=self._detect_resume())
 
     @property
     def transformers_model(self) -> torch.nn.Module:
@@ -97,7 +109,7 @@ class HFModel:
         self._check_storage(storage)
         plans = self._validated_plans(chunks, storage, replay_experts)
         token_by_token = self.layout.resume == TOKEN_BY_TOKEN_RESUME
-        with torch.no_grad():
+        with torch.no_grad(), _intra_op_threads(self.config.num_threads):
             return [self._run_chunk(plan, storage, token_by_token and plan.start > 0) for plan in plans]
 
     # --- one chunk ---------------------------------------------------------------------------
