@@ -22,13 +22,13 @@ import numpy as np
 from hybridcache.errors import (
     InvalidArgumentError,
     InvalidBlockIdError,
-    InvalidNamespaceError,
     InvalidSpanError,
     InvalidStepError,
     InvalidTokenError,
     InvalidTypeError,
 )
 from hybridcache.prefix_state import PrefixState
+from hybridcache.types import as_name, as_optional_name, as_ordered
 
 TOKEN_DTYPE = np.int32
 _TOKEN_BYTES = np.dtype(TOKEN_DTYPE).itemsize
@@ -62,8 +62,7 @@ class MultimodalSpan:
             value = getattr(self, name)
             if not isinstance(value, str):
                 raise InvalidTypeError(f"span {name} must be a str")
-            if not value:
-                raise InvalidSpanError(f"span {name} must not be empty")
+            object.__setattr__(self, name, as_name(f"span {name}", value, InvalidSpanError))
         if self.start < 0 or self.end <= self.start:
             raise InvalidSpanError(f"span [{self.start}, {self.end}) is empty or negative")
         object.__setattr__(self, "start", int(self.start))
@@ -83,9 +82,7 @@ class Namespace:
 
     def __post_init__(self) -> None:
         for name in ("adapter", "cache_salt"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or not value):
-                raise InvalidNamespaceError(f"{name} must be None or a non-empty str, got {value!r}")
+            object.__setattr__(self, name, as_optional_name(name, getattr(self, name)))
         object.__setattr__(self, "_hash", hash((self.adapter, self.cache_salt)))
 
     def __hash__(self) -> int:  # looked up on every match: computed once
@@ -101,13 +98,13 @@ BASE_NAMESPACE = Namespace()
 
 
 def as_token_array(tokens: object) -> np.ndarray:
-    """Validate token ids and return them as a fresh contiguous int32 array."""
+    """Validate token ids and return them as a fresh contiguous int32 array. Any ordered
+    iterable is materialized once (a generator is read exactly once); sets and mappings,
+    whose order is undefined, are refused."""
     if isinstance(tokens, np.ndarray):
         array = tokens
     else:
-        if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Iterable):
-            raise InvalidTypeError("tokens must be a sequence of ints")
-        items = list(tokens)
+        items = as_ordered("tokens", tokens)
         if any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) for t in items):
             raise InvalidTypeError("token ids must be ints")
         # Range-check the Python ints before the int64 conversion, which would overflow.
@@ -124,9 +121,9 @@ def as_token_array(tokens: object) -> np.ndarray:
 
 
 def _validate_spans(spans: Iterable[MultimodalSpan], num_tokens: int) -> tuple[MultimodalSpan, ...]:
-    if isinstance(spans, MultimodalSpan) or not isinstance(spans, Iterable):
+    if isinstance(spans, MultimodalSpan):
         raise InvalidTypeError("multimodal must be a sequence of MultimodalSpan")
-    spans = list(spans)
+    spans = as_ordered("multimodal", spans)
     if any(not isinstance(span, MultimodalSpan) for span in spans):
         raise InvalidTypeError("multimodal spans must be MultimodalSpan instances")
     ordered = tuple(sorted(spans))

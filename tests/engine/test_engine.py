@@ -136,7 +136,7 @@ def test_routed_experts_cover_every_processed_token(async_depth):
     width = engine.config.model.routed_expert_width
     # prompt and every generated token but the last went through the model
     assert result.routed_experts.shape == (21 + 5 - 1, width)
-    follow = Request(prompt=request.prompt + result.tokens + tokens(4, 30), max_new_tokens=2, return_routed_experts=True)
+    follow = Request(prompt=list(request.prompt) + result.tokens + tokens(4, 30), max_new_tokens=2, return_routed_experts=True)
     second = engine.generate([follow])[0]  # served from the cache: the experts are replayed
     assert second.cached_tokens >= 21 + 5 - 1
     assert second.routed_experts.shape == (len(follow.prompt) + 1, width)

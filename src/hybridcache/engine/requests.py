@@ -1,4 +1,11 @@
-"""What callers hand the engine and what they get back."""
+"""What callers hand the engine and what they get back.
+
+Owns nothing mutable. A ``Request`` and its ``MultimodalInput`` items are copied into
+immutable form when they are built (a read-only int32 prompt array, ``bytes`` content, tuples),
+and a content identity is computed from that copy only: a caller that keeps changing its own
+list or buffer afterwards cannot change what the engine computes or under which identity the
+result is cached.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +14,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hybridcache.errors import InvalidArgumentError, InvalidSpanError, InvalidTypeError
+from hybridcache.errors import HybridCacheError, InvalidSpanError, InvalidTypeError
+from hybridcache.sequence import as_token_array
+from hybridcache.types import as_bool, as_int, as_name, as_optional_name, as_ordered
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class MultimodalInput:
     """Placeholder positions ``[start, end)`` of the prompt whose embeddings come from ``data``
     (for example an image's bytes). Equal data means equal content."""
@@ -19,48 +28,56 @@ class MultimodalInput:
     end: int
     data: bytes
     modality: str = "image"
+    content_id: str = field(init=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.data, (bytes, bytearray)):
+        if not isinstance(self.data, (bytes, bytearray, memoryview)):
             raise InvalidTypeError("multimodal data must be bytes")
-        for name in ("start", "end"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise InvalidTypeError(f"multimodal {name} must be an int")
-        if self.start < 0 or self.end <= self.start:
-            raise InvalidSpanError(f"multimodal span [{self.start}, {self.end}) is empty or negative")
+        data = bytes(self.data)
+        start, end = as_int("multimodal start", self.start), as_int("multimodal end", self.end)
+        if start < 0 or end <= start:
+            raise InvalidSpanError(f"multimodal span [{start}, {end}) is empty or negative")
+        object.__setattr__(self, "start", start)
+        object.__setattr__(self, "end", end)
+        object.__setattr__(self, "data", data)
+        object.__setattr__(self, "modality", as_name("multimodal modality", self.modality, InvalidSpanError))
+        object.__setattr__(self, "content_id", hashlib.sha256(data).hexdigest())
 
-    @property
-    def content_id(self) -> str:
-        return hashlib.sha256(bytes(self.data)).hexdigest()
 
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Request:
-    prompt: list[int]
+    """A prompt and how to serve it. ``prompt`` may be any ordered iterable of token ids (a
+    generator is read once); it is kept as a read-only int32 array."""
+
+    prompt: np.ndarray
     max_new_tokens: int = 8
     adapter: str | None = None
     cache_salt: str | None = None
-    multimodal: tuple[MultimodalInput, ...] | list[MultimodalInput] = ()
+    multimodal: tuple[MultimodalInput, ...] = ()
     return_routed_experts: bool = False
 
     def __post_init__(self) -> None:
-        value = self.max_new_tokens
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise InvalidTypeError("max_new_tokens must be an int")
-        if value < 1:
-            raise InvalidArgumentError("max_new_tokens must be >= 1")
-        if isinstance(self.multimodal, MultimodalInput) or any(
-            not isinstance(item, MultimodalInput) for item in self.multimodal
-        ):
-            raise InvalidTypeError("multimodal must be a list of MultimodalInput")
+        prompt = as_token_array(self.prompt)
+        prompt.flags.writeable = False
+        multimodal = as_ordered("multimodal", self.multimodal)
+        if any(not isinstance(item, MultimodalInput) for item in multimodal):
+            raise InvalidTypeError("multimodal must be a sequence of MultimodalInput")
+        object.__setattr__(self, "prompt", prompt)
+        object.__setattr__(self, "max_new_tokens", as_int("max_new_tokens", self.max_new_tokens, 1))
+        object.__setattr__(self, "adapter", as_optional_name("adapter", self.adapter))
+        object.__setattr__(self, "cache_salt", as_optional_name("cache_salt", self.cache_salt))
+        object.__setattr__(self, "multimodal", multimodal)
+        object.__setattr__(self, "return_routed_experts", as_bool("return_routed_experts", self.return_routed_experts))
 
 
 @dataclass
 class Result:
+    """A finished request. ``error`` is set when the engine gave up on it (its forwards kept
+    failing, or it can never fit); ``tokens`` then holds what was generated before."""
+
     request_id: int
     prompt_tokens: int
     tokens: list[int]
     cached_tokens: int
     routed_experts: np.ndarray | None = None
-    extra: dict = field(default_factory=dict)
+    error: HybridCacheError | None = None
