@@ -115,6 +115,19 @@ class OutOfStateSlotsError(ResourceExhaustedError):
     """The state pool has too few free slots for the requested role."""
 
 
+class RequestTooLargeError(ResourceExhaustedError):
+    """A request cannot fit even alone in empty pools (its prompt plus decode budget needs
+    more KV blocks than exist); it is refused instead of retried."""
+
+
+# --- serving ---------------------------------------------------------------------------------
+
+
+class RequestFailedError(HybridCacheError, RuntimeError):
+    """The engine gave up on one request: its forwards kept failing when it ran alone. The
+    underlying error is its ``__cause__``; the other requests keep being served."""
+
+
 # --- external models -------------------------------------------------------------------------
 
 

@@ -113,12 +113,12 @@ class FailureWatch:
         scheduler = engine.scheduler
         real_abort = scheduler.abort
 
-        def abort(chunk):
+        def abort(chunk, **options):
             self.aborted += 1
             if chunk.save is not None:
                 self.saves.append(chunk.save)
             self.nodes.extend(self._pending_path(chunk.entry.seq))
-            real_abort(chunk)
+            real_abort(chunk, **options)
 
         scheduler.abort = abort
 

@@ -10,14 +10,19 @@ strictly in queue order, which is what makes releasing those pins early safe.
 
 If a forward raises, nothing it would have produced stays matchable: its reserved or
 published saves are dropped, the trie nodes it attached for blocks it did not write are
-detached, and its sequences go back to recompute; the engine keeps serving.
+detached, and its sequences go back to recompute; the engine keeps serving. Nothing retries
+forever: a request whose forward failed runs alone from then on, and one that has been in
+``MAX_FORWARD_FAILURES`` failed forwards is finished with ``RequestFailedError`` on its
+result. A request that could not fit even alone in empty pools is refused when it is added.
+
+Results belong to whoever submitted the request: ``generate`` returns exactly its own, and
+results of requests queued with ``add_request`` are handed out by ``step``.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,14 +31,24 @@ from hybridcache.engine.cache_tensors import CacheTensors
 from hybridcache.engine.copy_plan import CopyPlan, build_copy_plan
 from hybridcache.engine.model import ForwardChunk, TinyHybridConfig, TinyHybridModel
 from hybridcache.engine.requests import Request, Result
-from hybridcache.errors import InvalidConfigError, InvalidNamespaceError, InvalidTokenError, InvalidTypeError
+from hybridcache.errors import (
+    HybridCacheError,
+    InvalidConfigError,
+    InvalidNamespaceError,
+    InvalidTokenError,
+    InvalidTypeError,
+    RequestFailedError,
+    RequestTooLargeError,
+)
 from hybridcache.memory.block_pool import BlockPool
 from hybridcache.memory.state_pool import StatePool
 from hybridcache.prefix_cache.trie import BlockTrie
 from hybridcache.scheduler.scheduler import ScheduledBatch, ScheduledChunk, Scheduler, SchedulerConfig, ServingSequence
 from hybridcache.sequence import MultimodalSpan, Sequence
+from hybridcache.types import as_bool, as_int, as_names, as_ordered, ceil_div
 
 FAULT_STAGES = ("before_restore", "after_restore", "before_save", "after_save")
+MAX_FORWARD_FAILURES = 3  # the first failure isolates a request; two more alone end it
 
 
 class InjectedFault(RuntimeError):
@@ -61,16 +76,28 @@ class EngineConfig:
     max_checkpoints_per_anchor: int = 4
 
     def __post_init__(self) -> None:
+        """Validate every field now (never first at ``Engine`` construction) and refuse
+        configurations that could never serve a request."""
+        for name, minimum in _INT_FIELDS.items():
+            object.__setattr__(self, name, as_int(name, getattr(self, name), minimum, error=InvalidConfigError))
+        for name in ("prefix_caching", "checkpoint_chunk_ends", "shared_write_guard"):
+            object.__setattr__(self, name, as_bool(name, getattr(self, name), error=InvalidConfigError))
         if self.async_depth not in (0, 1):
             raise InvalidConfigError("async_depth must be 0 or 1")
+        if self.dtype not in ("float64", "float32"):
+            raise InvalidConfigError(f"dtype must be 'float64' or 'float32', got {self.dtype!r}")
         if not isinstance(self.model, TinyHybridConfig):
             raise InvalidConfigError("model must be a TinyHybridConfig")
-        if self.block_size < 2 or self.block_size % 2:
+        if self.block_size % 2:
             raise InvalidConfigError("block_size must be an even int >= 2")
-        if self.num_state_slots < 2:
-            raise InvalidConfigError("num_state_slots must be >= 2 (slot 0 is reserved)")
+        if self.num_state_slots - 1 - self.checkpoint_budget < 1:
+            raise InvalidConfigError(
+                "num_state_slots must leave a runtime slot beside the reserved row and the checkpoint budget"
+            )
         if self.decode_checkpoint_interval % self.block_size:
             raise InvalidConfigError("decode_checkpoint_interval must be a multiple of block_size")
+        if self.adapters is not None:
+            object.__setattr__(self, "adapters", _config_names("adapters", self.adapters))
         self.scheduler_config()  # validates the batching limits now, not at Engine construction
 
     def scheduler_config(self) -> SchedulerConfig:
@@ -81,6 +108,28 @@ class EngineConfig:
             decode_checkpoint_interval=self.decode_checkpoint_interval,
             checkpoint_chunk_ends=self.checkpoint_chunk_ends,
         )
+
+
+def _config_names(name: str, value: object) -> tuple[str, ...]:
+    try:
+        return as_names(name, value)
+    except HybridCacheError as error:
+        raise InvalidConfigError(str(error)) from None
+
+
+_INT_FIELDS = {
+    "block_size": 2,
+    "num_kv_blocks": 1,
+    "num_state_slots": 2,
+    "checkpoint_budget": 0,
+    "max_batch_tokens": 1,
+    "max_running": 1,
+    "prefill_chunk": 1,
+    "decode_checkpoint_interval": 0,
+    "async_depth": 0,
+    "seed": 0,
+    "max_checkpoints_per_anchor": 1,
+}
 
 
 @dataclass
@@ -119,73 +168,85 @@ class Engine:
         self._entries: dict[int, ServingSequence] = {}
         self._ids = itertools.count()
         self._queue: deque[_QueuedForward] = deque()
+        self._undelivered: list[Result] = []
         self._faults: deque[str] = deque()
         self._counters = {"forwards": 0, "failed_forwards": 0, "computed_tokens": 0, "cache_flushes": 0}
 
     # --- requests ------------------------------------------------------------------------------
 
     def add_request(self, request: Request) -> int:
-        """Queue a request; returns its id. Invalid requests raise and change nothing."""
-        entry = self._entry_for(request)
-        self._queue_entry(entry)
-        return entry.request_id
+        """Queue a request; returns its id. Its result is handed out by ``step``. Invalid
+        requests raise and change nothing, request ids included."""
+        seq = self._validated(request)
+        return self._enqueue(request, seq).request_id
 
-    def _queue_entry(self, entry: ServingSequence) -> None:
+    def _enqueue(self, request: Request, seq: Sequence) -> ServingSequence:
+        entry = ServingSequence(next(self._ids), seq, request.max_new_tokens, payload=request)
         self._entries[entry.request_id] = entry
         self.scheduler.add(entry)
+        return entry
 
     def cancel(self, request_id: int) -> bool:
         """Drop an unfinished request (a forward in flight for it completes first and its
         output is discarded). Returns False when the id is unknown or already finished."""
-        entry = self._entries.pop(request_id, None)
+        entry = self._entries.pop(as_int("request_id", request_id), None)
         if entry is None:
             return False
         self.scheduler.cancel(entry)
         return True
 
-    def _entry_for(self, request: Request) -> ServingSequence:
-        """Validate a request and build its serving state (nothing is queued yet)."""
+    def _validated(self, request: Request) -> Sequence:
+        """Check a request against this engine and build its sequence (nothing is queued)."""
         if not isinstance(request, Request):
-            raise InvalidTypeError("expected a Request")
-        config = self.config
-        if isinstance(request.prompt, (str, bytes)) or not isinstance(request.prompt, Iterable):
-            raise InvalidTypeError("prompt must be a sequence of token ids")
-        prompt = list(request.prompt)
-        if not prompt:
+            raise InvalidTypeError(f"expected a Request, got {type(request).__name__}")
+        config, prompt = self.config, request.prompt
+        if not prompt.size:
             raise InvalidTokenError("a prompt needs at least one token")
-        if any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) for t in prompt):
-            raise InvalidTypeError("prompt token ids must be ints")
-        if min(prompt) < 0 or max(prompt) >= config.model.vocab_size:
+        if int(prompt.max()) >= config.model.vocab_size:
             raise InvalidTokenError(f"prompt token ids must lie in [0, {config.model.vocab_size})")
         if config.adapters is not None and request.adapter is not None and request.adapter not in config.adapters:
             raise InvalidNamespaceError(f"unknown adapter {request.adapter!r}")
+        # The last generated token is never fed back, so its KV is never needed.
+        needed = ceil_div(prompt.size + request.max_new_tokens - 1, config.block_size)
+        if needed > config.num_kv_blocks:
+            raise RequestTooLargeError(
+                f"the prompt and decode budget need {needed} KV blocks; the pool has {config.num_kv_blocks}"
+            )
         spans = [MultimodalSpan(m.start, m.end, m.modality, m.content_id) for m in request.multimodal]
-        seq = Sequence(
+        return Sequence(
             prompt,
             adapter=request.adapter,
             cache_salt=request.cache_salt,
             multimodal=spans,
             want_routed_experts=request.return_routed_experts,
         )
-        return ServingSequence(next(self._ids), seq, request.max_new_tokens, payload=request)
 
     def generate(self, requests: list[Request]) -> list[Result]:
-        """Serve ``requests`` to completion; results in request order."""
-        entries = [self._entry_for(request) for request in requests]  # all valid before any is queued
-        for entry in entries:
-            self._queue_entry(entry)
-        ids = [entry.request_id for entry in entries]
-        finished: dict[int, Result] = {}
+        """Serve ``requests`` to completion; their results in request order. Requests queued
+        earlier with ``add_request`` keep running, and their results wait for ``step``."""
+        requests = as_ordered("requests", requests)
+        sequences = [self._validated(request) for request in requests]  # all valid before any is queued
+        ids = [self._enqueue(request, seq).request_id for request, seq in zip(requests, sequences)]
+        mine, finished = set(ids), {}
         while len(finished) < len(ids):
-            for result in self.step():
-                finished[result.request_id] = result
+            for result in self._advance():
+                if result.request_id in mine:
+                    finished[result.request_id] = result
+                else:
+                    self._undelivered.append(result)
         return [finished[i] for i in ids]
 
     # --- the loop ------------------------------------------------------------------------------
 
     def step(self) -> list[Result]:
         """Schedule and queue one forward, and run what the async depth allows; returns the
-        requests that finished."""
+        requests queued with ``add_request`` that finished (including any that finished while
+        ``generate`` was serving other requests)."""
+        finished, self._undelivered = self._undelivered, []
+        finished.extend(self._advance())
+        return finished
+
+    def _advance(self) -> list[Result]:
         batch = self.scheduler.schedule()
         if batch.chunks:
             self._queue.append(self._prepare(batch))
@@ -195,16 +256,20 @@ class Engine:
             finished.extend(self._execute(self._queue.popleft()))
             executed += 1
         if not batch.chunks and not executed and self.scheduler.has_work:
-            self._unstick()
+            finished.extend(self._unstick())
         return finished
 
-    def _unstick(self) -> None:
+    def _unstick(self) -> list[Result]:
         """Nothing could be scheduled although requests wait: the cache holds the room they
-        need. Drop every unpinned checkpoint and cached leaf before the next attempt."""
+        need. Drop every unpinned checkpoint and cached leaf before the next attempt; when
+        that frees nothing and nothing runs, the request at the head can never be admitted,
+        so it is ended with an error instead of blocking the queue."""
         self._counters["cache_flushes"] += 1
-        freed = self.trie.clear()
-        if freed == 0 and not self.scheduler.running:
-            raise RuntimeError("a waiting request can never fit: pools are too small for it")
+        if self.trie.clear() or self.scheduler.running:
+            return []
+        entry = self.scheduler.drop_waiting_head()
+        self._entries.pop(entry.request_id, None)
+        return [self._result(entry, RequestTooLargeError("the request cannot be admitted even into empty pools"))]
 
     def _prepare(self, batch: ScheduledBatch) -> _QueuedForward:
         config = self.config
@@ -247,11 +312,9 @@ class Engine:
             cache.copy_blocks(*plan.save_blocks)
             cache.copy_states(*plan.save_states)
             self._fault_point("after_save")
-        except Exception:
+        except Exception as error:  # the model's or a copy's failure: recompute, never lose the engine
             self._counters["failed_forwards"] += 1
-            for chunk in queued.batch.chunks:
-                self.scheduler.abort(chunk)
-            return []
+            return self._fail_forward(queued.batch, error)
         self._counters["forwards"] += 1
         self._counters["computed_tokens"] += queued.batch.num_tokens
         finished = []
@@ -264,15 +327,31 @@ class Engine:
                 finished.append(self._result(chunk.entry))
         return finished
 
-    def _result(self, entry: ServingSequence) -> Result:
-        seq = entry.seq
-        prompt_tokens = len(entry.payload.prompt)
+    def _fail_forward(self, batch: ScheduledBatch, error: Exception) -> list[Result]:
+        """Send each request of a failed forward back to recompute, alone from now on (so a
+        failure tied to one request cannot starve the others); end the ones that have been in
+        ``MAX_FORWARD_FAILURES`` failed forwards."""
+        ended = []
+        for chunk in batch.chunks:
+            entry = chunk.entry
+            entry.forward_failures += 1
+            retry = entry.forward_failures < MAX_FORWARD_FAILURES
+            self.scheduler.abort(chunk, retry=retry)
+            if not retry and self._entries.pop(entry.request_id, None) is not None:
+                failure = RequestFailedError(f"{entry.forward_failures} forwards carrying request {entry.request_id} failed")
+                failure.__cause__ = error
+                ended.append(self._result(entry, failure))
+        return ended
+
+    def _result(self, entry: ServingSequence, error: HybridCacheError | None = None) -> Result:
+        prompt_tokens = entry.payload.prompt.size
         return Result(
             request_id=entry.request_id,
             prompt_tokens=prompt_tokens,
-            tokens=seq.tokens[prompt_tokens:].tolist(),
+            tokens=entry.seq.tokens[prompt_tokens:].tolist(),
             cached_tokens=entry.cached_tokens,
             routed_experts=entry.final_routed_experts,
+            error=error,
         )
 
     # --- fault injection (tests) ---------------------------------------------------------------
@@ -299,6 +378,12 @@ class Engine:
         return stats
 
     def check_invariants(self) -> None:
+        """The cache's and scheduler's invariants, and that a request is in flight exactly
+        when a queued forward carries it (none is stranded by a forward that never runs)."""
+        carried = [id(chunk.entry) for queued in self._queue for chunk in queued.batch.chunks]
+        assert len(set(carried)) == len(carried), "one request is in two queued forwards"
+        for entry in (*self.scheduler.running, *self.scheduler.waiting):
+            assert entry.in_flight == (id(entry) in set(carried)), "a request is in flight with no forward queued"
         self.trie.check_invariants(self.scheduler.live_sequences())
         self.scheduler.check_invariants()
         self.states.check_invariants()

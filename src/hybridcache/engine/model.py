@@ -1,7 +1,7 @@
 """A tiny random-weight hybrid language model (Mamba2-style recurrent + attention, MoE FFN).
 
-Owns: its weights, fixed at construction from ``seed``, and a memo of the low-rank adapter
-weights derived from each adapter name seen so far (derived data, never changed once made).
+Owns: its weights, fixed at construction from ``seed``, and a bounded memo of the low-rank adapter
+weights derived from the adapter names used most recently (derived data, never changed once made).
 Every KV entry and recurrent state lives in the caller's ``CacheTensors``; ``forward`` writes
 the KV of the positions it computes and the state slot of each chunk, nothing else.
 
@@ -16,6 +16,7 @@ from other blocks/slots cannot change a single bit of the logits, routed experts
 from __future__ import annotations
 
 import contextlib
+from collections import OrderedDict
 import hashlib
 import math
 from dataclasses import dataclass, field
@@ -28,17 +29,19 @@ import torch.nn.functional as F
 from hybridcache.errors import (
     InvalidArgumentError,
     InvalidConfigError,
-    InvalidNamespaceError,
     InvalidSpanError,
     InvalidTokenError,
     InvalidTypeError,
     SharedWriteError,
 )
 
+from hybridcache.types import as_optional_name
+
 if TYPE_CHECKING:
     from hybridcache.engine.cache_tensors import CacheTensors
 
 EXPERT_DTYPE = np.int16
+ADAPTER_MEMO_SIZE = 64
 _DTYPES = {"float64": torch.float64, "float32": torch.float32}
 _RMS_EPS = 1e-6
 _ROPE_BASE = 10000.0
@@ -401,9 +404,7 @@ def _validated_spans(spans: object) -> tuple[_Span, ...]:
 def _validated_adapter(adapter: object) -> str | None:
     if adapter is not None and not isinstance(adapter, str):
         raise InvalidTypeError(f"adapter must be None or a str, got {type(adapter).__name__}")
-    if adapter == "":
-        raise InvalidNamespaceError("adapter must be None or a non-empty str")
-    return adapter
+    return as_optional_name("adapter", adapter)
 
 
 def _validated_tokens(tokens: object, vocab_size: int) -> list[int]:
@@ -465,7 +466,7 @@ class TinyHybridModel:
         exponents = torch.arange(half, dtype=torch.float64) / half
         self._rope_inverse_frequency = (_ROPE_BASE**-exponents).to(self.dtype)
         self._rope_magnitude = torch.ones(half, dtype=self.dtype)
-        self._adapters: dict[str, list[_AdapterLayer]] = {}
+        self._adapters: OrderedDict[str, list[_AdapterLayer]] = OrderedDict()
 
     # --- public ------------------------------------------------------------------------------
 
@@ -690,9 +691,16 @@ class TinyHybridModel:
     # --- adapters ----------------------------------------------------------------------------
 
     def _adapter_layers(self, name: str) -> list[_AdapterLayer]:
-        if name not in self._adapters:
-            self._adapters[name] = self._derive_adapter(name)
-        return self._adapters[name]
+        """The adapter's weights, derived on first use; the memo keeps the most recently used
+        ``ADAPTER_MEMO_SIZE`` (re-deriving one gives the very same bits)."""
+        layers = self._adapters.get(name)
+        if layers is None:
+            layers = self._adapters[name] = self._derive_adapter(name)
+            if len(self._adapters) > ADAPTER_MEMO_SIZE:
+                self._adapters.popitem(last=False)
+        else:
+            self._adapters.move_to_end(name)
+        return layers
 
     def _derive_adapter(self, name: str) -> list[_AdapterLayer]:
         """Low-rank mixer-output deltas seeded by ``sha256(name)`` alone (not the model seed)."""

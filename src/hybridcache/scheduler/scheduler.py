@@ -37,6 +37,7 @@ class Phase(enum.Enum):
     RUNNING = "running"
     FINISHED = "finished"
     CANCELLED = "cancelled"
+    FAILED = "failed"
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,14 @@ class ServingSequence:
     admissions: int = 0
     in_flight: bool = False
     cancelled: bool = False
+    forward_failures: int = 0  # forwards carrying it that raised; after the first it runs alone
     final_routed_experts: np.ndarray | None = None  # captured when the request finishes
+
+    @property
+    def isolated(self) -> bool:
+        """A forward carrying it failed: it is scheduled alone, so a failure tied to it cannot
+        take other requests down with it again."""
+        return self.forward_failures > 0
 
     @property
     def finishing(self) -> bool:
@@ -125,11 +133,40 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
+        alone = self._isolated_chunk()
+        if alone is not None:
+            batch.chunks.append(alone)
+        else:
+            self._fill(batch)
+        for chunk in batch.chunks:
+            chunk.save = self._reserve_save(chunk)
+            chunk.entry.in_flight = True
+        return batch
+
+    def _isolated_chunk(self) -> ScheduledChunk | None:
+        """The next chunk of an isolated sequence, which then makes up the whole batch.
+        Isolated sequences go first so that later traffic cannot starve them."""
+        budget = self.config.max_batch_tokens
+        for entry in self.running:
+            if entry.isolated and not entry.in_flight and entry.phase is Phase.RUNNING:
+                chunk = self._continue(entry, budget)
+                if chunk is not None:
+                    return chunk
+        if self.waiting and self.waiting[0].isolated and len(self.running) < self.config.max_running:
+            chunk = self._admit(self.waiting[0], budget)
+            if chunk is not None:
+                self.waiting.popleft()
+                return chunk
+        return None
+
+    def _fill(self, batch: ScheduledBatch) -> None:
+        """Running sequences first, then waiting ones, up to the token budget; isolated
+        sequences are left to ``_isolated_chunk``."""
         budget = self.config.max_batch_tokens
         for entry in list(self.running):
             if budget == 0:
                 break
-            if entry.in_flight or entry.phase is not Phase.RUNNING:
+            if entry.in_flight or entry.phase is not Phase.RUNNING or entry.isolated:
                 continue
             chunk = self._continue(entry, budget)
             if chunk is not None:
@@ -137,16 +174,14 @@ class Scheduler:
                 batch.chunks.append(chunk)
                 budget -= chunk.end - chunk.start
         while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
+            if self.waiting[0].isolated:
+                break
             chunk = self._admit(self.waiting[0], budget)
             if chunk is None:
                 break
             self.waiting.popleft()
             batch.chunks.append(chunk)
             budget -= chunk.end - chunk.start
-        for chunk in batch.chunks:
-            chunk.save = self._reserve_save(chunk)
-            chunk.entry.in_flight = True
-        return batch
 
     def _continue(self, entry: ServingSequence, budget: int) -> ScheduledChunk | None:
         seq = entry.seq
@@ -246,9 +281,9 @@ class Scheduler:
         entry.phase = Phase.FINISHED
         return True
 
-    def abort(self, chunk: ScheduledChunk) -> None:
+    def abort(self, chunk: ScheduledChunk, *, retry: bool = True) -> None:
         """The forward carrying ``chunk`` failed: drop what it would have produced and send the
-        sequence back to recompute from scratch."""
+        sequence back to recompute from scratch, or with ``retry=False`` end it (FAILED)."""
         entry, seq = chunk.entry, chunk.entry.seq
         entry.in_flight = False
         if self.trie.checkpoints is not None:
@@ -256,8 +291,17 @@ class Scheduler:
         self.trie.discard_pending(seq)
         if entry.cancelled:
             self.cancel(entry)
-        else:
+        elif retry:
             self.preempt(entry)
+        else:
+            self._release(entry)
+            entry.phase = Phase.FAILED
+
+    def drop_waiting_head(self) -> ServingSequence:
+        """End the sequence at the head of the waiting queue (FAILED): it can never be admitted."""
+        entry = self.waiting.popleft()
+        entry.phase = Phase.FAILED
+        return entry
 
     def preempt(self, entry: ServingSequence) -> None:
         """Recompute preemption: free everything the sequence holds; it waits at the front."""
