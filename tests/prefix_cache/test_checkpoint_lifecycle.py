@@ -10,6 +10,7 @@ import pytest
 from hybridcache.errors import (
     AlreadyPublishedError,
     InvalidArgumentError,
+    InvalidStepError,
     InvalidTypeError,
     LifecycleError,
     PinnedError,
@@ -127,23 +128,37 @@ def test_a_new_reserve_discards_the_previous_one():
     second = seq.prefix_state.pending_save
     assert first.state is CheckpointState.RELEASED and second.state is CheckpointState.RESERVED
     assert states.num_free == free_slots - 1 and cp.live_records() == [second]
-    assert cp.reserve_save(seq, 0) == NO_SAVE  # a refused reserve still drops the previous one
+    with pytest.raises(InvalidStepError):  # bad input changes nothing: the reservation stays
+        cp.reserve_save(seq, 0)
+    assert seq.prefix_state.pending_save is second and second.state is CheckpointState.RESERVED
+    assert cp.reserve_save(seq, 41, is_decode=True) == NO_SAVE  # a refused reserve drops the previous one
     assert second.state is CheckpointState.RELEASED and states.num_free == free_slots
     trie.check_invariants([seq])
 
 
-@pytest.mark.parametrize(
-    ("step", "why"),
-    [(0, "non-positive"), (-3, "negative"), (49, "beyond the tokens"), (18, "inside a span")],
-)
-def test_reserve_refusals(step, why):
+def test_a_step_inside_a_span_is_refused_without_a_save():
     pool, states, trie = make_hybrid()
     seq = Sequence(tokens(48), multimodal=[MultimodalSpan(17, 20, "image", "a")])
     admit(trie, seq)
     before = (pool.num_free, states.num_free)
-    assert trie.checkpoints.reserve_save(seq, step) == NO_SAVE, why
+    assert trie.checkpoints.reserve_save(seq, 18) == NO_SAVE
     assert seq.prefix_state.pending_save is None and trie.checkpoints.live_records() == []
     assert (pool.num_free, states.num_free) == before
+
+
+@pytest.mark.parametrize("step", [0, -3, 49, 10**12])
+def test_an_out_of_range_step_raises_and_keeps_the_reservation(step):
+    pool, states, trie = make_hybrid()
+    seq = Sequence(tokens(48))
+    admit(trie, seq)
+    trie.checkpoints.reserve_save(seq, 33)
+    held = seq.prefix_state.pending_save
+    before = (pool.num_free, states.num_free)
+    with pytest.raises(InvalidStepError):
+        trie.checkpoints.reserve_save(seq, step)
+    assert seq.prefix_state.pending_save is held and held.state is CheckpointState.RESERVED
+    assert (pool.num_free, states.num_free) == before
+    trie.check_invariants([seq])
 
 
 def test_reserve_needs_the_cursor_at_the_anchor():

@@ -24,7 +24,9 @@ import numpy as np
 
 from hybridcache.errors import (
     AlreadyPublishedError,
+    ForeignSequenceError,
     InvalidArgumentError,
+    InvalidStepError,
     InvalidTypeError,
     LifecycleError,
     OutOfBlocksError,
@@ -43,6 +45,7 @@ from hybridcache.prefix_cache.checkpoint_record import (
 )
 from hybridcache.prefix_cache.node import NodeTable
 from hybridcache.sequence import Sequence
+from hybridcache.types import as_int
 
 NO_SAVE = -1
 
@@ -64,7 +67,11 @@ class CheckpointLifecycle:
         states: StatePool,
         block_size: int,
         max_per_anchor: int = 4,
+        *,
+        owner: int = -1,
     ) -> None:
+        """``owner`` is the id of the trie whose sequences this lifecycle serves: a sequence
+        claimed by another trie is refused by every call that takes one."""
         if isinstance(max_per_anchor, bool) or not isinstance(max_per_anchor, int) or max_per_anchor < 1:
             raise InvalidArgumentError("max_per_anchor must be an int >= 1")
         self._nodes = nodes
@@ -73,6 +80,7 @@ class CheckpointLifecycle:
         self._states = states
         self._block_size = block_size
         self._max_per_anchor = max_per_anchor
+        self._owner = owner
         self._by_anchor: dict[int, list[CheckpointRecord]] = {}
         self._lru: list[_HeapEntry] = []
         self._frozen_lru: list[_HeapEntry] = []
@@ -94,6 +102,13 @@ class CheckpointLifecycle:
     def metadata_bytes(self) -> int:
         return sum(record.metadata_bytes for record in self.live_records())
 
+    def _require_own(self, seq: Sequence) -> None:
+        if not isinstance(seq, Sequence):
+            raise InvalidTypeError(f"expected a Sequence, got {type(seq).__name__}")
+        owner = seq.prefix_state.owner
+        if owner >= 0 and owner != self._owner:
+            raise ForeignSequenceError("the sequence belongs to another trie")
+
     # --- reserve -------------------------------------------------------------------------------
 
     def reserve_save(self, seq: Sequence, step: int | None = None, *, is_decode: bool = False) -> int:
@@ -106,12 +121,12 @@ class CheckpointLifecycle:
         for it) and, mid-block, a free KV block for the frozen copy, checked *before* anything is
         evicted.
         """
-        step = seq.num_valid if step is None else step
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
-            raise InvalidTypeError("step must be an int")
-        step = int(step)
+        self._require_own(seq)
+        step = seq.num_valid if step is None else as_int("step", step)
+        if not 0 < step <= seq.num_valid:
+            raise InvalidStepError(f"checkpoint step {step} outside (0, {seq.num_valid}]")
         self.discard_save(seq)
-        if not 0 < step <= seq.num_valid or not seq.is_boundary_safe(step):
+        if not seq.is_boundary_safe(step):
             return NO_SAVE
         partial = step % self._block_size != 0
         if is_decode and partial:
@@ -159,6 +174,7 @@ class CheckpointLifecycle:
     def reserve_decode_save(self, seq: Sequence, interval: int) -> int:
         """Reserve the sequence's periodic decode checkpoint at its current length, when that
         length is a positive multiple of ``interval`` (itself a multiple of the block size)."""
+        self._require_own(seq)
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 0:
             raise InvalidArgumentError("interval must be a non-negative int")
         if interval % self._block_size:
@@ -202,6 +218,7 @@ class CheckpointLifecycle:
     def attach_pending_tail_experts(self, seq: Sequence) -> None:
         """Give the sequence's published partial checkpoints the tail expert rows that arrived
         after publication (rows come with a forward's output)."""
+        self._require_own(seq)
         waiting = seq.prefix_state.records_missing_experts
         for record in list(waiting):
             if record.state is not CheckpointState.PUBLISHED:
@@ -215,6 +232,7 @@ class CheckpointLifecycle:
 
     def discard_save(self, seq: Sequence) -> bool:
         """Drop the sequence's unpublished reservation (its forward was abandoned)."""
+        self._require_own(seq)
         state = seq.prefix_state
         record = state.pending_save
         state.pending_save = None
@@ -233,6 +251,7 @@ class CheckpointLifecycle:
         that may still abandon the forward carrying the save copy.
         Returns whether a checkpoint was published.
         """
+        self._require_own(seq)
         state = seq.prefix_state
         record = state.pending_save
         if record is None:
@@ -295,6 +314,7 @@ class CheckpointLifecycle:
     # --- pins ----------------------------------------------------------------------------------
 
     def select_restore(self, seq: Sequence, record: CheckpointRecord) -> None:
+        self._require_own(seq)
         state = seq.prefix_state
         if state.restore_pinned:
             raise PinnedError("the sequence's current restore is pinned; unpin it first")
@@ -303,6 +323,7 @@ class CheckpointLifecycle:
     def pin_restore(self, seq: Sequence) -> bool:
         """Pin the selected restore until its copy is queued. False when nothing is selected,
         it is already pinned, or the checkpoint is gone (the match must then be dropped)."""
+        self._require_own(seq)
         state = seq.prefix_state
         record = state.restore
         if record is None or state.restore_pinned or not record.is_published:
@@ -316,6 +337,7 @@ class CheckpointLifecycle:
     def unpin_restore(self, seq: Sequence) -> bool:
         """Release the restore pin (at the boundary after the restore copy is queued) and clear
         the selection. False when no pin is held."""
+        self._require_own(seq)
         state = seq.prefix_state
         if not state.restore_pinned:
             return False
@@ -327,6 +349,7 @@ class CheckpointLifecycle:
     def unpin_save(self, seq: Sequence) -> bool:
         """Release the producer pin at the boundary after the save copy completed; the
         checkpoint becomes usable by later matches."""
+        self._require_own(seq)
         state = seq.prefix_state
         record = state.producer_pin
         if record is None:
@@ -349,6 +372,7 @@ class CheckpointLifecycle:
     def abandon_save(self, seq: Sequence) -> None:
         """The forward that should have written the sequence's save failed: drop the pending
         reservation, or the record published for it (unpinning it first)."""
+        self._require_own(seq)
         state = seq.prefix_state
         record = state.producer_pin
         if record is not None:
@@ -437,8 +461,12 @@ class CheckpointLifecycle:
         heapq.heappush(self._lru, entry)
         if record.is_partial:
             heapq.heappush(self._frozen_lru, entry)
-        if len(self._lru) > 2 * self._num_live + 64:
+        # Each heap is compacted on its own size: evictions pop from one heap only, so the
+        # other's stale entries (holding released records) would otherwise pile up.
+        limit = 2 * self._num_live + 64
+        if len(self._lru) > limit:
             self._lru = self._live_entries(self._lru)
+        if len(self._frozen_lru) > limit:
             self._frozen_lru = self._live_entries(self._frozen_lru)
 
     @staticmethod
@@ -466,6 +494,7 @@ class CheckpointLifecycle:
     def forget_sequence(self, seq: Sequence) -> None:
         """A sequence ends: drop its reservation and restore pin; the producer pin stays until
         the engine's output boundary releases it."""
+        self._require_own(seq)
         self.discard_save(seq)
         self.unpin_restore(seq)
         state = seq.prefix_state

@@ -91,6 +91,10 @@ class BlockKeyer:
     def _digest(self, payload: bytes) -> int:
         return int.from_bytes(hashlib.blake2b(payload, key=self._secret, digest_size=8).digest(), "little")
 
+    def forget_namespace(self, namespace: Namespace) -> None:
+        """Drop the memo of a namespace that no longer caches anything (bounded memory)."""
+        self._namespace_seeds.pop(namespace, None)
+
     def namespace_seed(self, namespace: Namespace) -> int:
         seed = self._namespace_seeds.get(namespace)
         if seed is None:

@@ -47,6 +47,9 @@ class NodePath:
     generation: int = -1  # the node's generation when the path was taken (-1: do not reuse)
     blocks: np.ndarray | None = None
 
+    def __getstate__(self) -> dict:  # the cached view is derived; a copy would hold a writable array
+        return {**self.__dict__, "blocks": None}
+
     def slot_at(self, nodes: NodeTable, depth: int) -> int:
         """The path's node at ``depth`` (the namespace root at 0)."""
         if depth == 0:
@@ -75,6 +78,8 @@ class NodeTable:
         self.extra_identity: dict[int, tuple[MultimodalSpan, ...]] = {}
         self._index = KeyIndex()
         self._roots: dict[Namespace, int] = {}
+        # Roots with no child: a namespace that caches nothing below its root can go.
+        self._childless_roots: set[int] = set()
         self._free_slots: list[int] = []
         self._high = 0
         self._num_attached = 0
@@ -132,7 +137,26 @@ class NodeTable:
             self.is_root[slot] = True
             self.mm_count[slot] = 0
             self._roots[namespace] = slot
+            self._childless_roots.add(slot)
         return slot
+
+    def childless_roots(self) -> list[tuple[Namespace, int]]:
+        """Namespaces whose root has no child, with the root's slot."""
+        return [(ns, slot) for ns, slot in self._roots.items() if slot in self._childless_roots]
+
+    def release_root(self, namespace: Namespace) -> None:
+        """Free a childless namespace root (its handles go stale: generation += 1). The next
+        use of the namespace creates a new root with the same key."""
+        slot = self._roots.get(namespace)
+        if slot is None or self.num_children[slot]:
+            raise TopologyError(f"namespace {namespace} has no childless root")
+        del self._roots[namespace]
+        self._childless_roots.discard(slot)
+        self.attached[slot] = False
+        self.is_root[slot] = False
+        self.generation[slot] += 1
+        self._free_slots.append(slot)
+        self.version += 1
 
     def is_valid(self, slot: int, generation: int) -> bool:
         return 0 <= slot < self._high and bool(self.attached[slot]) and int(self.generation[slot]) == generation
@@ -179,6 +203,7 @@ class NodeTable:
             heads[0] = self.run_head[parent]
         self.run_head[slots] = np.maximum.accumulate(heads)
         self.num_children[parent] += 1
+        self._childless_roots.discard(parent)
         self.num_children[slots] = 1
         self.num_children[slots[-1]] = 0
         self.attached[slots] = True
@@ -203,6 +228,8 @@ class NodeTable:
         self._index.remove(int(self.key[slot]), slot)
         parent = int(self.parent[slot])
         self.num_children[parent] -= 1
+        if self.is_root[parent] and self.num_children[parent] == 0:
+            self._childless_roots.add(parent)
         self.attached[slot] = False
         self.generation[slot] += 1
         self.parent[slot] = NO_SLOT
@@ -342,3 +369,6 @@ class NodeTable:
         assert not set(self._free_slots) & set(np.flatnonzero(attached).tolist()), "free slot in use"
         assert len(set(self._free_slots)) == len(self._free_slots), "slot freed twice"
         assert len(self._free_slots) + int(attached.sum()) == high, "slot leaked"
+        root_slots = set(self._roots.values())
+        assert root_slots == set(np.flatnonzero(attached & roots).tolist()), "a root is not its namespace's"
+        assert self._childless_roots == {s for s in root_slots if self.num_children[s] == 0}, "childless roots drifted"

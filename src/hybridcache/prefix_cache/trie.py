@@ -149,7 +149,7 @@ class BlockTrie:
                 raise InvalidTypeError(f"state_pool must be a StatePool, got {type(state_pool).__name__}")
             self.index = CheckpointIndex(self.nodes, self.experts, block_size)
             self.checkpoints = CheckpointLifecycle(
-                self.nodes, self.index, pool, state_pool, block_size, max_checkpoints_per_anchor
+                self.nodes, self.index, pool, state_pool, block_size, max_checkpoints_per_anchor, owner=self.trie_id
             )
 
     @property
@@ -171,6 +171,21 @@ class BlockTrie:
             state.verified, state.verified_generation, state.path, state.found = NO_NODE, -1, None, None
             state.clear_tracking()
         state.owner = self.trie_id
+
+    def _require_own(self, seq: Sequence) -> None:
+        """Refuse a sequence whose cached facts (and blocks) belong to another trie."""
+        _require_sequence(seq)
+        owner = seq.prefix_state.owner
+        if owner >= 0 and owner != self.trie_id:
+            raise ForeignSequenceError("the sequence belongs to another trie")
+
+    def _release_empty_namespaces(self) -> None:
+        """Free the root (and key memo) of every namespace that caches nothing: no node below
+        its root and no checkpoint on it, so per-namespace memory is bounded by what is cached."""
+        for namespace, slot in self.nodes.childless_roots():
+            if self.checkpoints is None or not self.checkpoints.records_at(slot):
+                self.nodes.release_root(namespace)
+                self.keyer.forget_namespace(namespace)
 
     def _root(self, namespace) -> int:
         slot = self.nodes.find_root(namespace)
@@ -504,6 +519,7 @@ class BlockTrie:
     def commit(self, txn: MatchTxn) -> None:
         """Make a match final: drop the references on blocks it displaced."""
         _require_txn(txn)
+        self._require_own(txn.seq)
         self._close(txn)
         if txn.displaced.size:
             self.pool.unref(txn.displaced)
@@ -511,6 +527,7 @@ class BlockTrie:
     def rollback(self, txn: MatchTxn) -> None:
         """Undo a match exactly: table, references, step, cursor, fresh range and statistics."""
         _require_txn(txn)
+        self._require_own(txn.seq)
         seq = txn.seq
         expected_blocks = max(txn.num_blocks_before, txn.table_start + txn.taken.size)
         state = seq.prefix_state
@@ -819,6 +836,7 @@ class BlockTrie:
         """Blocks the sequence may write for positions ``[start, end)``: held by it alone, or
         co-owned only by a pending trie node it attached itself (its own uncomputed block).
         A borrowed block is never writable."""
+        self._require_own(seq)
         size = self.block_size
         indices = range(max(start // size, seq.prefix_state.borrowed_depth), -(-end // size))
         table = seq.block_table
@@ -842,7 +860,7 @@ class BlockTrie:
     def mark_computed(self, seq: Sequence, start: int) -> None:
         """A forward computed the sequence's tokens from ``start`` to ``num_computed``: its own
         pending nodes in that range become matchable."""
-        _require_sequence(seq)
+        self._require_own(seq)
         state = seq.prefix_state
         if not self.track_pending or not self.nodes.is_valid(state.cursor, state.cursor_generation):
             return
@@ -864,7 +882,7 @@ class BlockTrie:
         """A forward of ``seq`` failed: detach the pending leaves it attached for blocks it did
         not write (and their checkpoints), so nothing it would have produced stays matchable.
         Returns how many nodes were detached."""
-        _require_sequence(seq)
+        self._require_own(seq)
         state = seq.prefix_state
         nodes = self.nodes
         detached = 0
@@ -900,7 +918,7 @@ class BlockTrie:
 
         Only blocks completed since the last call are visited (a watermark on the sequence).
         """
-        _require_sequence(seq)
+        self._require_own(seq)
         state = seq.prefix_state
         if not self.enabled or not seq.want_routed_experts:
             return
@@ -957,6 +975,7 @@ class BlockTrie:
                     self.stats.evicted_checkpoints += released.records
             self.stats.evicted_blocks += len(evicted)
             freed += len(evicted)
+        self._release_empty_namespaces()
         return freed
 
     def evict_checkpoints(self, count: int) -> int:
@@ -966,16 +985,21 @@ class BlockTrie:
             return 0
         released = self.checkpoints.evict(count)
         self.stats.evicted_checkpoints += released
+        self._release_empty_namespaces()
         return released
 
     def clear(self) -> int:
-        """Evict every unpinned checkpoint and every block only the trie holds."""
+        """Evict every unpinned checkpoint and every block only the trie holds, and the roots
+        of namespaces left with nothing cached."""
         released = self.evict_checkpoints(self.state_pool.num_slots) if self.checkpoints is not None else 0
-        return released + self.evict(self.nodes.num_attached)
+        freed = released + self.evict(self.nodes.num_attached)
+        self._release_empty_namespaces()
+        return freed
 
     def free_sequence(self, seq: Sequence) -> None:
-        """Release a finished or cancelled sequence: its block references and its tracking."""
-        _require_sequence(seq)
+        """Release a finished or cancelled sequence: its block references and its tracking.
+        A sequence of another trie is refused before anything changes."""
+        self._require_own(seq)
         if self.checkpoints is not None:
             self.checkpoints.forget_sequence(seq)
         state = seq.prefix_state
@@ -985,6 +1009,7 @@ class BlockTrie:
         seq.truncate_blocks(0)
         state.clear_tracking()
         seq.set_computed(0)
+        self._release_empty_namespaces()
 
     # --- diagnostics ---------------------------------------------------------------------------
 
