@@ -4,6 +4,9 @@ request ends that request only, and every caller gets exactly its own results.""
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import numpy as np
 import pytest
 
@@ -273,3 +276,12 @@ def test_check_invariants_sees_a_request_in_flight_with_no_forward_queued():
     engine.scheduler.running[0].in_flight = True  # what a forward lost after scheduling leaves
     with pytest.raises(AssertionError, match="in flight"):
         engine.check_invariants()
+
+
+@pytest.mark.parametrize("clone", [lambda t: pickle.loads(pickle.dumps(t)), copy.deepcopy])
+def test_a_copied_trie_with_shared_anchor_paths_keeps_its_invariants(clone):
+    engine = Engine(small(block_size=16, num_kv_blocks=64))
+    text = prompt(99, 9)
+    engine.generate([Request(prompt=text, max_new_tokens=3)])
+    assert engine.generate([Request(prompt=text + [5], max_new_tokens=3)])[0].cached_tokens > 0
+    clone(engine.trie).check_invariants()

@@ -136,7 +136,8 @@ def test_a_copied_trie_keeps_its_invariants(clone):
         trie.checkpoints.publish_save(seq)
         trie.free_sequence(seq)
     probe = Sequence(tokens(3 * B + 9))
-    trie.prepare(probe)  # a verified path on the sequence and on the hit record
-    copied = clone(trie)
-    copied.check_invariants()
+    trie.prepare(probe)
+    admit(trie, probe)
+    copied_trie, copied_probe = clone((trie, probe))
+    copied_trie.check_invariants([copied_probe])
     trie.check_invariants([probe])
