@@ -4,7 +4,7 @@ import pytest
 
 from hybridcache import CacheConfig, Sequence
 from hybridcache.cache import build_cache
-from hybridcache.errors import InvalidTypeError
+from hybridcache.errors import InvalidConfigError, InvalidTypeError
 
 
 def test_one_state_slot_builds_an_attention_only_trie():
@@ -12,9 +12,20 @@ def test_one_state_slot_builds_an_attention_only_trie():
     assert parts.pool.num_blocks == 32 and not parts.trie.is_hybrid and parts.trie.block_size == 16
 
 
-def test_state_slots_build_a_hybrid_trie_with_the_budget():
-    parts = build_cache(CacheConfig(block_size=16, num_kv_blocks=32, num_state_slots=6, checkpoint_budget=2))
+def test_a_hybrid_config_builds_a_hybrid_trie_with_the_budget():
+    parts = build_cache(CacheConfig(block_size=16, num_kv_blocks=32, num_state_slots=6, checkpoint_budget=2, hybrid=True))
     assert parts.trie.is_hybrid and parts.states.runtime_cap == 3
+
+
+def test_state_slots_alone_do_not_make_a_trie_hybrid():
+    """One rule decides "hybrid" (the model has recurrent layers), for the engine and the library."""
+    parts = build_cache(CacheConfig(block_size=16, num_kv_blocks=32, num_state_slots=6))
+    assert not parts.trie.is_hybrid and parts.states.num_slots == 6
+
+
+def test_a_hybrid_config_needs_a_state_slot_beside_the_reserved_row():
+    with pytest.raises(InvalidConfigError):
+        CacheConfig(hybrid=True, num_state_slots=1)
 
 
 def test_deterministic_keys_and_disabled_caching_are_honoured():

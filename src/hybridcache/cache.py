@@ -1,7 +1,8 @@
-"""Build the cache components from one validated ``CacheConfig``.
+"""Build the cache components from one validated ``CacheConfig``: the one composition root,
+used by the engine too.
 
-Owns nothing: it only composes the pools and the trie the way an engine would. With more than
-one state slot (slot 0 is reserved) the trie is hybrid: every hit needs a published checkpoint.
+Owns nothing: it only composes the pools and the trie. ``config.hybrid`` decides whether the
+trie gets the state pool (every hit then needs a published checkpoint).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ def build_cache(config: CacheConfig, *, track_pending: bool = False) -> CacheCom
         config.block_size,
         enabled=config.prefix_caching,
         keyer=keyer,
-        state_pool=states if config.num_state_slots > 1 else None,
+        state_pool=states if config.hybrid else None,
+        max_checkpoints_per_anchor=config.max_checkpoints_per_anchor,
         track_pending=track_pending,
     )
     return CacheComponents(pool, states, trie)

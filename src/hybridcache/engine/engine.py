@@ -40,9 +40,8 @@ from hybridcache.errors import (
     RequestFailedError,
     RequestTooLargeError,
 )
-from hybridcache.memory.block_pool import BlockPool
-from hybridcache.memory.state_pool import StatePool
-from hybridcache.prefix_cache.trie import BlockTrie
+from hybridcache.cache import build_cache
+from hybridcache.config import CacheConfig
 from hybridcache.scheduler.scheduler import ScheduledBatch, ScheduledChunk, Scheduler, SchedulerConfig, ServingSequence
 from hybridcache.sequence import MultimodalSpan, Sequence
 from hybridcache.types import as_bool, as_int, as_names, as_ordered, ceil_div
@@ -100,6 +99,18 @@ class EngineConfig:
             object.__setattr__(self, "adapters", _config_names("adapters", self.adapters))
         self.scheduler_config()  # validates the batching limits now, not at Engine construction
 
+    def cache_config(self) -> CacheConfig:
+        return CacheConfig(
+            block_size=self.block_size,
+            num_kv_blocks=self.num_kv_blocks,
+            num_state_slots=self.num_state_slots,
+            checkpoint_budget=self.checkpoint_budget,
+            prefix_caching=self.prefix_caching,
+            decode_checkpoint_interval=self.decode_checkpoint_interval,
+            hybrid=self.model.num_recurrent_layers > 0,
+            max_checkpoints_per_anchor=self.max_checkpoints_per_anchor,
+        )
+
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(
             max_batch_tokens=self.max_batch_tokens,
@@ -153,17 +164,8 @@ class Engine:
             num_state_slots=config.num_state_slots,
             dtype=config.dtype,
         )
-        self.pool = BlockPool(config.num_kv_blocks)
-        self.states = StatePool(config.num_state_slots, checkpoint_budget=config.checkpoint_budget)
-        hybrid = config.model.num_recurrent_layers > 0
-        self.trie = BlockTrie(
-            self.pool,
-            config.block_size,
-            enabled=config.prefix_caching,
-            state_pool=self.states if hybrid else None,
-            max_checkpoints_per_anchor=config.max_checkpoints_per_anchor,
-            track_pending=True,
-        )
+        built = build_cache(config.cache_config(), track_pending=True)
+        self.pool, self.states, self.trie = built.pool, built.states, built.trie
         self.scheduler = Scheduler(config.scheduler_config(), self.pool, self.states, self.trie)
         self._entries: dict[int, ServingSequence] = {}
         self._ids = itertools.count()
