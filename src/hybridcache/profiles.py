@@ -57,7 +57,8 @@ class ModelProfile:
             raise InvalidArgumentError(f"need 0 <= start <= end, got [{start}, {end})")
         tokens = end - start
         quadratic = (end * (end + 1) - start * (start + 1)) / 2
-        return tokens * (self.linear_flops_per_token + self.recurrent_flops_per_token) + self.attention_flops_coefficient * quadratic
+        per_token = self.linear_flops_per_token + self.recurrent_flops_per_token
+        return tokens * per_token + self.attention_flops_coefficient * quadratic
 
     @property
     def state_tokens_equivalent(self) -> float:
@@ -187,7 +188,9 @@ def _granite_hybrid(cfg: dict) -> _Totals:
     return totals
 
 
-_NEMOTRON_KINDS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe", "linear_attention": "mamba", "full_attention": "attention"}
+_NEMOTRON_KINDS = {
+    "M": "mamba", "*": "attention", "-": "mlp", "E": "moe", "linear_attention": "mamba", "full_attention": "attention",
+}
 
 
 def _nemotron_h(cfg: dict) -> _Totals:
@@ -366,7 +369,9 @@ def load_profile(name_or_path: str) -> ModelProfile:
         return profile_from_config(BUILTIN_CONFIGS[name_or_path], name_or_path)
     path = Path(name_or_path)
     if not path.is_file():
-        raise InvalidArgumentError(f"unknown model profile {name_or_path!r}; built in: {', '.join(PROFILE_NAMES)}, or a config.json path")
+        raise InvalidArgumentError(
+            f"unknown model profile {name_or_path!r}; built in: {', '.join(PROFILE_NAMES)}, or a config.json path"
+        )
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:

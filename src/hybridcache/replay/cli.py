@@ -44,7 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, help="replay only the first N requests")
     parser.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, help="library block size in tokens")
     parser.add_argument("--prefill-chunk", type=int, default=2048, help="prefill chunk of the reference rule")
-    parser.add_argument("--device-tflops", type=float, default=DEFAULT_DEVICE_TFLOPS, help="sustained TFLOP/s of the TTFT estimate")
+    parser.add_argument(
+        "--device-tflops", type=float, default=DEFAULT_DEVICE_TFLOPS, help="sustained TFLOP/s of the TTFT estimate"
+    )
     parser.add_argument("--seed", type=int, default=0, help="token synthesis seed")
     parser.add_argument("--json", metavar="PATH", help="write the records as JSON")
     parser.add_argument("--plot", metavar="PATH.png", help="write token hit rate vs budget, one curve per policy")

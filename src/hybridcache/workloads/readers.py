@@ -201,7 +201,9 @@ def _read_entries(handle, where: str, fmt: str, limit: int | None) -> tuple[str,
             if math.isnan(entry.timestamp_ms):  # an explicit-token line without a time arrives with the previous one
                 entry = dataclasses.replace(entry, timestamp_ms=previous_time)
             if entry.timestamp_ms < previous_time:
-                raise TraceFormatError(f"{where}:{number}: timestamp goes back in time ({entry.timestamp_ms} ms after {previous_time} ms)")
+                raise TraceFormatError(
+                    f"{where}:{number}: timestamp goes back in time ({entry.timestamp_ms} ms after {previous_time} ms)"
+                )
             previous_time = entry.timestamp_ms
             entries.append(entry)
             if limit is not None and len(entries) >= limit:
