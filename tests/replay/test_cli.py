@@ -55,3 +55,12 @@ def test_replay_refuses_bad_options(tmp_path, capsys):
         assert main(["replay", str(trace), *options]) == 2
         assert message in capsys.readouterr().out
     assert main(["replay", str(tmp_path / "missing.jsonl"), "--cache-bytes", "1GB"]) == 2
+
+
+def test_replay_reports_unwritable_outputs_and_bad_numbers(tmp_path, capsys):
+    trace = write_lines(tmp_path / "t.jsonl", ROWS)
+    assert main(["replay", str(trace), "--cache-bytes", "2GB", "--json", str(tmp_path / "no" / "r.json")]) == 2
+    assert "cannot write" in capsys.readouterr().out
+    assert main(["replay", str(trace), "--cache-bytes", "2GB", "--device-tflops", "0"]) == 2
+    assert main(["replay", str(trace), "--cache-bytes", "2GB", "--block-size", "3"]) == 2
+    assert "block_size" in capsys.readouterr().out

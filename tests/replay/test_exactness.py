@@ -74,3 +74,18 @@ def test_budget_split_covers_equal_tokens():
 def test_tiny_budget_is_refused():
     with pytest.raises(InvalidArgumentError, match="budget too small"):
         replay([], load_profile("marconi-7b"), resolve_policy("reference"), budget(0, 1))
+
+
+def test_wrong_types_are_refused():
+    from hybridcache.errors import InvalidTypeError
+    from hybridcache.workloads import infinite_cache_bound
+
+    policy = resolve_policy("reference")
+    with pytest.raises(InvalidTypeError):
+        replay([object()], PROFILE, policy, budget(64, 4))
+    with pytest.raises(InvalidTypeError):
+        replay([], "marconi-7b", policy, budget(64, 4))
+    with pytest.raises(InvalidTypeError):
+        infinite_cache_bound([object()])
+    with pytest.raises(InvalidTypeError):
+        read_trace(42)

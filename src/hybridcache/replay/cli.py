@@ -85,6 +85,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
 def _run(args: argparse.Namespace, console: Console) -> int:
     if args.limit is not None and args.limit < 1:
         raise InvalidArgumentError("--limit must be >= 1")
+    if not args.device_tflops > 0:
+        raise InvalidArgumentError("--device-tflops must be > 0")
     began = time.perf_counter()
     profile = load_profile(args.model)
     synthesized = synthesize(read_trace(args.trace, args.format, args.limit), seed=args.seed)
@@ -146,7 +148,10 @@ def _print(records: list[dict], console: Console) -> None:
 
 def _write(args: argparse.Namespace, records: list[dict], console: Console) -> None:
     if args.json:
-        Path(args.json).write_text(json.dumps(records, indent=2) + "\n", encoding="utf-8")
+        try:
+            Path(args.json).write_text(json.dumps(records, indent=2) + "\n", encoding="utf-8")
+        except OSError as error:
+            raise InvalidArgumentError(f"cannot write {args.json}: {error.strerror}") from None
         console.print(f"wrote {args.json}")
     if args.plot:
         from hybridcache.replay.plot import plot_hit_rates

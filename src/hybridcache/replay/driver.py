@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hybridcache.errors import InvalidArgumentError
+from hybridcache.errors import InvalidArgumentError, InvalidTypeError
 from hybridcache.profiles import ModelProfile
 from hybridcache.replay.adapter import CacheAdapter, PoolGeometry, Turn
 from hybridcache.replay.policies import Policy
@@ -107,7 +107,8 @@ def replay(
     progress: Callable[[], None] | None = None,
     observer: Observer | None = None,
 ) -> dict:
-    """Serve ``requests`` in order; returns the run's measurements (see ``record_fields``)."""
+    """Serve ``requests`` in order; returns the run's measurements (see ``_record``)."""
+    _validate(requests, profile, policy, budget)
     adapter = CacheAdapter(pool_geometry(budget, profile, block_size))
     counters = _Counters()
     began = time.perf_counter()
@@ -123,6 +124,14 @@ def replay(
         if progress is not None:
             progress()
     return _record(adapter, counters, len(requests), time.perf_counter() - began, (profile, policy, budget, block_size))
+
+
+def _validate(requests: SequenceLike[Request], profile: ModelProfile, policy: Policy, budget: Budget) -> None:
+    for value, kind in ((profile, ModelProfile), (policy, Policy), (budget, Budget)):
+        if not isinstance(value, kind):
+            raise InvalidTypeError(f"expected a {kind.__name__}, got {type(value).__name__}")
+    if any(not isinstance(request, Request) for request in requests):
+        raise InvalidTypeError("requests must be Request records (see hybridcache.workloads.synthesize)")
 
 
 def _record(adapter: CacheAdapter, counters: _Counters, requests: int, wall_s: float, setup: tuple) -> dict:

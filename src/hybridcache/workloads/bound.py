@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hybridcache.errors import InvalidTypeError
 from hybridcache.workloads.records import Request
 
 
@@ -60,6 +61,8 @@ def _insertion_point(order: list[int], requests: SequenceLike[Request], probe: n
 def infinite_cache_bound(requests: SequenceLike[Request]) -> Bound:
     """For every request, the tokens of its prompt's longest prefix that any earlier request's
     tokens (prompt and output) start with."""
+    if any(not isinstance(request, Request) for request in requests):
+        raise InvalidTypeError("requests must be Request records (see synthesize)")
     order: list[int] = []
     shared = np.zeros(len(requests), dtype=np.int64)
     for position, request in enumerate(requests):

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hybridcache.errors import InvalidArgumentError, TraceFormatError
+from hybridcache.errors import InvalidArgumentError, InvalidTypeError, TraceFormatError
 from hybridcache.sequence import MAX_TOKEN_ID
 from hybridcache.workloads.records import Trace, TraceEntry, frozen_array
 
@@ -173,6 +173,8 @@ def read_trace(path: str | Path, fmt: str = "auto", limit: int | None = None) ->
         raise InvalidArgumentError(f"unknown trace format {fmt!r}; choose one of {', '.join(FORMATS)} or auto")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise InvalidArgumentError(f"limit must be an int >= 1, got {limit!r}")
+    if not isinstance(path, (str, Path)):
+        raise InvalidTypeError(f"path must be a str or a Path, got {type(path).__name__}")
     path = Path(path)
     try:
         handle = path.open(encoding="utf-8")
