@@ -6,6 +6,7 @@ evicted inside ``reserve_save`` to free a state slot; surplus records released w
 holds too many). Every call below is one the reference engine or its scheduler makes, in the
 same order, with the forward itself left out:
 
+  __init__     build_cache(CacheConfig(hybrid=True), track_pending=True)   (engine: __init__)
   start_turn   Sequence(prompt) -> BlockTrie.prepare                       (engine: add_request)
   admit        admission.try_admit                                         (scheduler: _admit)
   grow         allocate(upto=computed) -> make_block_room -> grow_table -> allocate(upto=end)
@@ -24,9 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hybridcache.memory.block_pool import BlockPool
-from hybridcache.memory.state_pool import StatePool
-from hybridcache.prefix_cache.trie import BlockTrie
+from hybridcache.cache import build_cache
+from hybridcache.config import CacheConfig
 from hybridcache.scheduler.admission import blocks_needed, make_block_room, try_admit
 from hybridcache.sequence import Sequence
 
@@ -60,10 +60,16 @@ class Turn:
 class CacheAdapter:
     def __init__(self, geometry: PoolGeometry) -> None:
         self.geometry = geometry
-        self.pool = BlockPool(geometry.kv_blocks)
-        # slot 0 is reserved; one runtime slot for the turn being served; the rest checkpoints
-        self.states = StatePool(geometry.checkpoint_slots + 2, checkpoint_budget=geometry.checkpoint_slots)
-        self.trie = BlockTrie(self.pool, geometry.block_size, state_pool=self.states, track_pending=True)
+        config = CacheConfig(
+            block_size=geometry.block_size,
+            num_kv_blocks=geometry.kv_blocks,
+            # slot 0 is reserved; one runtime slot for the turn being served; the rest checkpoints
+            num_state_slots=geometry.checkpoint_slots + 2,
+            checkpoint_budget=geometry.checkpoint_slots,
+            hybrid=True,
+        )
+        components = build_cache(config, track_pending=True)  # as the engine builds its cache
+        self.pool, self.states, self.trie = components.pool, components.states, components.trie
         self.checkpoints = self.trie.checkpoints
         self.evicted_for_slots = 0
         self.released_over_anchor_cap = 0
