@@ -14,6 +14,8 @@ from hybridcache.prefix_cache import BlockKeyer, BlockTrie
 from hybridcache.prefix_state import NO_NODE
 from hybridcache.sequence import MultimodalSpan, Sequence
 
+from tests.keyers import CONSTANT, ConstantKeyer
+
 from ._helpers import (
     B,
     admit,
@@ -554,15 +556,6 @@ def test_multimodal_identity_is_compared_exactly_even_with_colliding_keys():
 # --- key collisions ------------------------------------------------------------------------------
 
 
-class ConstantKeyer(BlockKeyer):
-    """Every prefix key is 7: every lookup collides, only the exact comparison decides."""
-
-    def extend(self, seq):
-        keys = super().extend(seq)
-        keys[:] = 7
-        return keys
-
-
 def test_colliding_keys_never_prevent_caching_or_give_false_hits():
     pool, trie = make_trie(64, keyer=ConstantKeyer(B))
     first, second = tokens(3 * B + 1, start=1), tokens(3 * B + 1, start=1000)
@@ -570,7 +563,7 @@ def test_colliding_keys_never_prevent_caching_or_give_false_hits():
     for toks in (first, second, branch):
         produce(trie, toks)
     assert trie.nodes.num_attached == 3 + 3 + 2
-    assert len(trie.nodes.candidates(7)) == 8
+    assert len(trie.nodes.candidates(CONSTANT)) == 8
     trie.check_invariants()
     for toks, expected in ((first, 3 * B), (second, 3 * B), (branch, 3 * B), (tokens(3 * B + 1, start=2), 0)):
         seq = Sequence(toks)

@@ -28,6 +28,8 @@ from hybridcache.memory.block_pool import BlockPool
 from hybridcache.prefix_cache import BlockKeyer, BlockTrie
 from hybridcache.sequence import MultimodalSpan, Sequence
 
+from tests.keyers import TwoBitKeyer
+
 from ._helpers import seq_state
 
 BS = 4
@@ -36,15 +38,6 @@ MAX_TOKENS = 44
 NAMESPACES = [(None, None), ("lora-a", None), (None, "salt-1")]
 SPANS = [(1, 3), (2, 7), (5, 10), (9, 13)]
 TOKEN = st.integers(0, 3)
-
-
-class FewBitsKeyer(BlockKeyer):
-    """Keys keep only 2 bits: collisions everywhere, exact comparison must carry the load."""
-
-    def extend(self, seq):
-        keys = super().extend(seq)
-        keys &= np.uint64(3)
-        return keys
 
 
 def step(method):
@@ -86,7 +79,7 @@ class TrieMachine(RuleBasedStateMachine):
         self.pool = BlockPool(POOL_BLOCKS)
         # deterministic secrets keep examples reproducible (the per-process secret only changes
         # which keys collide, which test_identity covers)
-        keyer = FewBitsKeyer(BS, secret=b"few-bits") if colliding_keys else BlockKeyer.deterministic(BS)
+        keyer = TwoBitKeyer(BS, secret=b"few-bits") if colliding_keys else BlockKeyer.deterministic(BS)
         self.trie = BlockTrie(self.pool, BS, keyer=keyer)
 
     # --- model ---------------------------------------------------------------------------------

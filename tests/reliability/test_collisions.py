@@ -20,7 +20,7 @@ from hybridcache.prefix_cache.checkpoint_index import CheckpointIndex
 from hybridcache.prefix_cache.token_store import TokenStore
 from hybridcache.sequence import MultimodalSpan, Sequence
 
-from ._keyers import CONSTANT, ConstantKeyer
+from tests.keyers import CONSTANT, ConstantKeyer
 
 B = 4
 DEPTH = 4  # blocks per cached prompt

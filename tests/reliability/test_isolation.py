@@ -13,7 +13,7 @@ from hybridcache.memory.state_pool import StatePool
 from hybridcache.prefix_cache import BlockKeyer, BlockTrie
 from hybridcache.sequence import MultimodalSpan, Namespace, Sequence
 
-from ._keyers import ConstantKeyer
+from tests.keyers import ConstantKeyer
 
 B = 4
 NAMESPACES = [Namespace(None, None), Namespace("a", None), Namespace(None, "x"), Namespace("a", "x"), Namespace("x", None)]
