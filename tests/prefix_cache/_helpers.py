@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import types
 
 import numpy as np
 
@@ -108,6 +109,8 @@ def freeze(obj, _seen=None):
         return (type(obj).__name__, obj.value)
     if obj is None or isinstance(obj, (bool, int, float, str, bytes)):
         return obj
+    if isinstance(obj, (types.FunctionType, types.MethodType, types.BuiltinFunctionType, type)):
+        return ("callable", obj.__qualname__)  # behaviour, not state (a heap's score function)
     if isinstance(obj, dict):
         items = [(freeze(k, _seen), freeze(v, _seen)) for k, v in obj.items()]
         return ("dict", type(obj).__name__, tuple(sorted(items, key=repr)))

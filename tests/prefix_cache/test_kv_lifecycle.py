@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import heapq
 
 import numpy as np
 
@@ -75,14 +74,15 @@ def test_partly_held_path_evicts_only_the_unheld_tail():
 
 
 def test_stale_non_leaf_entry_is_skipped():
-    """Reference 7.2: a stale non-leaf parent with an older stamp; evict(2) still frees 2."""
+    """A stale entry for a node that is no longer a leaf, older than every live one, is
+    skipped: evict(2) still frees 2."""
     pool, trie = make_trie(16)
     produce(trie, tokens(2 * B + 1))
     (parent,) = slots_at_depth(trie, 1)
-    heapq.heappush(trie.kv._heap, (0, parent, int(trie.nodes.generation[parent])))
+    trie.kv._heap.restore([(0, parent, int(trie.nodes.generation[parent]), parent)])
     assert trie.evict(2) == 2
     assert pool.num_free == 16 and trie.nodes.num_attached == 0
-    assert not any(trie.kv._is_candidate(slot, gen) for _, slot, gen in trie.kv._heap)
+    assert not any(trie.kv._is_candidate(slot, gen) for gen, slot in trie.kv._heap.entries())
     trie.check_invariants()
 
 
@@ -97,7 +97,7 @@ def test_entry_of_a_detached_generation_is_ignored():
     admit(trie, held)
     (new,) = leaves(trie)
     assert new == old
-    heapq.heappush(trie.kv._heap, (0, old, old_generation))
+    trie.kv._heap.restore([(0, old, old_generation, old)])
     trie.free_sequence(held)
     assert trie.evict(1) == 1  # evicts the new node through its own entry
     assert trie.kv.evict(1) == []
@@ -135,7 +135,7 @@ def test_heap_is_compacted():
     for _ in range(1100):
         trie.kv.offer_leaf(leaf)
     assert len(trie.kv._heap) <= 2 * trie.nodes.num_attached + 1024 + 1
-    trie.kv._compact()
+    trie.kv._heap.compact()
     assert len(trie.kv._heap) == 1
     trie.check_invariants()
     assert trie.evict(1) == 1

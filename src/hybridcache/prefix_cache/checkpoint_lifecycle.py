@@ -1,8 +1,8 @@
 """Checkpoint lifecycle: reserve, publish, pin, unpin, release, evict, stale cleanup.
 
 Owns: every live checkpoint record, its checkpoint-role state slot, its frozen KV block, its
-pins, the records of each anchor node, and two persistent LRU heaps (all published records,
-and published records that own a frozen block). It also writes the checkpoint fields of a
+pins, the records of each anchor node, and two eviction heaps (``lru.EvictionHeap``: all
+published records, and published records that own a frozen block). It also writes the checkpoint fields of a
 sequence's ``prefix_state`` (pending save, restore selection, producer pin, decode checkpoint).
 
 States: absent -> RESERVED (slot and frozen block held, save in flight, not matchable) ->
@@ -17,7 +17,6 @@ nothing, and a checkpoint that keeps serving hits outlives a newer one that does
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +42,7 @@ from hybridcache.prefix_cache.checkpoint_record import (
     CheckpointState,
     anchor_step,
 )
+from hybridcache.prefix_cache.lru import EvictionHeap
 from hybridcache.prefix_cache.node import NodeTable
 from hybridcache.sequence import Sequence
 from hybridcache.types import as_int
@@ -55,7 +55,7 @@ class Released:
     records: int
     frozen_blocks: int
 
-_HeapEntry = tuple[int, int, CheckpointRecord]
+_HEAP_SLACK = 64  # stale entries tolerated beyond twice the live records before compaction
 
 
 class CheckpointLifecycle:
@@ -82,8 +82,8 @@ class CheckpointLifecycle:
         self._max_per_anchor = max_per_anchor
         self._owner = owner
         self._by_anchor: dict[int, list[CheckpointRecord]] = {}
-        self._lru: list[_HeapEntry] = []
-        self._frozen_lru: list[_HeapEntry] = []
+        self._lru = self._eviction_heap()  # published records (state-slot pressure)
+        self._frozen_lru = self._eviction_heap()  # published partial records (KV pressure)
         self._num_live = 0
 
     # --- queries -------------------------------------------------------------------------------
@@ -436,44 +436,35 @@ class CheckpointLifecycle:
         frees one frozen block. Returns how many were released."""
         return self._evict_from(self._frozen_lru, count)
 
-    def _evict_from(self, heap: list[_HeapEntry], count: int) -> int:
+    def _evict_from(self, heap: EvictionHeap[CheckpointRecord], count: int) -> int:
         if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
             raise InvalidArgumentError("count must be a non-negative int")
         released = 0
         set_aside = []
-        while heap and released < count:
-            entry = heapq.heappop(heap)
-            stamp, _, record = entry
-            if record.state is not CheckpointState.PUBLISHED or record.stamp != stamp:
-                continue
+        while released < count:
+            entry = heap.pop()
+            if entry is None:
+                break
+            record = entry[3]
             if record.pin_count:
                 set_aside.append(entry)
                 continue
             self._release(record)
             released += 1
-        for entry in set_aside:
-            heapq.heappush(heap, entry)
+        heap.restore(set_aside)
         return released
+
+    @staticmethod
+    def _eviction_heap() -> EvictionHeap[CheckpointRecord]:
+        """Records by recency; an entry is live while its record is published with the stamp
+        it was filed under (every touch files the record again)."""
+        return EvictionHeap(_stamp_of, _id_of, _filed_and_published, _HEAP_SLACK)
 
     def _touch(self, record: CheckpointRecord) -> None:
         record.stamp = self._pool.tick()
-        entry = (record.stamp, record.record_id, record)
-        heapq.heappush(self._lru, entry)
+        self._lru.push(record, record.stamp, self._num_live)
         if record.is_partial:
-            heapq.heappush(self._frozen_lru, entry)
-        # Each heap is compacted on its own size: evictions pop from one heap only, so the
-        # other's stale entries (holding released records) would otherwise pile up.
-        limit = 2 * self._num_live + 64
-        if len(self._lru) > limit:
-            self._lru = self._live_entries(self._lru)
-        if len(self._frozen_lru) > limit:
-            self._frozen_lru = self._live_entries(self._frozen_lru)
-
-    @staticmethod
-    def _live_entries(heap: list[_HeapEntry]) -> list[_HeapEntry]:
-        live = [entry for entry in heap if entry[2].is_published and entry[2].stamp == entry[0]]
-        heapq.heapify(live)
-        return live
+            self._frozen_lru.push(record, record.stamp, self._num_live)
 
     # --- stale cleanup ---------------------------------------------------------------------
 
@@ -550,6 +541,19 @@ class CheckpointLifecycle:
 
     def frozen_blocks(self) -> list[int]:
         return [r.frozen_block for r in self.live_records() if r.frozen_block != NO_BLOCK]
+
+
+# Module-level (not lambdas) so that a lifecycle pickles.
+def _stamp_of(record: CheckpointRecord) -> int:
+    return record.stamp
+
+
+def _id_of(record: CheckpointRecord) -> int:
+    return record.record_id
+
+
+def _filed_and_published(record: CheckpointRecord, stamp: int) -> bool:
+    return record.is_published and record.stamp == stamp
 
 
 def _frozen_copy(array: np.ndarray) -> np.ndarray:

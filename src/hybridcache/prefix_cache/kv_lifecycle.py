@@ -1,7 +1,7 @@
 """Trie KV references, path pins and LRU leaf eviction.
 
 Owns: the trie's single reference on each node's KV block, the path pins of sequences that
-borrow a cached path, and the persistent LRU heap of leaf candidates.
+borrow a cached path, and the eviction heap of leaf candidates (``lru.EvictionHeap``).
 
 A sequence whose match starts at the root borrows the matched path with one pin on its
 deepest node instead of one block reference per block: eviction only takes leaves, so a
@@ -10,31 +10,38 @@ Recency follows the same rule: returning a pin stamps the pinned node's block (w
 the path cannot be evicted, so a stamp at pin time would never decide an eviction), and an
 evicted leaf hands its stamp to its parent, so a path's blocks age as if each had been stamped.
 
-The heap is never rebuilt from all candidates: entries carry the stamp and the node generation
+The heap is never rebuilt from all candidates: entries carry the score and the node generation
 they were pushed with and are re-validated when popped (lazy invalidation). A popped entry
-whose block was touched since is pushed again with the new stamp; one whose block a sequence
+whose block was touched since is filed again under the new stamp; one whose block a sequence
 still holds or borrows is set aside for this call. Each evicted block costs O(log n)
-amortized. The heap is compacted when stale entries outnumber live nodes.
+amortized. The score is the block's recency stamp unless a policy gives another.
 """
 
 from __future__ import annotations
 
-import heapq
 from typing import Callable
 
 import numpy as np
 
 from hybridcache.errors import RefcountUnderflowError
 from hybridcache.memory.block_pool import BlockPool
+from hybridcache.prefix_cache.lru import EvictionHeap
 from hybridcache.prefix_cache.node import NodeTable
+
+_HEAP_SLACK = 1024  # stale entries tolerated beyond twice the attached nodes before compaction
 
 
 class KVLifecycle:
-    def __init__(self, nodes: NodeTable, pool: BlockPool) -> None:
+    def __init__(self, nodes: NodeTable, pool: BlockPool, score: Callable[[int], object] | None = None) -> None:
+        """``score(slot)`` orders leaf candidates (lowest first); by default the recency stamp
+        of the leaf's block (LRU)."""
         self._nodes = nodes
         self._pool = pool
-        self._heap: list[tuple[int, int, int]] = []
+        self._heap: EvictionHeap[int] = EvictionHeap(score or self._stamp_of, int, self._is_candidate, _HEAP_SLACK)
         self._pins: dict[int, int] = {}
+
+    def _stamp_of(self, slot: int) -> int:
+        return self._pool.stamp_of(int(self._nodes.block[slot]))
 
     def pin_path(self, slot: int) -> None:
         """A sequence borrows the path root..``slot`` (keeps it attached until unpinned)."""
@@ -60,13 +67,7 @@ class KVLifecycle:
 
     def offer_leaf(self, slot: int) -> None:
         """Make a node that just became a leaf an eviction candidate."""
-        self._push(slot)
-        if len(self._heap) > 2 * self._nodes.num_attached + 1024:
-            self._compact()
-
-    def _push(self, slot: int) -> None:
-        nodes = self._nodes
-        heapq.heappush(self._heap, (self._pool.stamp_of(int(nodes.block[slot])), slot, int(nodes.generation[slot])))
+        self._heap.push(slot, int(self._nodes.generation[slot]), self._nodes.num_attached)
 
     def _is_candidate(self, slot: int, generation: int) -> bool:
         nodes = self._nodes
@@ -76,11 +77,6 @@ class KVLifecycle:
             and not nodes.is_root[slot]
             and nodes.num_children[slot] == 0
         )
-
-    def _compact(self) -> None:
-        live = {(slot, gen) for _, slot, gen in self._heap if self._is_candidate(slot, gen)}
-        self._heap = [(self._pool.stamp_of(int(self._nodes.block[s])), s, g) for s, g in live]
-        heapq.heapify(self._heap)
 
     def evict(self, count: int, is_protected: Callable[[int], bool] | None = None) -> list[int]:
         """Evict up to ``count`` least recently used leaves only the trie holds.
@@ -92,17 +88,13 @@ class KVLifecycle:
         nodes, pool, heap = self._nodes, self._pool, self._heap
         evicted: list[int] = []
         freed_blocks: list[int] = []
-        set_aside: list[tuple[int, int, int]] = []
-        while heap and len(evicted) < count:
-            entry = heapq.heappop(heap)
-            stamp, slot, generation = entry
-            if not self._is_candidate(slot, generation):
-                continue
+        set_aside = []
+        while len(evicted) < count:
+            entry = heap.pop()
+            if entry is None:
+                break
+            slot = entry[3]
             block = int(nodes.block[slot])
-            current = pool.stamp_of(block)
-            if current != stamp:
-                heapq.heappush(heap, (current, slot, generation))
-                continue
             if (
                 slot in self._pins
                 or pool.refcount_of(block) > 1
@@ -114,11 +106,10 @@ class KVLifecycle:
             evicted.append(slot)
             freed_blocks.append(block)
             if not nodes.is_root[parent]:
-                pool.raise_stamp(int(nodes.block[parent]), stamp)
+                pool.raise_stamp(int(nodes.block[parent]), pool.stamp_of(block))
                 if nodes.num_children[parent] == 0:
-                    self._push(parent)
-        for entry in set_aside:
-            heapq.heappush(heap, entry)
+                    self.offer_leaf(parent)
+        heap.restore(set_aside)
         if freed_blocks:
             pool.unref(np.asarray(freed_blocks, dtype=np.int64), unique=True)
         return evicted
@@ -127,7 +118,7 @@ class KVLifecycle:
         nodes = self._nodes
         for slot, count in self._pins.items():
             assert count > 0 and nodes.attached[slot] and not nodes.is_root[slot], f"pin on node {slot} is not live"
-        offered = {(slot, gen) for _, slot, gen in self._heap}
+        offered = {(slot, gen) for gen, slot in self._heap.entries()}
         for slot in nodes.attached_slots().tolist():
             if nodes.num_children[slot] == 0:
                 assert (slot, int(nodes.generation[slot])) in offered, f"leaf {slot} is not an eviction candidate"
