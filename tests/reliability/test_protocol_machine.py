@@ -1,6 +1,6 @@
-"""The CI version of the soak: the model-based cache-protocol machine (``hybridcache.soak``)
-for a few dozen examples, the soak runner and its entry point, and regressions the machine
-found (kept as plain tests)."""
+"""The CI version of the soak: the model-based cache-protocol machine (``protocol_machine``)
+for a few dozen examples, the soak runner (``soak``) and its entry point, and regressions the
+machine found (kept as plain tests)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,19 @@ import io
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from hypothesis import HealthCheck, settings
 
 from hybridcache.memory.block_pool import BlockPool
 from hybridcache.memory.state_pool import StatePool
 from hybridcache.prefix_cache import BlockTrie
-from hybridcache.soak import CacheProtocolMachine, run_soak
 from hybridcache.sequence import Sequence
+
+from tests.reliability.protocol_machine import CacheProtocolMachine
+from tests.reliability.soak import run_soak
+
+REPOSITORY = Path(__file__).resolve().parents[2]
 
 TestCacheProtocol = CacheProtocolMachine.TestCase
 TestCacheProtocol.settings = settings(
@@ -46,9 +51,11 @@ def test_run_soak_reports_a_violation(monkeypatch):
 
 
 def test_soak_entry_point_prints_steps_and_violations():
+    """What ``make soak`` runs, for one second: the last line counts steps and violations."""
     env = dict(os.environ, SOAK_SECONDS="1", SOAK_SEED="5")
     done = subprocess.run(
-        [sys.executable, "-m", "hybridcache.soak"], capture_output=True, text=True, env=env, timeout=120
+        [sys.executable, "-m", "tests.reliability.soak"],
+        capture_output=True, text=True, env=env, timeout=120, cwd=REPOSITORY,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     last = done.stdout.strip().splitlines()[-1]
@@ -56,13 +63,20 @@ def test_soak_entry_point_prints_steps_and_violations():
     assert int(last.split(":")[1].split(",")[0]) > 0
 
 
-def test_the_core_package_never_imports_the_soak_harness():
-    """hypothesis is a dev dependency: nothing outside tests may pull in hybridcache.soak."""
+def test_the_core_package_never_imports_hypothesis():
+    """hypothesis is a dev dependency: no module under src/ imports it, and importing every
+    public package of hybridcache leaves it unloaded."""
+    package = REPOSITORY / "src" / "hybridcache"
+    importers = [
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if any(line.lstrip().startswith(("import hypothesis", "from hypothesis")) for line in path.read_text().splitlines())
+    ]
+    assert importers == []
     code = (
         "import sys, hybridcache, hybridcache.cli, hybridcache.demo, hybridcache.engine, hybridcache.scheduler, "
         "hybridcache.prefix_cache, hybridcache.memory, hybridcache.config, hybridcache.errors\n"
-        "assert 'hybridcache.soak' not in sys.modules and 'hypothesis' not in sys.modules, "
-        "sorted(m for m in sys.modules if m.startswith(('hypothesis', 'hybridcache.soak')))\n"
+        "assert 'hypothesis' not in sys.modules, sorted(m for m in sys.modules if m.startswith('hypothesis'))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -1,13 +1,9 @@
-"""Model-based soak test of the cache protocol (``make soak``, ``python -m hybridcache.soak``).
+"""The cache protocol as a Hypothesis state machine, checked against a plain reference model.
 
-This module is a *test harness*: it imports Hypothesis, a dev-only dependency. Nothing in the
-core package imports it, and nothing must: import it only from tests and from its own
-``__main__`` entry point.
-
-``CacheProtocolMachine`` is a Hypothesis ``RuleBasedStateMachine`` that drives the library's
-public API the way a scheduler and an engine would, without the engine: sequences in random
-namespaces (adapter, cache salt), with shared prefixes and multimodal spans, are matched,
-admitted (runtime slot, eviction under pressure, block table, allocate, commit) or rejected
+``CacheProtocolMachine`` is a ``RuleBasedStateMachine`` that drives the library's public API
+the way a scheduler and an engine would, without the engine: sequences in random namespaces
+(adapter, cache salt), with shared prefixes and multimodal spans, are matched, admitted
+(runtime slot, eviction under pressure, block table, allocate, commit) or rejected
 (rollback); they run forwards, extend by decode, reserve / publish / discard / abandon
 checkpoint saves (prompt-end, mid-block, decode), pin and unpin restores and producer pins,
 evict KV blocks and checkpoints, free sequences and clear the cache. Each run draws the trie
@@ -34,23 +30,16 @@ sequence's content) and allowed; every step ends with ``check_invariants()`` and
 consistency check; a ``clear`` leaves nothing evictable; at teardown, after everything is
 released and the cache cleared, every pool is full.
 
-``run_soak(seconds, seed)`` runs the machine in batches of examples until the time is up and
-returns the steps executed and the violations found (each failing example is printed, shrunk).
+The machine runs in CI as ``test_protocol_machine.TestCacheProtocol`` (a few dozen examples)
+and for as long as asked through ``soak.py`` (``make soak``).
 """
 
 from __future__ import annotations
 
 import functools
-import os
-import sys
-import time
-import traceback
-from dataclasses import dataclass, field
-from typing import TextIO
+from dataclasses import dataclass
 
 import numpy as np
-from hypothesis import HealthCheck, Phase, settings
-from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -61,7 +50,9 @@ from hybridcache.prefix_cache import BlockKeyer, BlockTrie, MatchTxn
 from hybridcache.prefix_cache.checkpoint_record import NO_BLOCK, CheckpointRecord, CheckpointState
 from hybridcache.sequence import MultimodalSpan, Sequence
 
-__all__ = ["CacheProtocolMachine", "SoakReport", "run_soak", "main", "protocol_settings"]
+from tests.keyers import TwoBitKeyer
+
+__all__ = ["COUNTERS", "CacheProtocolMachine"]
 
 B = 4
 NUM_BLOCKS = 30
@@ -98,34 +89,9 @@ RECOMPUTE = st.sampled_from([0, 0, 0, 1])
 STOP = st.sampled_from(["published"] * 5 + ["running"] * 2 + ["matched", "rolled back", "admitted"])
 
 
-class FewBitsKeyer(BlockKeyer):
-    """Keys keep only 2 bits: collisions everywhere, the exact comparisons carry the load.
-    Where the keyer keys checkpoints by a block's value, those values keep 2 bits too."""
+# --- counters shared by every machine instance (read by the soak runner) --------------------------------
 
-    def extend(self, seq):
-        keys = super().extend(seq)
-        keys &= np.uint64(3)
-        return keys
-
-    if hasattr(BlockKeyer, "block_values"):
-
-        def block_values(self, seq, first, end):
-            return super().block_values(seq, first, end) & np.uint64(3)
-
-    if hasattr(BlockKeyer, "values_of"):
-
-        def values_of(self, seq, indices):
-            return super().values_of(seq, indices) & np.uint64(3)
-
-    if hasattr(BlockKeyer, "value_of"):
-
-        def value_of(self, seq, index):
-            return super().value_of(seq, index) & 3
-
-
-# --- counters shared by every machine instance (read by run_soak) --------------------------------
-
-_COUNTERS = {"steps": 0, "examples": 0, "hits": 0, "publishes": 0}
+COUNTERS = {"steps": 0, "examples": 0, "hits": 0, "publishes": 0}
 
 
 def _step(method):
@@ -135,7 +101,7 @@ def _step(method):
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
         self.broken = True
-        _COUNTERS["steps"] += 1
+        COUNTERS["steps"] += 1
         result = method(self, *args, **kwargs)
         self.broken = False
         return result
@@ -173,7 +139,7 @@ class CacheProtocolMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        _COUNTERS["examples"] += 1
+        COUNTERS["examples"] += 1
         self.entries: list[Entry] = []
         self.content: dict[int, list] = {}  # block id -> per-position content (None = unwritten)
         self.state: dict[int, tuple | None] = {}  # state slot -> prefix its state summarizes (None: zero)
@@ -192,7 +158,7 @@ class CacheProtocolMachine(RuleBasedStateMachine):
         self.states = StatePool(NUM_SLOTS, checkpoint_budget=CHECKPOINT_BUDGET)
         # fixed secrets keep examples reproducible; the per-process secret only changes which
         # keys collide (tests/reliability/test_collisions.py covers it)
-        keyer = FewBitsKeyer(B, secret=b"soak") if colliding else BlockKeyer.deterministic(B)
+        keyer = TwoBitKeyer(B, secret=b"soak") if colliding else BlockKeyer.deterministic(B)
         self.trie = BlockTrie(
             self.pool,
             B,
@@ -371,7 +337,7 @@ class CacheProtocolMachine(RuleBasedStateMachine):
             assert step == max(expected), f"hit at {step}, not the deepest exact checkpoint of {expected}"
         assert self.cp.pin_restore(seq), "could not pin a checkpoint the match selected"
         assert not self.cp.pin_restore(seq), "pinned twice"
-        _COUNTERS["hits"] += 1
+        COUNTERS["hits"] += 1
 
     def _rollback(self, entry: Entry) -> None:
         seq = entry.seq
@@ -525,7 +491,7 @@ class CacheProtocolMachine(RuleBasedStateMachine):
         if pin:
             assert state.producer_pin is record and record.producer_pins == 1
         self.published[record.record_id] = Published(record, self.prefix_id(seq, record.step), seq.seq_id)
-        _COUNTERS["publishes"] += 1
+        COUNTERS["publishes"] += 1
         if not in_flight:  # the per-anchor cap holds right after a publish, unless only pinned records could go
             published = [r for r in self.cp.records_at(record.anchor) if r.is_published]
             releasable = [r for r in published if r is not record and r.pin_count == 0]
@@ -929,107 +895,3 @@ class CacheProtocolMachine(RuleBasedStateMachine):
         assert self.states.num_free == NUM_SLOTS - 1, "state slots leaked"
         assert self.states.num_checkpoint == 0 and self.states.num_runtime == 0
         self.trie.check_invariants([])
-
-
-# --- running it ------------------------------------------------------------------------------
-
-
-def protocol_settings(max_examples: int, step_count: int = 50, **overrides) -> settings:
-    """Settings for one batch of the machine (no example database, no deadline)."""
-    options = dict(
-        max_examples=max_examples,
-        stateful_step_count=step_count,
-        deadline=None,
-        derandomize=False,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-        phases=[Phase.generate, Phase.target, Phase.shrink],
-    )
-    options.update(overrides)
-    return settings(**options)
-
-
-@dataclass
-class SoakReport:
-    seconds: float
-    steps: int = 0
-    examples: int = 0
-    batches: int = 0
-    hits: int = 0
-    publishes: int = 0
-    violations: int = 0
-    failures: list[str] = field(default_factory=list)
-
-    def summary(self) -> str:
-        return f"steps executed: {self.steps}, violations: {self.violations}"
-
-
-def _machine_test(test_settings: settings, seed: int | None):
-    """The machine as a zero-argument Hypothesis test, optionally with a fixed seed."""
-    try:
-        from hypothesis.stateful import get_state_machine_test  # not in Hypothesis' public API
-    except ImportError:  # pragma: no cover - older or newer Hypothesis
-        from hypothesis.stateful import run_state_machine_as_test
-
-        return lambda: run_state_machine_as_test(CacheProtocolMachine, settings=test_settings)
-    test = get_state_machine_test(CacheProtocolMachine, settings=test_settings)
-    return test if seed is None else hypothesis_seed(seed)(test)
-
-
-def run_soak(
-    seconds: float, seed: int | None = None, *, step_count: int = 50, out: TextIO | None = None
-) -> SoakReport:
-    """Run the machine until ``seconds`` have passed; each failing example is printed and counted.
-
-    Examples run in batches sized from the measured time per example so the last batch ends
-    close to the deadline (a batch already started always finishes, including its shrinking).
-    ``seed`` makes the batches reproducible (batch ``i`` uses ``seed + i``).
-    """
-    out = sys.stdout if out is None else out
-    report = SoakReport(seconds=float(seconds))
-    before = dict(_COUNTERS)
-    start = time.monotonic()
-    deadline = start + float(seconds)
-    batch_size = 4
-    while True:
-        now = time.monotonic()
-        if now >= deadline and report.batches:
-            break
-        examples_before = _COUNTERS["examples"]
-        batch_start = now
-        test = _machine_test(protocol_settings(batch_size, step_count), None if seed is None else seed + report.batches)
-        try:
-            test()
-        except Exception as error:  # a violation: assertion, unexpected error, flaky machine
-            report.violations += 1
-            text = "".join(traceback.format_exception(error))
-            report.failures.append(text)
-            print(f"--- violation {report.violations} (batch {report.batches}) ---\n{text}", file=out, flush=True)
-        report.batches += 1
-        elapsed = time.monotonic() - batch_start
-        per_example = elapsed / max(1, _COUNTERS["examples"] - examples_before)
-        remaining = deadline - time.monotonic()
-        batch_size = int(min(500, max(1, 0.9 * remaining / max(per_example, 1e-4))))
-    for name in ("steps", "examples", "hits", "publishes"):
-        setattr(report, name, _COUNTERS[name] - before[name])
-    report.seconds = time.monotonic() - start
-    return report
-
-
-def main() -> int:
-    """``python -m hybridcache.soak``: ``SOAK_SECONDS`` (default 600), optional ``SOAK_SEED``."""
-    seconds = float(os.environ.get("SOAK_SECONDS", "600"))
-    seed_text = os.environ.get("SOAK_SEED")
-    seed = int(seed_text) if seed_text else None
-    print(f"soak: cache protocol machine for {seconds:g} s" + (f", seed {seed}" if seed is not None else ""), flush=True)
-    report = run_soak(seconds, seed)
-    print(
-        f"{report.examples} examples in {report.batches} batches, {report.hits} checkpoint hits, "
-        f"{report.publishes} publishes, {report.seconds:.1f} s"
-    )
-    print(report.summary(), flush=True)
-    return 1 if report.violations else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
