@@ -46,10 +46,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hybridcache.types import NO_NODE
+
 if TYPE_CHECKING:
     from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord
-
-NO_NODE = -1
 
 
 @dataclass

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from dataclasses import dataclass, field
 from typing import Iterable, Sequence as SequenceLike
 
 import numpy as np
@@ -28,73 +27,21 @@ from hybridcache.errors import (
     InvalidTypeError,
 )
 from hybridcache.prefix_state import PrefixState
-from hybridcache.types import as_name, as_optional_name, as_ordered
+from hybridcache.types import (
+    BASE_NAMESPACE,
+    EXPERT_DTYPE,
+    TOKEN_DTYPE,
+    MultimodalSpan,
+    Namespace,
+    as_ordered,
+)
 
-TOKEN_DTYPE = np.int32
 _TOKEN_BYTES = np.dtype(TOKEN_DTYPE).itemsize
-EXPERT_DTYPE = np.int16
 MAX_TOKEN_ID = 2**31 - 1
 MAX_EXPERT_ID = np.iinfo(EXPERT_DTYPE).max
 _INITIAL_CAPACITY = 64
 _WORD_DTYPE = np.uint64  # two tokens per word: the block hash reads tokens in pairs
 _ids = itertools.count()
-
-
-@dataclass(frozen=True, order=True)
-class MultimodalSpan:
-    """Placeholder positions ``[start, end)`` whose embeddings come from ``content_id``'s data.
-
-    ``content_id`` is the caller's content hash (for example a SHA-256 hex digest of the image
-    bytes); equal ids are trusted to mean equal content.
-    """
-
-    start: int
-    end: int
-    modality: str
-    content_id: str
-
-    def __post_init__(self) -> None:
-        for name in ("start", "end"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise InvalidTypeError(f"span {name} must be an int")
-        for name in ("modality", "content_id"):
-            value = getattr(self, name)
-            if not isinstance(value, str):
-                raise InvalidTypeError(f"span {name} must be a str")
-            object.__setattr__(self, name, as_name(f"span {name}", value, InvalidSpanError))
-        if self.start < 0 or self.end <= self.start:
-            raise InvalidSpanError(f"span [{self.start}, {self.end}) is empty or negative")
-        object.__setattr__(self, "start", int(self.start))
-        object.__setattr__(self, "end", int(self.end))
-
-
-@dataclass(frozen=True)
-class Namespace:
-    """What selects a trie root: the adapter (``None`` = base model) and an optional tenant salt.
-
-    Equal tokens in different namespaces never share a block or a checkpoint.
-    """
-
-    adapter: str | None = None
-    cache_salt: str | None = None
-    _hash: int = field(init=False, repr=False, compare=False, default=0)
-
-    def __post_init__(self) -> None:
-        for name in ("adapter", "cache_salt"):
-            object.__setattr__(self, name, as_optional_name(name, getattr(self, name)))
-        object.__setattr__(self, "_hash", hash((self.adapter, self.cache_salt)))
-
-    def __hash__(self) -> int:  # looked up on every match: computed once
-        return self._hash
-
-    def __setstate__(self, state: dict) -> None:  # str hashes differ between processes
-        for name, value in state.items():
-            object.__setattr__(self, name, value)
-        object.__setattr__(self, "_hash", hash((self.adapter, self.cache_salt)))
-
-
-BASE_NAMESPACE = Namespace()
 
 
 def as_token_array(tokens: object) -> np.ndarray:

@@ -1,7 +1,8 @@
 """Leaf values and validators shared by every layer of hybridcache.
 
-Owns no mutable state. Everything here depends only on NumPy and ``hybridcache.errors``, so
-any module may import it without creating a cycle.
+Owns no mutable state: leaf value types (namespaces, multimodal spans, node handles), the one
+set of sentinels, and validators. Everything here depends only on NumPy and
+``hybridcache.errors``, so any module may import it without creating a cycle.
 
 The validators are the public boundary's rules, written once: an int is a Python ``int`` or a
 NumPy integer scalar, never a ``bool``; a name (adapter, cache salt, modality) is a non-empty
@@ -12,10 +13,35 @@ a collection of names is an ordered sequence, never a bare string.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Set
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
-from hybridcache.errors import HybridCacheError, InvalidArgumentError, InvalidNamespaceError, InvalidTypeError
+from hybridcache.errors import (
+    HybridCacheError,
+    InvalidArgumentError,
+    InvalidNamespaceError,
+    InvalidSpanError,
+    InvalidTypeError,
+)
+
+TOKEN_DTYPE = np.int32
+EXPERT_DTYPE = np.int16
+
+# One set of "none" sentinels for ids that are otherwise non-negative.
+NO_NODE = -1  # a trie node slot
+NO_SLOT = -1  # a state-pool slot
+NO_BLOCK = -1  # a KV block
+NO_SAVE = -1  # what a refused checkpoint reservation returns instead of a slot
+
+
+class NodeHandle(NamedTuple):
+    """A trie node as a cursor remembers it: its slot and the generation it had then. A node
+    that was detached since (generation moved on) is recognized in O(1)."""
+
+    slot: int
+    generation: int
 
 
 def ceil_div(numerator: int, denominator: int) -> int:
@@ -81,3 +107,59 @@ def as_names(name: str, value: object) -> tuple[str, ...]:
     if len(set(names)) != len(names):
         raise InvalidArgumentError(f"{name} lists a name twice")
     return names
+
+
+@dataclass(frozen=True, order=True)
+class MultimodalSpan:
+    """Placeholder positions ``[start, end)`` whose embeddings come from ``content_id``'s data.
+
+    ``content_id`` is the caller's content hash (for example a SHA-256 hex digest of the image
+    bytes); equal ids are trusted to mean equal content.
+    """
+
+    start: int
+    end: int
+    modality: str
+    content_id: str
+
+    def __post_init__(self) -> None:
+        for name in ("start", "end"):
+            if not is_int(getattr(self, name)):
+                raise InvalidTypeError(f"span {name} must be an int")
+        for name in ("modality", "content_id"):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise InvalidTypeError(f"span {name} must be a str")
+            object.__setattr__(self, name, as_name(f"span {name}", value, InvalidSpanError))
+        if self.start < 0 or self.end <= self.start:
+            raise InvalidSpanError(f"span [{self.start}, {self.end}) is empty or negative")
+        object.__setattr__(self, "start", int(self.start))
+        object.__setattr__(self, "end", int(self.end))
+
+
+@dataclass(frozen=True)
+class Namespace:
+    """What selects a trie root: the adapter (``None`` = base model) and an optional tenant salt.
+
+    Equal tokens in different namespaces never share a block or a checkpoint.
+    """
+
+    adapter: str | None = None
+    cache_salt: str | None = None
+    _hash: int = field(init=False, repr=False, compare=False, default=0)
+
+    def __post_init__(self) -> None:
+        for name in ("adapter", "cache_salt"):
+            object.__setattr__(self, name, as_optional_name(name, getattr(self, name)))
+        object.__setattr__(self, "_hash", hash((self.adapter, self.cache_salt)))
+
+    def __hash__(self) -> int:  # looked up on every match: computed once
+        return self._hash
+
+    def __setstate__(self, state: dict) -> None:  # str hashes differ between processes
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "_hash", hash((self.adapter, self.cache_salt)))
+
+
+BASE_NAMESPACE = Namespace()

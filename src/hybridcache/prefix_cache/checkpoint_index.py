@@ -24,7 +24,8 @@ import numpy as np
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord, CheckpointState
 from hybridcache.prefix_cache.node import NodeTable
 from hybridcache.prefix_cache.routed_experts import RoutedExpertStore
-from hybridcache.sequence import Namespace, Sequence
+from hybridcache.sequence import Sequence
+from hybridcache.types import Namespace
 
 _EPOCHS = itertools.count()
 

@@ -45,9 +45,8 @@ from hybridcache.prefix_cache.checkpoint_record import (
 from hybridcache.prefix_cache.lru import EvictionHeap
 from hybridcache.prefix_cache.node import NodeTable
 from hybridcache.sequence import Sequence
-from hybridcache.types import as_int
+from hybridcache.types import NO_SAVE, as_int
 
-NO_SAVE = -1
 
 
 @dataclass(frozen=True)

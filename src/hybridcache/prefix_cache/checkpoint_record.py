@@ -22,11 +22,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hybridcache.prefix_cache.node import NodePath
-from hybridcache.sequence import MultimodalSpan, Namespace
+from hybridcache.types import NO_BLOCK, NO_SLOT, MultimodalSpan, Namespace
 
 _record_ids = itertools.count(1)
-NO_BLOCK = -1
-NO_SLOT = -1
 
 
 def anchor_step(step: int, block_size: int) -> int:

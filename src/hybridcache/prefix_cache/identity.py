@@ -30,7 +30,8 @@ import os
 import numpy as np
 
 from hybridcache.errors import InvalidArgumentError, InvalidTypeError
-from hybridcache.sequence import MultimodalSpan, Namespace, Sequence
+from hybridcache.sequence import Sequence
+from hybridcache.types import MultimodalSpan, Namespace
 
 _keyer_ids = itertools.count()
 _DETERMINISTIC_SECRET = b"hybridcache/deterministic-block-keys/v1"

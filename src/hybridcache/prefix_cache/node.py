@@ -23,9 +23,8 @@ import numpy as np
 
 from hybridcache.errors import TopologyError
 from hybridcache.prefix_cache.key_index import KeyIndex
-from hybridcache.sequence import MultimodalSpan, Namespace
+from hybridcache.types import NO_SLOT, MultimodalSpan, Namespace
 
-NO_SLOT = -1
 Runs = list[tuple[int, int]]
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hybridcache.sequence import EXPERT_DTYPE
+from hybridcache.types import EXPERT_DTYPE
 
 
 class RoutedExpertStore:

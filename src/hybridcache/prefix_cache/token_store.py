@@ -16,7 +16,8 @@ import ctypes
 
 import numpy as np
 
-from hybridcache.sequence import TOKEN_DTYPE, Sequence
+from hybridcache.sequence import Sequence
+from hybridcache.types import TOKEN_DTYPE
 
 
 def _load_memcmp():

@@ -41,7 +41,7 @@ from hybridcache.prefix_cache.node import NodePath, NodeTable, Runs
 from hybridcache.prefix_cache.routed_experts import RoutedExpertStore
 from hybridcache.prefix_cache.stats import MissReason, PrefixCacheStats
 from hybridcache.prefix_cache.token_store import TokenStore
-from hybridcache.prefix_state import NO_NODE
+from hybridcache.types import NO_NODE
 from hybridcache.sequence import Sequence
 
 _EMPTY_RANGE = (0, 0)
@@ -208,6 +208,16 @@ class BlockTrie:
             return self._find_checkpoint(seq).path
         node, depth = self._extend_verified(seq, (seq.num_valid - 1) // self.block_size)
         return self._path_of(seq, node, depth)
+
+    def cached_prefix_tokens(self, seq: Sequence) -> int:
+        """How many leading tokens of ``seq`` the trie holds as exactly verified KV blocks
+        (whole blocks, hit or not; a hybrid hit also needs a checkpoint). Where a new prompt
+        diverges from everything cached: the branch point an admission policy may checkpoint."""
+        self._track(seq)
+        if not self.enabled:
+            return 0
+        _, depth = self._extend_verified(seq, seq.num_valid // self.block_size)
+        return depth * self.block_size
 
     def _path_of(self, seq: Sequence, node: int, depth: int, known: NodePath | None = None) -> NodePath:
         """The path of a verified node, reused while the node is unchanged; ``known`` is that

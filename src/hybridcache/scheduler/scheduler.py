@@ -28,8 +28,8 @@ from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord
 from hybridcache.prefix_cache.trie import BlockTrie
 from hybridcache.scheduler.admission import blocks_needed, make_block_room, try_admit
 from hybridcache.sequence import Sequence
+from hybridcache.types import NO_SLOT
 
-NO_SLOT = -1
 
 
 class Phase(enum.Enum):
