@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from hybridcache.engine.cache_tensors import CacheTensors
 from hybridcache.engine.model import ForwardChunk, TinyHybridConfig, TinyHybridModel
+from hybridcache.engine.model_api import ATTENTION, RECURRENT, PagedModel
 from hybridcache.errors import (
     InvalidArgumentError,
     InvalidBlockIdError,
@@ -453,3 +454,67 @@ def test_the_callers_torch_thread_setting_neither_matters_nor_changes():
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(previous)
+
+
+# --- the model interface (PagedModel) ---------------------------------------------------------
+
+
+def test_the_tiny_model_is_a_paged_model_whose_layout_describes_its_cache_tensors():
+    pattern_config = TinyHybridConfig(layer_pattern="RAAR")
+    tiny = TinyHybridModel(pattern_config)
+    assert isinstance(tiny, PagedModel)
+    layout = tiny.layout
+    assert [layer.kind for layer in layout.layers] == [RECURRENT, ATTENTION, ATTENTION, RECURRENT]
+    assert layout.is_hybrid and layout.vocab_size == pattern_config.vocab_size
+    assert layout.routed_expert_width == pattern_config.routed_expert_width
+    cache = tiny.new_storage(num_blocks=3, block_size=B, num_state_slots=2)
+    assert isinstance(cache, CacheTensors) and cache.dtype == tiny.dtype
+    keys, values = layout.kv_layers[0].kv
+    assert cache.kv.shape == (2, 3, B, 2, *keys.shape) and keys.shape == values.shape
+    conv, ssm = layout.state_layers[0].state
+    assert cache.conv_states.shape == (2, 2, *conv.shape) and cache.ssm_states.shape == (2, 2, *ssm.shape)
+    assert not TinyHybridModel(TinyHybridConfig(layer_pattern="AA")).layout.is_hybrid
+
+
+def _replayed(rows: np.ndarray, tokens: list[int] = PROMPT):
+    return model().forward([ForwardChunk(tokens, 0, blocks(0), 1)], make_cache(), replay_experts=[rows])[0]
+
+
+def test_replaying_the_recorded_experts_reproduces_the_run_bit_for_bit():
+    recorded = model().forward([ForwardChunk(PROMPT, 0, blocks(0), 1)], make_cache())[0]
+    replayed = _replayed(recorded.routed_experts)
+    assert np.array_equal(replayed.routed_experts, recorded.routed_experts)
+    assert np.array_equal(replayed.logits, recorded.logits)
+
+
+def test_replaying_other_experts_uses_them_and_changes_the_logits():
+    recorded = model().forward([ForwardChunk(PROMPT, 0, blocks(0), 1)], make_cache())[0]
+    width = CONFIG.experts_per_token
+    others = (recorded.routed_experts.astype(np.int64) + width) % CONFIG.num_experts
+    others = np.sort(others.reshape(len(PROMPT), -1, width), axis=2).reshape(len(PROMPT), -1)
+    replayed = _replayed(others)
+    assert np.array_equal(replayed.routed_experts, others)
+    assert np.abs(replayed.logits - recorded.logits).max() > 1e-3
+
+
+@pytest.mark.parametrize(
+    "rows, error",
+    [
+        (np.zeros((len(PROMPT), 3), dtype=np.int64), InvalidArgumentError),  # wrong width
+        (np.full((len(PROMPT), CONFIG.routed_expert_width), 0.5), InvalidArgumentError),  # not ints
+        (np.full((len(PROMPT), CONFIG.routed_expert_width), CONFIG.num_experts), InvalidArgumentError),
+        (np.zeros((len(PROMPT), CONFIG.routed_expert_width), dtype=np.int64), InvalidArgumentError),  # repeats
+    ],
+)
+def test_invalid_replayed_experts_raise_before_anything_is_written(rows, error):
+    cache = make_cache()
+    with pytest.raises(error):
+        model().forward([ForwardChunk(PROMPT, 0, blocks(0), 1)], cache, replay_experts=[rows])
+    assert not cache.kv.any() and not cache.ssm_states.any()
+
+
+def test_replay_needs_one_entry_per_chunk():
+    with pytest.raises(InvalidArgumentError):
+        model().forward([ForwardChunk(PROMPT, 0, blocks(0), 1)], make_cache(), replay_experts=[None, None])
+    with pytest.raises(InvalidTypeError):
+        model().forward([ForwardChunk(PROMPT, 0, blocks(0), 1)], make_cache(), replay_experts=np.zeros(3))

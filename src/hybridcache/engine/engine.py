@@ -1,7 +1,8 @@
 """The reference engine: schedule -> plans -> restore -> forward -> save -> publish -> unpin.
 
-Owns: the model, the cache tensors, the pools, the trie, the scheduler, the queue of forwards
-in flight and the finished results. ``async_depth=0`` runs each forward as soon as it is
+Owns: the model (built by ``model_factory`` from ``EngineConfig.model``), its cache storage,
+the pools, the trie, the scheduler, the queue of forwards in flight, the finished results and
+the logits kept for requests that asked for them. ``async_depth=0`` runs each forward as soon as it is
 queued; ``async_depth=1`` schedules the next forward while the previous one is still queued,
 as a GPU engine overlapping host work with device work does. Checkpoints are published right
 after their forward is queued and stay pinned (and unusable by matches) until its output is
@@ -27,14 +28,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hybridcache.engine.cache_tensors import CacheTensors
 from hybridcache.engine.copy_plan import CopyPlan, build_copy_plan
-from hybridcache.engine.model import ForwardChunk, TinyHybridConfig, TinyHybridModel
+from hybridcache.engine.model import TinyHybridConfig
+from hybridcache.engine.model_api import ChunkOutput, ForwardChunk
+from hybridcache.engine.model_factory import ModelConfig, build_model, model_dtype
 from hybridcache.engine.requests import Request, Result
 from hybridcache.errors import (
     HybridCacheError,
     InvalidConfigError,
     InvalidNamespaceError,
+    InvalidSpanError,
     InvalidTokenError,
     InvalidTypeError,
     RequestFailedError,
@@ -56,6 +59,10 @@ class InjectedFault(RuntimeError):
 
 @dataclass(frozen=True)
 class EngineConfig:
+    """``model`` is the tiny model's shape (weights drawn from ``seed``) or an ``HFModelConfig``
+    naming a local checkpoint. ``dtype`` None means the model's own: float64 for the tiny
+    model, ``HFModelConfig.dtype`` for a checkpoint (a different explicit dtype is refused)."""
+
     block_size: int = 16
     num_kv_blocks: int = 512
     num_state_slots: int = 24
@@ -68,8 +75,8 @@ class EngineConfig:
     checkpoint_chunk_ends: bool = True
     async_depth: int = 0
     seed: int = 0
-    dtype: str = "float64"
-    model: TinyHybridConfig = field(default_factory=TinyHybridConfig)
+    dtype: str | None = None
+    model: ModelConfig = field(default_factory=TinyHybridConfig)
     adapters: tuple[str, ...] | None = None
     shared_write_guard: bool = True
     max_checkpoints_per_anchor: int = 4
@@ -83,10 +90,7 @@ class EngineConfig:
             object.__setattr__(self, name, as_bool(name, getattr(self, name), error=InvalidConfigError))
         if self.async_depth not in (0, 1):
             raise InvalidConfigError("async_depth must be 0 or 1")
-        if self.dtype not in ("float64", "float32"):
-            raise InvalidConfigError(f"dtype must be 'float64' or 'float32', got {self.dtype!r}")
-        if not isinstance(self.model, TinyHybridConfig):
-            raise InvalidConfigError("model must be a TinyHybridConfig")
+        model_dtype(self.model, self.dtype)  # refuses an unknown model or a conflicting dtype
         if self.block_size % 2:
             raise InvalidConfigError("block_size must be an even int >= 2")
         if self.num_state_slots - 1 - self.checkpoint_budget < 1:
@@ -99,7 +103,15 @@ class EngineConfig:
             object.__setattr__(self, "adapters", _config_names("adapters", self.adapters))
         self.scheduler_config()  # validates the batching limits now, not at Engine construction
 
-    def cache_config(self) -> CacheConfig:
+    @property
+    def resolved_dtype(self) -> str:
+        """The dtype the model runs in (``dtype``, or the model's own when that is None)."""
+        return model_dtype(self.model, self.dtype)
+
+    def cache_config(self, *, hybrid: bool) -> CacheConfig:
+        """``hybrid`` comes from the built model's layout (``ModelLayout.is_hybrid``): a
+        checkpoint's layer kinds are only known once it is loaded, and validating this config
+        must stay cheap."""
         return CacheConfig(
             block_size=self.block_size,
             num_kv_blocks=self.num_kv_blocks,
@@ -107,7 +119,7 @@ class EngineConfig:
             checkpoint_budget=self.checkpoint_budget,
             prefix_caching=self.prefix_caching,
             decode_checkpoint_interval=self.decode_checkpoint_interval,
-            hybrid=self.model.num_recurrent_layers > 0,
+            hybrid=hybrid,
             max_checkpoints_per_anchor=self.max_checkpoints_per_anchor,
         )
 
@@ -156,15 +168,11 @@ class Engine:
         if not isinstance(config, EngineConfig):
             raise InvalidTypeError("config must be an EngineConfig")
         self.config = config
-        self.model = TinyHybridModel(config.model, seed=config.seed, dtype=config.dtype)
-        self.cache = CacheTensors(
-            config.model,
-            num_blocks=config.num_kv_blocks,
-            block_size=config.block_size,
-            num_state_slots=config.num_state_slots,
-            dtype=config.dtype,
+        self.model = build_model(config.model, seed=config.seed, dtype=config.dtype)
+        self.cache = self.model.new_storage(
+            num_blocks=config.num_kv_blocks, block_size=config.block_size, num_state_slots=config.num_state_slots
         )
-        built = build_cache(config.cache_config(), track_pending=True)
+        built = build_cache(config.cache_config(hybrid=self.model.layout.is_hybrid), track_pending=True)
         self.pool, self.states, self.trie = built.pool, built.states, built.trie
         self.scheduler = Scheduler(config.scheduler_config(), self.pool, self.states, self.trie)
         self._entries: dict[int, ServingSequence] = {}
@@ -172,6 +180,7 @@ class Engine:
         self._queue: deque[_QueuedForward] = deque()
         self._undelivered: list[Result] = []
         self._faults: deque[str] = deque()
+        self._logits: dict[int, list[np.ndarray]] = {}  # per request asking for them, one row per token
         self._counters = {"forwards": 0, "failed_forwards": 0, "computed_tokens": 0, "cache_flushes": 0}
 
     # --- requests ------------------------------------------------------------------------------
@@ -194,6 +203,7 @@ class Engine:
         entry = self._entries.pop(as_int("request_id", request_id), None)
         if entry is None:
             return False
+        self._logits.pop(entry.request_id, None)
         self.scheduler.cancel(entry)
         return True
 
@@ -204,8 +214,7 @@ class Engine:
         config, prompt = self.config, request.prompt
         if not prompt.size:
             raise InvalidTokenError("a prompt needs at least one token")
-        if int(prompt.max()) >= config.model.vocab_size:
-            raise InvalidTokenError(f"prompt token ids must lie in [0, {config.model.vocab_size})")
+        self._check_model_inputs(request)
         if config.adapters is not None and request.adapter is not None and request.adapter not in config.adapters:
             raise InvalidNamespaceError(f"unknown adapter {request.adapter!r}")
         # The last generated token is never fed back, so its KV is never needed.
@@ -222,6 +231,17 @@ class Engine:
             multimodal=spans,
             want_routed_experts=request.return_routed_experts,
         )
+
+    def _check_model_inputs(self, request: Request) -> None:
+        """What the model itself can take: its vocabulary, and adapters or multimodal spans
+        only where its layout says it serves them."""
+        layout = self.model.layout
+        if int(request.prompt.max()) >= layout.vocab_size:
+            raise InvalidTokenError(f"prompt token ids must lie in [0, {layout.vocab_size})")
+        if request.adapter is not None and not layout.serves_adapters:
+            raise InvalidNamespaceError("this model serves no adapters")
+        if request.multimodal and not layout.serves_multimodal:
+            raise InvalidSpanError("this model serves no multimodal inputs")
 
     def generate(self, requests: list[Request]) -> list[Result]:
         """Serve ``requests`` to completion; their results in request order. Requests queued
@@ -324,10 +344,19 @@ class Engine:
             if self.trie.checkpoints is not None:
                 self.trie.checkpoints.unpin_save(chunk.entry.seq)
             rows = output.routed_experts if chunk.entry.seq.want_routed_experts else None
-            if self.scheduler.complete(chunk, output.next_token, rows):
+            generated = chunk.entry.generated
+            done = self.scheduler.complete(chunk, output.next_token, rows)
+            if chunk.entry.generated > generated:
+                self._keep_logits(chunk.entry, output)
+            if done:
                 self._entries.pop(chunk.entry.request_id, None)
                 finished.append(self._result(chunk.entry))
         return finished
+
+    def _keep_logits(self, entry: ServingSequence, output: ChunkOutput) -> None:
+        """The logits a generated token was chosen from, for requests that asked for them."""
+        if entry.payload.return_logits:
+            self._logits.setdefault(entry.request_id, []).append(output.logits)
 
     def _fail_forward(self, batch: ScheduledBatch, error: Exception) -> list[Result]:
         """Send each request of a failed forward back to recompute, alone from now on (so a
@@ -347,12 +376,17 @@ class Engine:
 
     def _result(self, entry: ServingSequence, error: HybridCacheError | None = None) -> Result:
         prompt_tokens = entry.payload.prompt.size
+        rows = self._logits.pop(entry.request_id, [])
+        logits = None
+        if entry.payload.return_logits:
+            logits = np.stack(rows) if rows else np.empty((0, self.model.layout.vocab_size))
         return Result(
             request_id=entry.request_id,
             prompt_tokens=prompt_tokens,
             tokens=entry.seq.tokens[prompt_tokens:].tolist(),
             cached_tokens=entry.cached_tokens,
             routed_experts=entry.final_routed_experts,
+            logits=logits,
             error=error,
         )
 

@@ -19,13 +19,23 @@ import contextlib
 from collections import OrderedDict
 import hashlib
 import math
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from hybridcache.engine.model_api import (
+    ATTENTION,
+    EXPERT_DTYPE,
+    RECURRENT,
+    ChunkOutput,
+    ForwardChunk,
+    LayerLayout,
+    ModelLayout,
+    TensorSpec,
+)
 from hybridcache.errors import (
     InvalidArgumentError,
     InvalidConfigError,
@@ -40,7 +50,6 @@ from hybridcache.types import as_optional_name
 if TYPE_CHECKING:
     from hybridcache.engine.cache_tensors import CacheTensors
 
-EXPERT_DTYPE = np.int16
 ADAPTER_MEMO_SIZE = 64
 _DTYPES = {"float64": torch.float64, "float32": torch.float32}
 _RMS_EPS = 1e-6
@@ -143,45 +152,6 @@ class TinyHybridConfig:
         return self.ssm_inner_size + 2 * self.ssm_state_size
 
 
-# --- forward inputs and outputs --------------------------------------------------------------------
-
-
-@dataclass
-class ForwardChunk:
-    """Tokens at positions ``[start, start + len(token_ids))`` of one sequence.
-
-    ``block_table[i]`` holds positions ``[i*B, (i+1)*B)`` and must cover ``start + len``
-    positions (entries beyond that are ignored). ``state_slot`` holds the recurrent state after
-    ``start`` tokens; it is not read when ``start == 0`` (the state after no tokens is zero) and
-    holds the state after the chunk's last token when ``forward`` returns. ``multimodal`` lists
-    ``(start, end, content)`` spans in absolute positions, ``content`` being bytes or a str
-    content id (``MultimodalSpan`` objects are accepted too, keyed by their ``content_id``).
-    ``writable_blocks``, when not None, is the set of blocks this chunk may write KV into.
-    """
-
-    token_ids: list[int]
-    start: int
-    block_table: list[int] | np.ndarray
-    state_slot: int
-    adapter: str | None = None
-    multimodal: list[tuple[int, int, bytes]] = ()
-    writable_blocks: frozenset[int] | None = None
-
-
-@dataclass
-class ChunkOutput:
-    """What one chunk produced.
-
-    ``routed_experts`` is ``(len(token_ids), routed_expert_width)`` int16: for each token, the
-    ``experts_per_token`` chosen expert ids of layer 0 (ascending), then of layer 1, and so on.
-    ``logits`` are the ``(vocab_size,)`` logits at the chunk's last position.
-    """
-
-    next_token: int
-    routed_experts: np.ndarray
-    logits: np.ndarray = field(repr=False, default=None)
-
-
 @dataclass(frozen=True)
 class _Span:
     start: int
@@ -200,6 +170,7 @@ class _ChunkPlan:
     state_slot: int
     adapter: str | None
     spans: tuple[_Span, ...]
+    replay: np.ndarray | None  # (len(tokens), routed_expert_width) forced expert ids, or None
 
 
 # --- weights -----------------------------------------------------------------------------------
@@ -352,12 +323,16 @@ def _softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
     return exp / exp.sum(dim=dim, keepdim=True)
 
 
-def _route(scores: list[float], k: int) -> tuple[list[int], list[float]]:
-    """The ``k`` best experts (ties go to the lower id) and their softmax weights.
+def _route(scores: list[float], k: int, forced: list[int] | None = None) -> tuple[list[int], list[float]]:
+    """The ``k`` best experts (ties go to the lower id), or the ``forced`` ones when replaying,
+    and their softmax weights over the chosen scores.
 
-    Router scores are a handful of floats, so Python arithmetic is cheaper than torch calls.
+    Forced experts are put in the same best-first order before the weights are computed, so
+    replaying the experts a run chose reproduces its weights bit for bit. Router scores are a
+    handful of floats, so Python arithmetic is cheaper than torch calls.
     """
-    chosen = sorted(range(len(scores)), key=lambda expert: (-scores[expert], expert))[:k]
+    candidates = range(len(scores)) if forced is None else forced
+    chosen = sorted(candidates, key=lambda expert: (-scores[expert], expert))[:k]
     best = scores[chosen[0]]
     exps = [math.exp(scores[expert] - best) for expert in chosen]
     total = sum(exps)
@@ -434,6 +409,28 @@ def _validated_table(block_table: object, end: int, cache: CacheTensors) -> np.n
     return table
 
 
+def _validated_replays(replay: object, count: int) -> list[object]:
+    """``replay_experts`` as one entry per chunk (all None when not replaying)."""
+    if replay is None:
+        return [None] * count
+    if isinstance(replay, (str, bytes, np.ndarray)) or not isinstance(replay, Iterable):
+        raise InvalidTypeError("replay_experts must be None or one entry per chunk")
+    replays = list(replay)
+    if len(replays) != count:
+        raise InvalidArgumentError(f"{len(replays)} replay entries for {count} chunks")
+    return replays
+
+
+def _validated_expert_rows(rows: object, tokens: int, width: int) -> np.ndarray | None:
+    """One chunk's replayed expert ids as a fresh ``(tokens, width)`` int64 array, or None."""
+    if rows is None:
+        return None
+    array = np.array(rows)
+    if array.dtype.kind not in "iu" or array.shape != (tokens, width):
+        raise InvalidArgumentError(f"replayed experts must be ints shaped ({tokens}, {width})")
+    return array.astype(np.int64)
+
+
 def _check_writable(writes: set[int], writable: object) -> None:
     if writable is None:
         return
@@ -445,6 +442,24 @@ def _check_writable(writes: set[int], writable: object) -> None:
 
 
 # --- the model ---------------------------------------------------------------------------------
+
+
+def _tiny_layout(config: TinyHybridConfig, dtype: str) -> ModelLayout:
+    """Per attention layer a post-rotary key and a value per token; per recurrent layer the
+    last ``conv_kernel - 1`` conv inputs and the SSM state, all in the model dtype."""
+    heads = (config.num_attention_heads, config.attention_head_dim)
+    kv = (TensorSpec("keys", heads, dtype), TensorSpec("values", heads, dtype))
+    ssm = TensorSpec("ssm", (config.num_ssm_heads, config.ssm_head_dim, config.ssm_state_size), dtype)
+    # A kernel of 1 keeps no earlier conv inputs.
+    conv = (TensorSpec("conv", (config.conv_kernel - 1, config.conv_channels), dtype),) if config.conv_kernel > 1 else ()
+    state = (*conv, ssm)
+    layers = tuple(
+        LayerLayout(index, ATTENTION, kv=kv) if kind == "A" else LayerLayout(index, RECURRENT, state=state)
+        for index, kind in enumerate(config.layer_pattern)
+    )
+    return ModelLayout(
+        layers, config.vocab_size, config.routed_expert_width, serves_adapters=True, serves_multimodal=True
+    )
 
 
 class TinyHybridModel:
@@ -467,31 +482,61 @@ class TinyHybridModel:
         self._rope_inverse_frequency = (_ROPE_BASE**-exponents).to(self.dtype)
         self._rope_magnitude = torch.ones(half, dtype=self.dtype)
         self._adapters: OrderedDict[str, list[_AdapterLayer]] = OrderedDict()
+        self._layout = _tiny_layout(config, dtype)
 
     # --- public ------------------------------------------------------------------------------
 
-    def forward(self, chunks: list[ForwardChunk], cache: CacheTensors) -> list[ChunkOutput]:
+    @property
+    def layout(self) -> ModelLayout:
+        """The cached tensors per layer (``CacheTensors`` packs each attention layer's keys and
+        values into one tensor; the layout names them apart)."""
+        return self._layout
+
+    def new_storage(self, *, num_blocks: int, block_size: int, num_state_slots: int) -> CacheTensors:
+        from hybridcache.engine.cache_tensors import CacheTensors
+
+        return CacheTensors(
+            self.config,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            num_state_slots=num_state_slots,
+            dtype=self.dtype_name,
+        )
+
+    def forward(
+        self,
+        chunks: Sequence[ForwardChunk],
+        cache: CacheTensors,
+        *,
+        replay_experts: Sequence[np.ndarray | None] | None = None,
+    ) -> list[ChunkOutput]:
         """Run every chunk, writing its KV and final recurrent state into ``cache``.
 
         All chunks are validated before anything is written; an error leaves ``cache`` as it was.
         Chunks run one after another and share nothing, so batching never affects a result.
+        ``replay_experts`` (one entry per chunk, ``None`` or ``(tokens, routed_expert_width)``
+        expert ids) makes every MoE layer use the recorded experts instead of choosing; their
+        weights are the softmax of the router's scores at those experts, so replaying what a
+        run chose reproduces it bit for bit.
         """
-        plans = self._validated_plans(chunks, cache)
+        plans = self._validated_plans(chunks, cache, replay_experts)
         with torch.no_grad(), _single_thread():
             return [self._run_chunk(plan, cache) for plan in plans]
 
     # --- validation --------------------------------------------------------------------------
 
-    def _validated_plans(self, chunks: object, cache: CacheTensors) -> list[_ChunkPlan]:
+    def _validated_plans(self, chunks: object, cache: CacheTensors, replay: object) -> list[_ChunkPlan]:
         self._check_cache(cache)
         if isinstance(chunks, ForwardChunk) or not isinstance(chunks, Iterable):
             raise InvalidTypeError("chunks must be a list of ForwardChunk")
+        chunks = list(chunks)
+        replays = _validated_replays(replay, len(chunks))
         plans, slots = [], set()
         written, written_guarded = set(), set()
-        for chunk in chunks:
+        for chunk, rows in zip(chunks, replays):
             if not isinstance(chunk, ForwardChunk):
                 raise InvalidTypeError(f"chunks must hold ForwardChunk, got {type(chunk).__name__}")
-            plan, chunk_writes = self._validated_plan(chunk, cache)
+            plan, chunk_writes = self._validated_plan(chunk, cache, rows)
             if self.config.num_recurrent_layers and plan.state_slot in slots:
                 raise InvalidArgumentError(f"state slot {plan.state_slot} used by two chunks")
             # Two chunks writing one block means neither owns it exclusively. Like the per-chunk
@@ -517,7 +562,7 @@ class TinyHybridModel:
         if cache.dtype != self.dtype:
             raise InvalidArgumentError(f"cache dtype {cache.dtype} differs from model dtype {self.dtype}")
 
-    def _validated_plan(self, chunk: ForwardChunk, cache: CacheTensors) -> tuple[_ChunkPlan, set[int]]:
+    def _validated_plan(self, chunk: ForwardChunk, cache: CacheTensors, rows: object) -> tuple[_ChunkPlan, set[int]]:
         tokens = _validated_tokens(chunk.token_ids, self.config.vocab_size)
         start = _as_int("start", chunk.start)
         if start < 0:
@@ -541,8 +586,22 @@ class TinyHybridModel:
             state_slot=slot,
             adapter=_validated_adapter(chunk.adapter),
             spans=_validated_spans(chunk.multimodal),
+            replay=self._validated_replay(rows, len(tokens)),
         )
         return plan, writes
+
+    def _validated_replay(self, rows: object, tokens: int) -> np.ndarray | None:
+        """Forced experts must be distinct valid ids within each layer's ``experts_per_token``."""
+        config = self.config
+        replay = _validated_expert_rows(rows, tokens, config.routed_expert_width)
+        if replay is None:
+            return None
+        if replay.size and (int(replay.min()) < 0 or int(replay.max()) >= config.num_experts):
+            raise InvalidArgumentError(f"replayed expert ids must lie in [0, {config.num_experts})")
+        per_layer = np.sort(replay.reshape(tokens, len(config.layer_pattern), config.experts_per_token), axis=2)
+        if (per_layer[..., 1:] == per_layer[..., :-1]).any():
+            raise InvalidArgumentError("replayed experts repeat an expert within one layer")
+        return replay
 
     # --- one chunk ---------------------------------------------------------------------------
 
@@ -588,6 +647,7 @@ class TinyHybridModel:
     ) -> torch.Tensor:
         """All layers for one position; fills ``routed_row`` with each layer's expert ids."""
         width = self.config.experts_per_token
+        forced = None if plan.replay is None else plan.replay[position - plan.start].tolist()
         rotation = self._rotation(position) if self.config.num_attention_layers else None
         for layer_number, layer in enumerate(self._layers):
             mixer_in = _rms_norm(hidden, layer.mixer_norm)
@@ -596,9 +656,11 @@ class TinyHybridModel:
             else:
                 mixed = self._attention_step(layer, mixer_in, position, rotation, plan, cache)
             hidden = hidden + self._mixer_output(layer, layer_number, mixed, adapter)
-            ffn_out, experts = self._moe_step(layer.moe, _rms_norm(hidden, layer.ffn_norm))
+            columns = slice(layer_number * width, (layer_number + 1) * width)
+            layer_forced = None if forced is None else forced[columns]
+            ffn_out, experts = self._moe_step(layer.moe, _rms_norm(hidden, layer.ffn_norm), layer_forced)
             hidden = hidden + ffn_out
-            routed_row[layer_number * width : (layer_number + 1) * width] = experts
+            routed_row[columns] = experts
         return hidden
 
     # --- per-position pieces -------------------------------------------------------------------
@@ -674,13 +736,16 @@ class TinyHybridModel:
             out = out + torch.mv(delta.up, torch.mv(delta.down, mixed))
         return out
 
-    def _moe_step(self, moe: _MoeWeights, x: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
-        """Top-k routing with softmax weights over the chosen k; returns the ids ascending.
+    def _moe_step(
+        self, moe: _MoeWeights, x: torch.Tensor, forced: list[int] | None
+    ) -> tuple[torch.Tensor, list[int]]:
+        """Top-k routing (or the ``forced`` experts) with softmax weights over the chosen k;
+        returns the ids ascending.
 
         The experts run as one dense product whose unchosen experts get gate 0: their terms are
         exact zeros, so the result is the sparse top-k sum, in one fixed summation order.
         """
-        chosen, weights = _route(torch.mv(moe.router, x).tolist(), self.config.experts_per_token)
+        chosen, weights = _route(torch.mv(moe.router, x).tolist(), self.config.experts_per_token, forced)
         gates = [0.0] * self.config.num_experts
         for expert, weight in zip(chosen, weights):
             gates[expert] = weight

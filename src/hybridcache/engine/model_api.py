@@ -6,18 +6,17 @@ and recurrent state in the caller's storage; ``forward`` reads the KV of ``[0, s
 chunk's blocks and the state after ``start`` tokens from its slot, and writes the KV of the
 positions it computes and the state after the chunk's last token, nothing else.
 
-``ForwardChunk`` and ``ChunkOutput`` are the reference engine's own chunk types (re-exported
-here), so the engine builds one kind of chunk whichever model it serves.
+``ForwardChunk`` and ``ChunkOutput`` are the one kind of chunk the engine builds and reads,
+whichever model it serves.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from hybridcache.engine.model import EXPERT_DTYPE, ChunkOutput, ForwardChunk
 from hybridcache.errors import InvalidConfigError
 
 __all__ = [
@@ -36,6 +35,45 @@ __all__ = [
     "PagedModel",
     "TensorSpec",
 ]
+
+EXPERT_DTYPE = np.int16  # routed-expert ids as recorded per token
+
+
+@dataclass
+class ForwardChunk:
+    """Tokens at positions ``[start, start + len(token_ids))`` of one sequence.
+
+    ``block_table[i]`` holds positions ``[i*B, (i+1)*B)`` and must cover ``start + len``
+    positions (entries beyond that are ignored). ``state_slot`` holds the recurrent state after
+    ``start`` tokens; it is not read when ``start == 0`` (the state after no tokens is zero) and
+    holds the state after the chunk's last token when ``forward`` returns. ``multimodal`` lists
+    ``(start, end, content)`` spans in absolute positions, ``content`` being bytes or a str
+    content id (``MultimodalSpan`` objects are accepted too, keyed by their ``content_id``).
+    ``writable_blocks``, when not None, is the set of blocks this chunk may write KV into.
+    """
+
+    token_ids: list[int]
+    start: int
+    block_table: list[int] | np.ndarray
+    state_slot: int
+    adapter: str | None = None
+    multimodal: list[tuple[int, int, bytes]] = ()
+    writable_blocks: frozenset[int] | None = None
+
+
+@dataclass
+class ChunkOutput:
+    """What one chunk produced.
+
+    ``routed_experts`` is ``(len(token_ids), routed_expert_width)`` int16: for each token, the
+    expert ids of the model's first router call (ascending), then of the next, and so on.
+    ``logits`` are the ``(vocab_size,)`` logits at the chunk's last position.
+    """
+
+    next_token: int
+    routed_experts: np.ndarray
+    logits: np.ndarray = field(repr=False, default=None)
+
 
 # Layer kinds: what a layer keeps between forwards.
 ATTENTION = "attention"  # per-token KV only
@@ -103,12 +141,16 @@ class ModelLayout:
 
     ``routed_expert_width`` ids are recorded per token (0 for a dense model); ``resume`` says
     whether a chunk after position 0 runs as one call or token by token (``RESUME_MODES``).
+    ``serves_adapters`` / ``serves_multimodal``: whether ``ForwardChunk.adapter`` and
+    ``ForwardChunk.multimodal`` may be set (the engine refuses such requests otherwise).
     """
 
     layers: tuple[LayerLayout, ...]
     vocab_size: int
     routed_expert_width: int = 0
     resume: str = CHUNK_RESUME
+    serves_adapters: bool = False
+    serves_multimodal: bool = False
 
     def __post_init__(self) -> None:
         if not self.layers or [layer.index for layer in self.layers] != list(range(len(self.layers))):

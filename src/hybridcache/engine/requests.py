@@ -55,6 +55,7 @@ class Request:
     cache_salt: str | None = None
     multimodal: tuple[MultimodalInput, ...] = ()
     return_routed_experts: bool = False
+    return_logits: bool = False
 
     def __post_init__(self) -> None:
         prompt = as_token_array(self.prompt)
@@ -68,16 +69,20 @@ class Request:
         object.__setattr__(self, "cache_salt", as_optional_name("cache_salt", self.cache_salt))
         object.__setattr__(self, "multimodal", multimodal)
         object.__setattr__(self, "return_routed_experts", as_bool("return_routed_experts", self.return_routed_experts))
+        object.__setattr__(self, "return_logits", as_bool("return_logits", self.return_logits))
 
 
 @dataclass
 class Result:
     """A finished request. ``error`` is set when the engine gave up on it (its forwards kept
-    failing, or it can never fit); ``tokens`` then holds what was generated before."""
+    failing, or it can never fit); ``tokens`` then holds what was generated before.
+    ``logits`` (only with ``Request.return_logits``) is a ``[len(tokens), vocab]`` float array:
+    row ``i`` holds the logits ``tokens[i]`` was chosen from (greedily, their argmax)."""
 
     request_id: int
     prompt_tokens: int
     tokens: list[int]
     cached_tokens: int
     routed_experts: np.ndarray | None = None
+    logits: np.ndarray | None = None
     error: HybridCacheError | None = None

@@ -25,7 +25,14 @@ from hybridcache.engine.hf.config import HFModelConfig
 from hybridcache.engine.hf.introspect import probe_model
 from hybridcache.engine.hf.loading import load_causal_lm
 from hybridcache.engine.hf.routing import RouterHooks
-from hybridcache.engine.model import _as_int, _check_writable, _validated_table, _validated_tokens
+from hybridcache.engine.model import (
+    _as_int,
+    _check_writable,
+    _validated_expert_rows,
+    _validated_replays,
+    _validated_table,
+    _validated_tokens,
+)
 from hybridcache.engine.model_api import (
     CHUNK_RESUME,
     TOKEN_BY_TOKEN_RESUME,
@@ -189,7 +196,7 @@ class HFModel:
         if isinstance(chunks, ForwardChunk) or not isinstance(chunks, Iterable):
             raise InvalidTypeError("chunks must be a list of ForwardChunk")
         chunks = list(chunks)
-        replays = self._validated_replays(replay, len(chunks))
+        replays = _validated_replays(replay, len(chunks))
         plans, slots, written = [], set(), set()
         for chunk, rows in zip(chunks, replays):
             plan, writes = self._validated_plan(chunk, storage, rows)
@@ -201,16 +208,6 @@ class HFModel:
             written |= writes
             plans.append(plan)
         return plans
-
-    def _validated_replays(self, replay: object, count: int) -> list[np.ndarray | None]:
-        if replay is None:
-            return [None] * count
-        if isinstance(replay, (str, bytes, np.ndarray)) or not isinstance(replay, Iterable):
-            raise InvalidTypeError("replay_experts must be None or one entry per chunk")
-        replays = list(replay)
-        if len(replays) != count:
-            raise InvalidArgumentError(f"{len(replays)} replay entries for {count} chunks")
-        return replays
 
     def _validated_plan(self, chunk: object, storage: PagedStorage, rows: object) -> tuple[_Plan, set[int]]:
         if not isinstance(chunk, ForwardChunk):
@@ -229,15 +226,5 @@ class HFModel:
             raise InvalidArgumentError("state slot 0 is the reserved padding row")
         writes = set(table[start // storage.block_size :].tolist()) if self.layout.kv_layers else set()
         _check_writable(writes, chunk.writable_blocks)
-        replay = self._validated_rows(rows, len(tokens))
+        replay = _validated_expert_rows(rows, len(tokens), self.layout.routed_expert_width)
         return _Plan(tokens, start, torch.from_numpy(table), slot, replay), writes
-
-    def _validated_rows(self, rows: object, tokens: int) -> np.ndarray | None:
-        if rows is None:
-            return None
-        array = np.asarray(rows)
-        if array.dtype.kind not in "iu" or array.shape != (tokens, self.layout.routed_expert_width):
-            raise InvalidArgumentError(
-                f"replayed experts must be ints shaped ({tokens}, {self.layout.routed_expert_width})"
-            )
-        return array
