@@ -1,4 +1,9 @@
-"""Shared helpers of the prefix-cache tests: building tries, admitting sequences, deep snapshots."""
+"""Shared helpers of the prefix-cache tests: building tries, admitting sequences, deep snapshots.
+
+Admission has one helper, ``admit``, which runs the scheduler's own ``try_admit``. A test that
+stops inside an admission or takes its steps in another order on purpose says so with a
+helper named after what it does (``grow_attach_commit``, ``admit_leaving_restore_unpinned``).
+"""
 
 from __future__ import annotations
 
@@ -9,8 +14,10 @@ import types
 import numpy as np
 
 from hybridcache.memory.block_pool import BlockPool
-from hybridcache.prefix_cache import BlockTrie
+from hybridcache.memory.state_pool import StatePool
+from hybridcache.prefix_cache import BlockTrie, MatchTxn
 from hybridcache.prefix_state import NO_NODE
+from hybridcache.scheduler.admission import try_admit
 from hybridcache.sequence import Sequence
 
 B = 16
@@ -21,14 +28,48 @@ def make_trie(num_blocks: int = 64, block_size: int = B, **kwargs) -> tuple[Bloc
     return pool, BlockTrie(pool, block_size, **kwargs)
 
 
-def admit(trie: BlockTrie, seq: Sequence, *, forward: bool = True):
-    """The scheduler's happy path: match, give the rest fresh blocks, attach, commit, run."""
-    txn = trie.match(seq)
+def admit(trie: BlockTrie, seq: Sequence) -> None:
+    """Admit all of ``seq`` through the production admission (``try_admit``: match, pin the
+    selected restore, free blocks under pressure, grow the table, attach, commit); its forward
+    has not run yet.
+
+    Admission also takes a runtime state row. These tests follow the cache, not the recurrent
+    state, so the row comes from a one-row pool of its own and goes straight back: the trie's
+    state pool keeps exactly the checkpoints a test put there, and nothing leaks."""
+    runtime_rows = StatePool(2)
+    admitted = try_admit(seq, trie, trie.pool, runtime_rows, seq.num_tokens, seq.num_tokens)
+    assert admitted is not None, f"admission refused {seq}"
+    runtime_rows.free_runtime(admitted.runtime_slot)
+
+
+def forward(trie: BlockTrie, seq: Sequence) -> None:
+    """The forward over every token ran: all tokens are computed, and the restore copy (if
+    any) is queued, so the restore pin goes."""
+    seq.set_computed(seq.num_tokens)
+    if seq.prefix_state.restore_pinned:
+        trie.checkpoints.unpin_restore(seq)
+
+
+def prefill(trie: BlockTrie, seq: Sequence) -> None:
+    """Admit ``seq`` and run its forward."""
+    admit(trie, seq)
+    forward(trie, seq)
+
+
+def grow_attach_commit(trie: BlockTrie, seq: Sequence, txn: MatchTxn) -> None:
+    """Finish an admission by hand after a match the test inspected: grow the table to the
+    whole sequence, attach its complete blocks, commit. Unlike ``admit`` it pins no restore
+    and frees nothing under pressure (a full pool raises ``OutOfBlocksError``)."""
     trie.pool.grow_table(seq, seq.num_tokens, trie.block_size)
     trie.allocate(seq)
     trie.commit(txn)
-    if forward:
-        seq.set_computed(seq.num_tokens)
+
+
+def admit_leaving_restore_unpinned(trie: BlockTrie, seq: Sequence) -> MatchTxn:
+    """Admit ``seq`` without pinning the restore its match selected (production pins it), for
+    what becomes of a selected but unpinned checkpoint."""
+    txn = trie.match(seq)
+    grow_attach_commit(trie, seq, txn)
     return txn
 
 
@@ -44,7 +85,7 @@ def decode(trie: BlockTrie, seq: Sequence, tokens, *, forward: bool = True) -> N
 def produce(trie: BlockTrie, tokens, **kwargs) -> Sequence:
     """Run a request to completion and free it: its complete blocks stay in the trie."""
     seq = Sequence(tokens, **kwargs)
-    admit(trie, seq)
+    prefill(trie, seq)
     trie.free_sequence(seq)
     return seq
 

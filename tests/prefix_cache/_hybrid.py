@@ -11,7 +11,7 @@ from hybridcache.prefix_cache import BlockTrie
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord, CheckpointState
 from hybridcache.sequence import Sequence
 
-from ._helpers import B, snapshot
+from ._helpers import B, admit, forward, snapshot
 
 
 def make_hybrid(num_blocks: int = 64, num_slots: int = 8, budget: int = 4, block_size: int = B, **kwargs):
@@ -20,23 +20,6 @@ def make_hybrid(num_blocks: int = 64, num_slots: int = 8, budget: int = 4, block
     states = StatePool(num_slots, checkpoint_budget=budget)
     trie = BlockTrie(pool, block_size, state_pool=states, **kwargs)
     return pool, states, trie
-
-
-def admit(trie: BlockTrie, seq: Sequence, *, pin: bool = True):
-    """Match, pin the selected restore, grow the table, attach and commit (no forward)."""
-    txn = trie.match(seq)
-    if pin and seq.prefix_state.restore is not None:
-        assert trie.checkpoints.pin_restore(seq)
-    trie.pool.grow_table(seq, seq.num_tokens, trie.block_size)
-    trie.allocate(seq)
-    trie.commit(txn)
-    return txn
-
-
-def forward(trie: BlockTrie, seq: Sequence) -> None:
-    """The forward ran: every token is computed and the restore copy is queued."""
-    seq.set_computed(seq.num_tokens)
-    trie.checkpoints.unpin_restore(seq)
 
 
 def produce(
@@ -93,4 +76,4 @@ def world(pool, states, trie, *seqs):
     return snapshot(pool, states, trie, *seqs)
 
 
-__all__ = ["B", "admit", "forward", "indexed", "make_hybrid", "path_to", "produce", "request_key", "store_kv", "world"]
+__all__ = ["B", "indexed", "make_hybrid", "path_to", "produce", "request_key", "store_kv", "world"]

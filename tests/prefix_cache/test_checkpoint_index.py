@@ -16,8 +16,8 @@ from hybridcache.prefix_cache.stats import MissReason
 from hybridcache.prefix_state import NO_NODE
 from hybridcache.sequence import MultimodalSpan, Namespace, Sequence
 
-from ._helpers import B, tokens
-from ._hybrid import admit, forward, indexed, make_hybrid, path_to, produce, request_key, store_kv
+from ._helpers import B, admit, forward, tokens
+from ._hybrid import indexed, make_hybrid, path_to, produce, request_key, store_kv
 
 NS = Namespace()
 LORA = Namespace(adapter="lora")

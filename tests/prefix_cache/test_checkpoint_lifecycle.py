@@ -22,8 +22,17 @@ from hybridcache.prefix_cache.checkpoint_lifecycle import NO_SAVE
 from hybridcache.prefix_cache.checkpoint_record import CheckpointState
 from hybridcache.sequence import MultimodalSpan, Namespace, Sequence
 
-from ._helpers import B, cursor_depth, leaves, tokens
-from ._hybrid import admit, forward, indexed, make_hybrid, produce, request_key, world
+from ._helpers import (
+    B,
+    admit,
+    admit_leaving_restore_unpinned,
+    cursor_depth,
+    forward,
+    grow_attach_commit,
+    leaves,
+    tokens,
+)
+from ._hybrid import indexed, make_hybrid, produce, request_key, world
 
 NS = Namespace()
 
@@ -246,9 +255,7 @@ def test_restore_pin_survives_tail_allocation():
     assert record.restore_pins == 0  # selected, not pinned
     assert cp.pin_restore(seq) and record.restore_pins == 1 and record.hits == 1
     assert cp.pin_restore(seq) is False  # already pinned
-    pool.grow_table(seq, seq.num_tokens, B)
-    trie.allocate(seq)
-    trie.commit(txn)
+    grow_attach_commit(trie, seq, txn)
     assert cursor_depth(trie, seq) == 3 and int(trie.nodes.depth[record.anchor]) == 2
     assert seq.prefix_state.restore is record and record.restore_pins == 1
     trie.check_invariants([seq])
@@ -300,7 +307,7 @@ def test_free_sequence_clears_an_unpinned_selected_restore():
     pool, states, trie = make_hybrid()
     _, record = produce(trie, tokens(32), 32)
     seq = Sequence(tokens(40))
-    admit(trie, seq, pin=False)
+    admit_leaving_restore_unpinned(trie, seq)
     assert seq.prefix_state.restore is record and record.restore_pins == 0
     trie.free_sequence(seq)
     assert seq.prefix_state.restore is None and record.restore_pins == 0 and record.is_published

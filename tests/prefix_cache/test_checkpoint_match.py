@@ -12,8 +12,18 @@ from hybridcache.prefix_cache.checkpoint_record import CheckpointState
 from hybridcache.prefix_cache.stats import MissReason
 from hybridcache.sequence import MultimodalSpan, Namespace, Sequence
 
-from ._helpers import B, cursor_depth, path_blocks, seq_state, slots_at_depth, tokens
-from ._hybrid import admit, forward, indexed, make_hybrid, produce, store_kv
+from ._helpers import (
+    B,
+    admit,
+    admit_leaving_restore_unpinned,
+    cursor_depth,
+    forward,
+    path_blocks,
+    seq_state,
+    slots_at_depth,
+    tokens,
+)
+from ._hybrid import indexed, make_hybrid, produce, store_kv
 
 NS = Namespace()
 
@@ -916,7 +926,7 @@ def test_pending_blocks_after_the_anchor_do_not_count_for_the_overlap():
     assert cp.publish_save(producer)
     trie.free_sequence(producer)
     other = Sequence(tokens(48) + [5])
-    admit(trie, other, pin=False)  # attaches block 2, pending until its forward
+    admit_leaving_restore_unpinned(trie, other)  # attaches block 2, pending until its forward
     assert [bool(trie.nodes.pending[s]) for s in slots_at_depth(trie, 3)] == [True]
     request = Sequence(tokens(48) + [1] * 17)
     request.prefix_state.recompute_blocks = 1

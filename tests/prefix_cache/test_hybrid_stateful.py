@@ -207,7 +207,9 @@ class HybridMachine(RuleBasedStateMachine):
         assert seq.prefix_state.restore is None and not seq.prefix_state.restore_pinned
         entry.txn, entry.phase = None, "idle"
 
-    def _admit(self, entry: Entry) -> bool:
+    def _finish_admission(self, entry: Entry) -> bool:
+        """The rest of an admission after the machine's own match rule: blocks (evicting first),
+        allocate, commit; or roll back when the pool is full (True when admitted)."""
         seq = entry.seq
         self._make_room(seq, seq.num_tokens)
         try:
@@ -290,7 +292,7 @@ class HybridMachine(RuleBasedStateMachine):
         """Commit the admission (grow, allocate, commit) or roll the match back."""
         entry = self._pick(("matched",), index)
         if admit:
-            self._admit(entry)
+            self._finish_admission(entry)
         else:
             self._rollback(entry)
 
@@ -339,7 +341,7 @@ class HybridMachine(RuleBasedStateMachine):
         if stop == "rolled back":
             self._rollback(entry)
             return
-        if not self._admit(entry):
+        if not self._finish_admission(entry):
             return
         if save or stop in ("pending", "published"):
             self._reserve(entry, choice, wild and not save)

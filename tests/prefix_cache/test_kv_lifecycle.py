@@ -8,14 +8,14 @@ import numpy as np
 from hybridcache.prefix_cache.kv_lifecycle import KVLifecycle
 from hybridcache.sequence import Sequence
 
-from ._helpers import B, admit, leaves, make_trie, produce, slots_at_depth, tokens
+from ._helpers import B, leaves, make_trie, prefill, produce, slots_at_depth, tokens
 
 
 def test_fill_pool_free_sequence_and_evict_cascades():
     """Reference 7.2: 16 blocks, a 15.5-block sequence, evict(4) -> 5 blocks free."""
     pool, trie = make_trie(16)
     seq = Sequence(tokens(15 * B + 8))
-    admit(trie, seq)
+    prefill(trie, seq)
     assert pool.num_free == 0 and trie.nodes.num_attached == 15
     trie.free_sequence(seq)
     assert pool.num_free == 1  # only the partial block was private
@@ -39,7 +39,7 @@ def test_least_recently_used_leaf_goes_first():
     x_leaf, y_leaf = sorted(leaves(trie))
     # touch X's path by matching it again: X becomes the most recent
     seq = Sequence(tokens(2 * B + 1, start=100))
-    admit(trie, seq)
+    prefill(trie, seq)
     trie.free_sequence(seq)
     assert trie.evict(1) == 1
     assert trie.nodes.attached[x_leaf] and not trie.nodes.attached[y_leaf]
@@ -53,7 +53,7 @@ def test_least_recently_used_leaf_goes_first():
 def test_blocks_a_sequence_holds_are_not_evicted_but_stay_candidates():
     pool, trie = make_trie(16)
     held = Sequence(tokens(3 * B + 1))
-    admit(trie, held)
+    prefill(trie, held)
     assert trie.evict(10) == 0
     assert trie.nodes.num_attached == 3
     trie.check_invariants([held])
@@ -67,7 +67,7 @@ def test_partly_held_path_evicts_only_the_unheld_tail():
     pool, trie = make_trie(16)
     produce(trie, tokens(4 * B + 1))
     reader = Sequence(tokens(2 * B + 1))  # holds the first two blocks
-    admit(trie, reader)
+    prefill(trie, reader)
     assert trie.evict(10) == 2
     assert sorted(int(trie.nodes.depth[s]) for s in trie.nodes.attached_slots()) == [1, 2]
     trie.check_invariants([reader])
@@ -94,7 +94,7 @@ def test_entry_of_a_detached_generation_is_ignored():
     assert trie.evict(1) == 1
     # the slot is reused by a new node; a stale entry for the old generation must not evict it
     held = Sequence(tokens(B + 1, start=900))
-    admit(trie, held)
+    prefill(trie, held)
     (new,) = leaves(trie)
     assert new == old
     trie.kv._heap.restore([(0, old, old_generation, old)])

@@ -14,7 +14,7 @@ from hybridcache.memory.block_pool import BlockPool
 from hybridcache.memory.state_pool import StatePool
 from hybridcache.prefix_cache import BlockTrie
 from hybridcache.sequence import Sequence
-from tests.prefix_cache._helpers import B, admit, snapshot, tokens
+from tests.prefix_cache._helpers import B, prefill, snapshot, tokens
 
 
 def hybrid_trie() -> BlockTrie:
@@ -25,7 +25,7 @@ def owned_by_first() -> tuple[BlockTrie, BlockTrie, Sequence]:
     first, second = hybrid_trie(), hybrid_trie()
     seq = Sequence(tokens(3 * B + 5))
     first.prepare(seq)
-    admit(first, seq)
+    prefill(first, seq)
     return first, second, seq
 
 
@@ -79,7 +79,7 @@ def test_a_freed_sequence_moves_to_another_trie():
     first, second, seq = owned_by_first()
     first.free_sequence(seq)
     second.prepare(seq)
-    admit(second, seq)
+    prefill(second, seq)
     second.check_invariants([seq])
     first.check_invariants()
 
@@ -91,7 +91,7 @@ def test_per_namespace_memory_goes_with_the_last_cached_entry():
         seq = Sequence(tokens(B + 3, index), cache_salt=f"tenant-{index}")
         trie.prepare(seq)
         trie.evict(max(0, 2 - trie.pool.num_free))  # pressure: the pool holds 32 blocks
-        admit(trie, seq)
+        prefill(trie, seq)
         trie.checkpoints.reserve_save(seq)
         trie.checkpoints.publish_save(seq)
         trie.free_sequence(seq)
@@ -110,12 +110,12 @@ def test_per_namespace_memory_goes_with_the_last_cached_entry():
 def test_a_namespace_used_again_after_its_root_went_still_hits():
     trie = BlockTrie(BlockPool(16), B)
     producer = Sequence(tokens(3 * B), cache_salt="a")
-    admit(trie, producer)
+    prefill(trie, producer)
     trie.free_sequence(producer)
     trie.clear()
     assert trie.nodes._roots == {}
     second = Sequence(tokens(3 * B), cache_salt="a")
-    admit(trie, second)
+    prefill(trie, second)
     trie.free_sequence(second)
     again = Sequence(tokens(3 * B + 1), cache_salt="a")
     trie.prepare(again)
@@ -131,13 +131,13 @@ def test_a_copied_trie_keeps_its_invariants(clone):
     for extra in range(3):
         seq = Sequence(tokens(3 * B + 2 + extra))
         trie.prepare(seq)
-        admit(trie, seq)
+        prefill(trie, seq)
         trie.checkpoints.reserve_save(seq)
         trie.checkpoints.publish_save(seq)
         trie.free_sequence(seq)
     probe = Sequence(tokens(3 * B + 9))
     trie.prepare(probe)
-    admit(trie, probe)
+    prefill(trie, probe)
     copied_trie, copied_probe = clone((trie, probe))
     copied_trie.check_invariants([copied_probe])
     trie.check_invariants([probe])

@@ -18,6 +18,7 @@ from ._helpers import (
     leaves,
     make_trie,
     path_blocks,
+    prefill,
     produce,
     refs,
     seq_state,
@@ -72,8 +73,8 @@ def test_two_borrowers_share_one_pin_count():
     produce(trie, tokens(2 * B + 1))
     (leaf,) = leaves(trie)
     first, second = Sequence(tokens(2 * B + 1)), Sequence(tokens(2 * B + 5))
-    admit(trie, first)
-    admit(trie, second)
+    prefill(trie, first)
+    prefill(trie, second)
     assert trie.kv.pins() == {leaf: 2}
     assert refs(pool, first)[:2] == refs(pool, second)[:2] == [1, 1]
     trie.check_invariants([first, second])
@@ -95,7 +96,7 @@ def test_a_pinned_path_survives_evict_and_clear():
     produce(trie, tokens(3 * B + 1, start=100))
     produce(trie, tokens(2 * B + 1, start=500))
     reader = Sequence(tokens(3 * B + 1, start=100))
-    admit(trie, reader)
+    prefill(trie, reader)
     pinned_path = reader.block_table[:3].tolist()
     assert trie.evict(100) == 2  # the unpinned path only
     assert trie.clear() == 0
@@ -133,7 +134,7 @@ def test_free_sequence_releases_own_blocks_and_returns_the_pin():
     pool, trie = make_trie(16)
     produce(trie, tokens(2 * B + 1))
     seq = Sequence(tokens(4 * B + 5))
-    admit(trie, seq)
+    prefill(trie, seq)
     assert borrow(seq)[1] == 2
     assert refs(pool, seq) == [1, 1, 2, 2, 1]  # borrowed, borrowed, own + trie, own + trie, own
     table = seq.block_table.copy()
@@ -157,7 +158,7 @@ def test_a_used_path_ages_as_a_whole():
     b_parent = int(trie.nodes.parent[b_leaf])
     a_parent = int(trie.nodes.parent[a_leaf])
     reader = Sequence(tokens(3 * B + 1, start=100))
-    admit(trie, reader)
+    prefill(trie, reader)
     trie.free_sequence(reader)
     a_leaf_stamp = pool.stamp_of(block_of(trie, a_leaf))
     assert a_leaf_stamp > pool.stamp_of(block_of(trie, b_leaf)) > pool.stamp_of(block_of(trie, a_parent))
@@ -172,7 +173,7 @@ def test_exclusive_blocks_never_include_borrowed_blocks():
     pool, trie = make_trie(16)
     produce(trie, tokens(2 * B + 1))
     seq = Sequence(tokens(2 * B + 5))
-    admit(trie, seq, forward=False)
+    admit(trie, seq)
     assert borrow(seq)[1] == 2 and refs(pool, seq) == [1, 1, 1]
     assert trie.exclusive_blocks(seq, 0, seq.num_tokens) == frozenset([int(seq.block_table[2])])
     assert trie.exclusive_blocks(seq, 0, 2 * B) == frozenset()
@@ -185,7 +186,7 @@ def test_a_match_below_the_borrowed_depth_materializes_the_borrow():
     pool, trie = make_trie(16)
     produce(trie, tokens(4 * B + 1))
     seq = Sequence(tokens(4 * B + 1))
-    admit(trie, seq)
+    prefill(trie, seq)
     assert borrow(seq)[1] == 4 and refs(pool, seq) == [1, 1, 1, 1, 1]
     seq.set_computed(B)
     txn = trie.match(seq)
@@ -206,7 +207,7 @@ def test_rolling_back_a_materializing_match_borrows_the_path_again():
     pool, trie = make_trie(16)
     produce(trie, tokens(4 * B + 1))
     seq = Sequence(tokens(4 * B + 1))
-    admit(trie, seq)
+    prefill(trie, seq)
     table, pins, before = seq.block_table.tolist(), trie.kv.pins(), refs(pool, seq)
     borrowed = borrow(seq)
     seq.set_computed(B)
@@ -225,7 +226,7 @@ def test_a_non_root_match_references_per_block():
     is referenced per block and nothing is pinned."""
     pool, trie = make_trie(16)
     seq = Sequence(tokens(B + 1))
-    admit(trie, seq)  # nothing cached: block 0 is its own
+    prefill(trie, seq)  # nothing cached: block 0 is its own
     produce(trie, tokens(4 * B + 1))
     seq.append_tokens(tokens(3 * B, start=B + 2))
     txn = trie.match(seq)
@@ -242,7 +243,7 @@ def test_a_match_beyond_the_borrow_keeps_it():
     pool, trie = make_trie(16)
     produce(trie, tokens(4 * B + 1))
     seq = Sequence(tokens(2 * B + 1))
-    admit(trie, seq)
+    prefill(trie, seq)
     pinned, depth = borrow(seq)
     assert depth == 2
     seq.append_tokens(tokens(2 * B, start=2 * B + 2))
@@ -286,7 +287,7 @@ def test_the_invariant_check_counts_every_borrower():
     _, trie = make_trie(16)
     produce(trie, tokens(2 * B + 1))
     seq = Sequence(tokens(2 * B + 1))
-    admit(trie, seq)
+    prefill(trie, seq)
     with pytest.raises(AssertionError):
         trie.check_invariants([])
     trie.check_invariants([seq])
@@ -312,7 +313,7 @@ def test_the_pool_refuses_to_release_a_borrowing_table():
     pool, trie = make_trie(16)
     produce(trie, tokens(2 * B + 1))
     seq = Sequence(tokens(2 * B + 1))
-    admit(trie, seq)
+    prefill(trie, seq)
     before = refs(pool, seq)
     with pytest.raises(LifecycleError):
         pool.release_table(seq)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hybridcache.prefix_cache import MissReason, PrefixCacheStats
 from hybridcache.sequence import MultimodalSpan, Sequence
 
-from ._helpers import B, admit, make_trie, produce, tokens
+from ._helpers import B, make_trie, prefill, produce, tokens
 
 
 def test_record_hits_misses_and_shortened():
@@ -117,7 +117,7 @@ def test_suppressed_match_records_nothing():
 def test_disabled_trie_records_no_hit():
     pool, trie = make_trie(64, enabled=False)
     seq = Sequence(tokens(3 * B + 1))
-    admit(trie, seq)
+    prefill(trie, seq)
     trie.free_sequence(seq)
     seq = Sequence(tokens(3 * B + 1))
     trie.commit(trie.match(seq))

@@ -21,10 +21,12 @@ from ._helpers import (
     admit,
     cursor_depth,
     decode,
+    grow_attach_commit,
     leaves,
     make_trie,
     node_tokens,
     path_blocks,
+    prefill,
     produce,
     refs,
     seq_state,
@@ -49,9 +51,7 @@ def test_allocate_partial_prompt_then_decode():
     seq = Sequence(tokens(2 * B + 8))
     txn = trie.match(seq)
     assert txn.hit_tokens == 0 and seq.num_computed == 0
-    pool.grow_table(seq, seq.num_tokens, B)
-    trie.allocate(seq)
-    trie.commit(txn)
+    grow_attach_commit(trie, seq, txn)
     assert seq.num_blocks == 3 and refs(pool, seq) == [2, 2, 1]
     assert cursor_depth(trie, seq) == 2
     cursor = seq.prefix_state.cursor
@@ -70,7 +70,7 @@ def test_allocate_partial_prompt_then_decode():
 def test_decode_fast_path_attaches_nothing_until_a_block_completes():
     pool, trie = make_trie(16)
     seq = Sequence(tokens(B + 1))
-    admit(trie, seq)
+    prefill(trie, seq)
     before = trie.nodes.num_attached
     for i in range(B - 2):
         decode(trie, seq, [500 + i])
@@ -85,7 +85,7 @@ def test_branching_match_shares_the_common_block():
     owner's reference, the trie's, and the matcher's pin on its path), 2 leaves."""
     pool, trie = make_trie(16)
     owner = Sequence([1] * B + [2] * B + [3] * 8)
-    admit(trie, owner)
+    prefill(trie, owner)
     other = Sequence([1] * B + [3] * B + [4])
     txn = trie.match(other)
     assert txn.hit_tokens == B and other.num_computed == B
@@ -93,13 +93,11 @@ def test_branching_match_shares_the_common_block():
     assert pool.refcounts(other.block_table).tolist() == [2]
     assert trie.kv.pins() == {other.prefix_state.borrowed: 1} and other.prefix_state.borrowed_depth == 1
     assert cursor_depth(trie, other) == 1
-    pool.grow_table(other, other.num_tokens, B)
-    trie.allocate(other)
-    trie.commit(txn)
+    grow_attach_commit(trie, other, txn)
     assert len(leaves(trie)) == 2
     trie.check_invariants([owner, other])
     third = Sequence([1] * B + [3] * B + [9] * 4)
-    admit(trie, third)
+    prefill(trie, third)
     assert third.block_table[:2].tolist() == other.block_table[:2].tolist()
     assert refs(pool, third)[:2] == [2, 2]  # owner + trie, other + trie; the matchers hold pins
     assert sorted(trie.kv.pins().values()) == [1, 1] and third.prefix_state.borrowed_depth == 2
@@ -110,7 +108,7 @@ def test_free_then_rematch():
     """7.5: a sequence freed after allocate (history 0, no blocks, no cursor) re-matches 2 blocks."""
     pool, trie = make_trie(16)
     seq = Sequence(tokens(2 * B + 8))
-    admit(trie, seq)
+    prefill(trie, seq)
     trie.free_sequence(seq)
     assert seq.num_computed == 0 and seq.num_blocks == 0
     assert seq.prefix_state.cursor == NO_NODE and seq.prefix_state.trie_block_map == {}
@@ -143,9 +141,7 @@ def test_exact_block_count_prompt_keeps_last_block_private():
     seq = Sequence(tokens(3 * B))
     txn = trie.match(seq)
     assert seq.num_computed == 2 * B and seq.prefix_state.fresh_range == (0, 0)
-    pool.grow_table(seq, seq.num_tokens, B)
-    trie.allocate(seq)
-    trie.commit(txn)
+    grow_attach_commit(trie, seq, txn)
     private = int(seq.block_table[2])
     assert private != canonical[2]
     assert seq.prefix_state.trie_block_map == {2: canonical[2]}
@@ -199,7 +195,7 @@ def test_recompute_overlap_worked_example():
     query 49 / hit 32; allocate keeps the private overlap block (ref 1) and maps it."""
     pool, trie = make_trie(16)
     owner = Sequence(tokens(3 * B + 1))
-    admit(trie, owner)
+    prefill(trie, owner)
     a, b, c = owner.block_table[:3].tolist()
     seq = Sequence(tokens(3 * B + 1))
     seq.prefix_state.recompute_blocks = 1
@@ -211,9 +207,7 @@ def test_recompute_overlap_worked_example():
     stats = trie.stats.match
     assert stats.query_tokens - before.query_tokens == 49 and stats.hit_tokens - before.hit_tokens == 32
     assert stats.shortened["recompute_overlap"] == 1
-    pool.grow_table(seq, seq.num_tokens, B)
-    trie.allocate(seq)
-    trie.commit(txn)
+    grow_attach_commit(trie, seq, txn)
     private = int(seq.block_table[2])
     assert private != c and pool.refcount_of(private) == 1
     assert pool.refcount_of(c) == 2  # trie + owner
@@ -234,7 +228,7 @@ def test_evicted_overlap_node_resets_the_cursor():
     produce(trie, tokens(3 * B + 1))
     seq = Sequence(tokens(3 * B + 1))
     seq.prefix_state.recompute_blocks = 1
-    admit(trie, seq)
+    prefill(trie, seq)
     old_c = seq.prefix_state.trie_block_map[2]
     (overlap_node,) = slots_at_depth(trie, 3)
     assert trie.evict(1) == 1
@@ -260,15 +254,13 @@ def test_recompute_overlap_drops_one_block(raw):
     """7.5: R=1 with a raw match of 1, 2 or 5 blocks -> history (raw-1)*B, fresh [hist/B, raw)."""
     pool, trie = make_trie(32)
     owner = Sequence(tokens(raw * B + 1))
-    admit(trie, owner)
+    prefill(trie, owner)
     seq = Sequence(tokens(raw * B + 1))
     seq.prefix_state.recompute_blocks = 1
     txn = trie.match(seq)
     assert seq.num_computed == (raw - 1) * B
     assert seq.prefix_state.fresh_range == (raw - 1, raw)
-    pool.grow_table(seq, seq.num_tokens, B)
-    trie.allocate(seq)
-    trie.commit(txn)
+    grow_attach_commit(trie, seq, txn)
     assert seq.block_table[raw - 1] != owner.block_table[raw - 1]
     assert seq.block_table[: raw - 1].tolist() == owner.block_table[: raw - 1].tolist()
     assert seq.prefix_state.fresh_range == (0, 0)
@@ -298,9 +290,7 @@ def test_recompute_overlap_with_image():
     txn = trie.match(seq)
     assert seq.num_computed == 2 * B
     assert seq.prefix_state.fresh_range == (2, 4)
-    pool.grow_table(seq, seq.num_tokens, B)
-    trie.allocate(seq)
-    trie.commit(txn)
+    grow_attach_commit(trie, seq, txn)
     assert seq.prefix_state.trie_block_map == {2: canonical[2], 3: canonical[3]}
     assert all(pool.refcount_of(int(seq.block_table[i])) == 1 for i in (2, 3, 4))
     assert cursor_depth(trie, seq) == 4
@@ -322,7 +312,7 @@ def test_fresh_range_blocks_stay_private_until_computed_then_settle():
     produce(trie, tokens(4 * B + 1))
     seq = Sequence(tokens(4 * B + 1))
     seq.prefix_state.recompute_blocks = 2
-    admit(trie, seq, forward=False)
+    admit(trie, seq)
     assert seq.num_computed == 2 * B
     mapped = dict(seq.prefix_state.trie_block_map)
     assert sorted(mapped) == [2, 3]
@@ -342,11 +332,11 @@ def test_computed_block_in_the_fresh_range_stays_private():
     has already computed; the next allocate (fresh range cleared) settles it."""
     pool, trie = make_trie(32)
     producer = Sequence(tokens(4 * B + 1))
-    admit(trie, producer)
+    prefill(trie, producer)
     a, b, c, d = producer.block_table[:4].tolist()
     seq = Sequence(tokens(4 * B + 1))
     seq.prefix_state.recompute_blocks = 2
-    admit(trie, seq)  # hit [a, b], private c', d' mapped to c, d, then the forward runs
+    prefill(trie, seq)  # hit [a, b], private c', d' mapped to c, d, then the forward runs
     assert seq.prefix_state.trie_block_map == {2: c, 3: d}
     private_c = int(seq.block_table[2])
     trie.free_sequence(producer)
@@ -355,9 +345,7 @@ def test_computed_block_in_the_fresh_range_stays_private():
     seq.append_tokens([77])
     txn = trie.match(seq)  # from the root: raw A B C, R=2 -> accepted 2 -> no hit, fresh [2, 3)
     assert txn.hit_tokens == 0 and seq.prefix_state.fresh_range == (2, 3)
-    pool.grow_table(seq, seq.num_tokens, B)
-    trie.allocate(seq)
-    trie.commit(txn)
+    grow_attach_commit(trie, seq, txn)
     assert int(seq.block_table[2]) == private_c  # computed, but in the fresh range: kept
     assert seq.prefix_state.trie_block_map == {2: c}
     assert cursor_depth(trie, seq) == 4  # d' became the new node at depth 4
@@ -377,7 +365,7 @@ def test_match_writes_canonical_blocks_at_the_right_positions():
     preallocated one) gets the canonical blocks written by index, not appended."""
     pool, trie = make_trie(32)
     session = Sequence(tokens(2 * B + 8))
-    admit(trie, session)
+    prefill(trie, session)
     pool.grow_table(session, 4 * B, B)  # preallocated block beyond the partial one
     own = session.block_table.tolist()
     assert len(own) == 4 and cursor_depth(trie, session) == 2
@@ -407,7 +395,7 @@ def test_match_writes_canonical_blocks_at_the_right_positions():
 def test_resumed_session_rollback_puts_its_blocks_back():
     pool, trie = make_trie(32)
     session = Sequence(tokens(2 * B + 8))
-    admit(trie, session)
+    prefill(trie, session)
     produce(trie, tokens(4 * B + 3))
     session.append_tokens(tokens(2 * B - 5, start=2 * B + 9))
     before = (seq_state(session), snapshot(trie.stats.match))
@@ -426,7 +414,7 @@ def test_match_from_a_cursor_deeper_than_the_computed_step():
     pool, trie = make_trie(32)
     produce(trie, tokens(4 * B + 1))
     seq = Sequence(tokens(4 * B + 1))
-    admit(trie, seq)
+    prefill(trie, seq)
     assert cursor_depth(trie, seq) == 4
     seq.set_computed(B + 3)  # e.g. a recompute request
     txn = trie.match(seq)
@@ -455,9 +443,7 @@ def test_different_namespaces_never_share(producer, consumer):
     seq = Sequence(tokens(3 * B + 1), **consumer)
     txn = trie.match(seq)
     assert txn.hit_tokens == 0 and seq.num_blocks == 0
-    pool.grow_table(seq, seq.num_tokens, B)
-    trie.allocate(seq)
-    trie.commit(txn)
+    grow_attach_commit(trie, seq, txn)
     assert trie.nodes.num_attached == 6  # two separate paths
     assert pool.refcounts(seq.block_table[:3]).tolist() == [2, 2, 2]
     trie.check_invariants([seq])
@@ -514,7 +500,7 @@ def test_image_clamp_to_zero_keeps_refs():
     pool, trie = make_trie(32)
     span = [MultimodalSpan(8, 24, "image", "img")]
     owner = Sequence(tokens(3 * B + 1), multimodal=span)
-    admit(trie, owner)
+    prefill(trie, owner)
     ref0 = pool.refcount_of(int(owner.block_table[0]))
     changed = tokens(3 * B + 1)
     changed[B + 10] = 9999
@@ -570,9 +556,7 @@ def test_colliding_keys_never_prevent_caching_or_give_false_hits():
         txn = trie.match(seq)
         assert txn.hit_tokens == expected
         assert all(node_tokens_equal(trie, seq, i) for i in range(seq.num_blocks))
-        pool.grow_table(seq, seq.num_tokens, B)
-        trie.allocate(seq)
-        trie.commit(txn)
+        grow_attach_commit(trie, seq, txn)
         trie.check_invariants([seq])
         trie.free_sequence(seq)
     assert trie.nodes.num_attached == 3 + 3 + 2 + 3  # the unseen prompt was cached too
@@ -604,9 +588,7 @@ def test_collision_on_the_deepest_key_falls_back_to_the_walk():
     seq = Sequence(tokens(4 * B + 1, start=1))
     txn = trie.match(seq)
     assert txn.hit_tokens == 2 * B
-    pool.grow_table(seq, seq.num_tokens, B)
-    trie.allocate(seq)
-    trie.commit(txn)
+    grow_attach_commit(trie, seq, txn)
     assert cursor_depth(trie, seq) == 4
     trie.check_invariants([seq])
 
@@ -616,7 +598,7 @@ def test_collision_on_the_deepest_key_falls_back_to_the_walk():
 
 def produce_with_experts(trie, toks, rows=None):
     seq = Sequence(toks, want_routed_experts=True)
-    admit(trie, seq)
+    prefill(trie, seq)
     seq.append_routed_experts(expert_rows(len(toks)) if rows is None else rows)
     trie.cache_routed_experts(seq)
     trie.free_sequence(seq)
@@ -647,9 +629,7 @@ def test_new_nodes_copy_experts_from_the_inserting_sequence():
     seq = Sequence(tokens(2 * B + 4), want_routed_experts=True)
     seq.append_routed_experts(expert_rows(2 * B + 4))  # experts known before allocate
     txn = trie.match(seq)
-    pool.grow_table(seq, seq.num_tokens, B)
-    trie.allocate(seq)
-    trie.commit(txn)
+    grow_attach_commit(trie, seq, txn)
     assert trie.experts.has_rows[trie.nodes.attached_slots()].all()
     trie.free_sequence(seq)
     other = Sequence(tokens(2 * B + 4), want_routed_experts=True)
@@ -725,7 +705,7 @@ def test_replay_only_when_history_length_equals_the_match_start():
 def test_cache_routed_experts_is_incremental():
     pool, trie = make_trie(32)
     seq = Sequence(tokens(B + 1), want_routed_experts=True)
-    admit(trie, seq)
+    prefill(trie, seq)
     seq.append_routed_experts(expert_rows(B + 1))
     trie.cache_routed_experts(seq)
     assert seq.prefix_state.experts_cached_blocks == 1
@@ -780,7 +760,7 @@ def test_commit_then_allocate_order_does_not_matter():
     pool, trie = make_trie(32)
     produce(trie, tokens(2 * B + 1))
     a, b = Sequence(tokens(3 * B + 1)), Sequence(tokens(3 * B + 1))
-    admit(trie, a)
+    prefill(trie, a)
     txn = trie.match(b)
     trie.commit(txn)
     pool.grow_table(b, b.num_tokens, B)
@@ -795,7 +775,7 @@ def test_commit_then_allocate_order_does_not_matter():
 def test_disabled_trie_caches_nothing():
     pool, trie = make_trie(32, enabled=False)
     seq = Sequence(tokens(3 * B + 1), multimodal=[MultimodalSpan(0, 4, "image", "i")])
-    admit(trie, seq)
+    prefill(trie, seq)
     assert trie.nodes.num_attached == 0 and refs(pool, seq) == [1, 1, 1, 1]
     assert seq.prefix_state.num_keys == 0  # no key was ever computed
     trie.free_sequence(seq)
@@ -820,9 +800,7 @@ def test_many_prompts_share_a_system_prompt():
         txn = trie.match(seq)
         if i % 3:
             assert seq.num_computed >= (min(len(toks) - 1, 40) // 8) * 8 or i < 3
-        pool.grow_table(seq, seq.num_tokens, 8)
-        trie.allocate(seq)
-        trie.commit(txn)
+        grow_attach_commit(trie, seq, txn)
         seq.set_computed(seq.num_tokens)
         live.append(seq)
         if len(live) > 5:
@@ -832,3 +810,20 @@ def test_many_prompts_share_a_system_prompt():
         trie.free_sequence(seq)
     trie.clear()
     assert pool.num_free == 256 and trie.nodes.num_attached == 0
+
+
+def test_cached_prefix_tokens_is_where_a_prompt_diverges_from_the_cache():
+    """The branch point an admission policy may checkpoint: whole verified blocks, in an
+    attention-only and a hybrid trie alike (a hybrid trie has no checkpoint there yet)."""
+    from hybridcache.memory.block_pool import BlockPool
+    from hybridcache.memory.state_pool import StatePool
+
+    for states in (None, StatePool(8, checkpoint_budget=4)):
+        trie = BlockTrie(BlockPool(64), B, state_pool=states)
+        producer = Sequence(tokens(3 * B + 5))
+        prefill(trie, producer)
+        trie.free_sequence(producer)
+        branch = Sequence(tokens(2 * B + 3) + [7] * B)
+        assert trie.cached_prefix_tokens(branch) == 2 * B
+        assert trie.cached_prefix_tokens(Sequence(tokens(B - 1))) == 0
+        trie.check_invariants([branch])

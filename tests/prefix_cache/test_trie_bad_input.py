@@ -19,7 +19,7 @@ from hybridcache.memory.block_pool import BlockPool
 from hybridcache.prefix_cache import BlockKeyer, BlockTrie
 from hybridcache.sequence import Sequence
 
-from ._helpers import B, admit, leaves, make_trie, produce, snapshot, tokens
+from ._helpers import B, leaves, make_trie, prefill, produce, snapshot, tokens
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def world():
     pool, trie = make_trie(16)
     produce(trie, tokens(3 * B + 1))
     live = Sequence(tokens(2 * B + 5))
-    admit(trie, live)
+    prefill(trie, live)
     fresh = Sequence(tokens(3 * B + 1))
     return pool, trie, live, fresh
 
@@ -246,7 +246,7 @@ def test_a_sequence_holding_blocks_of_another_trie_is_refused():
     other_pool, other = make_trie(16)
     produce(trie, tokens(2 * B + 1))
     seq = Sequence(tokens(2 * B + 1))
-    admit(trie, seq)
+    prefill(trie, seq)
     before = snapshot(pool, trie, other_pool, other, seq)
     for call in (other.prepare, other.match, other.allocate):
         with pytest.raises(ForeignSequenceError):

@@ -168,8 +168,10 @@ class TrieMachine(RuleBasedStateMachine):
         assert not any(int(b) in self.content for b in new), "a fresh block still holds data"
         return True
 
-    def admit(self, seq: Sequence, data, *, resumed: bool) -> None:
-        """match -> (rollback | grow -> allocate -> commit -> forward)."""
+    def prefill_or_roll_back(self, seq: Sequence, data, *, resumed: bool) -> None:
+        """match -> (rollback | grow -> allocate -> commit -> forward), checking each step against
+        the model: the machine draws voluntary rollbacks and whether a short pool evicts, which
+        production admission (``try_admit``) never chooses."""
         before = (seq_state(seq), self.pool.refcounts(np.arange(POOL_BLOCKS)).tolist())
         self.evicted_now = []
         start = seq.num_computed
@@ -252,7 +254,7 @@ class TrieMachine(RuleBasedStateMachine):
             self.query += other.num_tokens
             self.hits += other_txn.hit_tokens
             self.check_hit(other, other_txn)
-        self.admit(seq, data, resumed=False)
+        self.prefill_or_roll_back(seq, data, resumed=False)
         if other is not None:
             self.trie.rollback(other_txn)
             self.matches -= 1
@@ -265,7 +267,7 @@ class TrieMachine(RuleBasedStateMachine):
     @step
     def readmit(self, data, which):
         seq = self.idle[which % len(self.idle)]
-        self.admit(seq, data, resumed=False)  # on success the sequence is live again
+        self.prefill_or_roll_back(seq, data, resumed=False)  # on success the sequence is live again
         if seq in self.live:
             self.idle.remove(seq)
 
@@ -322,7 +324,7 @@ class TrieMachine(RuleBasedStateMachine):
                 want_routed_experts=seq.want_routed_experts,
             )
             self.history.append((other.tokens.tolist(), (seq.namespace.adapter, seq.namespace.cache_salt), seq.spans))
-            self.admit(other, data, resumed=False)
+            self.prefill_or_roll_back(other, data, resumed=False)
         if preallocate:
             self.sweep()
             try:
@@ -331,7 +333,7 @@ class TrieMachine(RuleBasedStateMachine):
                 pass
         seq.append_tokens(new)
         self.history.append((seq.tokens.tolist(), (seq.namespace.adapter, seq.namespace.cache_salt), seq.spans))
-        self.admit(seq, data, resumed=True)
+        self.prefill_or_roll_back(seq, data, resumed=True)
 
     @precondition(lambda self: self.live)
     @rule(which=st.integers(0, 1000), keep=st.booleans())

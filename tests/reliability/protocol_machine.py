@@ -350,8 +350,12 @@ class CacheProtocolMachine(RuleBasedStateMachine):
             self._free(entry)
         entry.phase = "idle"
 
-    def _admit(self, entry: Entry, evict: bool, evict_checkpoints: bool) -> bool:
-        """Runtime slot, blocks, allocate, commit; or reject and roll back (True when admitted)."""
+    def _finish_admission(self, entry: Entry, evict: bool, evict_checkpoints: bool) -> bool:
+        """The rest of an admission after ``_match``: runtime slot, blocks, allocate, commit; or
+        reject and roll back (True when admitted). Production admission (``try_admit``) does
+        all of it in one call and always frees what pressure needs; the machine splits the match
+        off as its own rule and draws whether pressure is relieved, to reach the states between
+        the two and the refusals."""
         seq = entry.seq
         if entry.runtime_slot is None:
             if self.states.num_free_runtime == 0 and evict_checkpoints:
@@ -532,7 +536,7 @@ class CacheProtocolMachine(RuleBasedStateMachine):
         if stop == "rolled back":
             self._rollback(entry)
             return
-        if not self._admit(entry, evict, evict):
+        if not self._finish_admission(entry, evict, evict):
             return
         if self.hybrid and (save or stop == "published"):
             self._reserve(entry, choice, wild and not save)
@@ -618,7 +622,7 @@ class CacheProtocolMachine(RuleBasedStateMachine):
         self._match(entry)
         if not admit:
             self._rollback(entry)
-        elif self._admit(entry, True, False) and not self.pending:
+        elif self._finish_admission(entry, True, False) and not self.pending:
             self._forward(entry)
 
     @precondition(lambda self: self._has("idle"))
@@ -635,7 +639,7 @@ class CacheProtocolMachine(RuleBasedStateMachine):
         entry = self._pick(("matched",), index)
         if not admit:
             self._rollback(entry)
-        elif self._admit(entry, evict, evict_checkpoints) and not self.pending:
+        elif self._finish_admission(entry, evict, evict_checkpoints) and not self.pending:
             self._forward(entry)
 
     @precondition(lambda self: self.hybrid and self._has("admitted"))
@@ -767,7 +771,7 @@ class CacheProtocolMachine(RuleBasedStateMachine):
         self._match(entry)
         if not admit:
             self._rollback(entry)
-        elif self._admit(entry, evict, False) and not self.pending:
+        elif self._finish_admission(entry, evict, False) and not self.pending:
             self._forward(entry)
 
     @precondition(lambda self: self.ready)

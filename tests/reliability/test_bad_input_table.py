@@ -19,25 +19,12 @@ from hybridcache.prefix_cache import BlockKeyer, BlockTrie
 from hybridcache.prefix_cache.checkpoint_record import CheckpointState
 from hybridcache.sequence import MultimodalSpan, Sequence
 
+from tests.prefix_cache._helpers import admit, forward, grow_attach_commit
+
 from ._snapshot import snapshot
 
 B = 4
 NUM_BLOCKS = 24
-
-
-def _admit(trie: BlockTrie, seq: Sequence):
-    txn = trie.match(seq)
-    if seq.prefix_state.restore is not None:
-        assert trie.checkpoints.pin_restore(seq)
-    trie.pool.grow_table(seq, seq.num_tokens, B)
-    trie.allocate(seq)
-    trie.commit(txn)
-    return txn
-
-
-def _run(trie: BlockTrie, seq: Sequence) -> None:
-    seq.set_computed(seq.num_tokens)
-    trie.checkpoints.unpin_restore(seq)
 
 
 def cache_world() -> SimpleNamespace:
@@ -52,18 +39,18 @@ def cache_world() -> SimpleNamespace:
 
     # a finished request whose checkpoint stays published, unpinned
     done = Sequence(list(range(50, 61)))
-    _admit(trie, done)
+    admit(trie, done)
     assert cp.reserve_save(done, 8) > 0
-    _run(trie, done)
+    forward(trie, done)
     assert cp.publish_save(done)
     published = [r for r in cp.live_records() if r.is_published][0]
     trie.free_sequence(done)
 
     # a record that was released
     gone = Sequence(list(range(70, 78)))
-    _admit(trie, gone)
+    admit(trie, gone)
     assert cp.reserve_save(gone, 4) > 0
-    _run(trie, gone)
+    forward(trie, gone)
     released = gone.prefix_state.pending_save
     assert cp.publish_save(gone)
     cp.release(released)
@@ -71,9 +58,9 @@ def cache_world() -> SimpleNamespace:
 
     # the producer: a published mid-block checkpoint it still pins, and a new reservation
     producer = Sequence(list(range(1, 12)), multimodal=[MultimodalSpan(1, 3, "image", "img-a")])
-    _admit(trie, producer)
+    admit(trie, producer)
     assert cp.reserve_save(producer, 10) > 0
-    _run(trie, producer)
+    forward(trie, producer)
     pinned = producer.prefix_state.pending_save
     assert cp.publish_save(producer, pin=True)
     assert cp.reserve_save(producer, 8) > 0
@@ -86,8 +73,9 @@ def cache_world() -> SimpleNamespace:
 
     # a committed (closed) transaction of a running request
     running = Sequence(list(range(30, 40)))
-    closed = _admit(trie, running)
-    _run(trie, running)
+    closed = trie.match(running)
+    grow_attach_commit(trie, running, closed)
+    forward(trie, running)
 
     fresh = Sequence([1, 2, 3])
     free_block = int(pool._free[pool.num_free - 1])

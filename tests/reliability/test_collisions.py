@@ -21,6 +21,7 @@ from hybridcache.prefix_cache.token_store import TokenStore
 from hybridcache.sequence import MultimodalSpan, Sequence
 
 from tests.keyers import CONSTANT, ConstantKeyer
+from tests.prefix_cache._helpers import admit, forward, grow_attach_commit
 
 B = 4
 DEPTH = 4  # blocks per cached prompt
@@ -36,19 +37,12 @@ def make(num_blocks: int, hybrid: bool, slots: int = 16) -> BlockTrie:
 def produce(trie: BlockTrie, tokens, save: int | None = None, **kwargs) -> Sequence:
     """Run a request to completion (saving its state after ``save`` tokens) and free it."""
     seq = Sequence(tokens, **kwargs)
-    txn = trie.match(seq)
-    if seq.prefix_state.restore is not None:
-        assert trie.checkpoints.pin_restore(seq)
-    trie.pool.grow_table(seq, seq.num_tokens, B)
-    trie.allocate(seq)
-    trie.commit(txn)
+    admit(trie, seq)
     if save is not None:
         assert trie.checkpoints.reserve_save(seq, save) > 0
-    seq.set_computed(seq.num_tokens)
-    if trie.checkpoints is not None:
-        trie.checkpoints.unpin_restore(seq)
-        if save is not None:
-            assert trie.checkpoints.publish_save(seq)
+    forward(trie, seq)
+    if save is not None:
+        assert trie.checkpoints.publish_save(seq)
     trie.free_sequence(seq)
     return seq
 
@@ -131,9 +125,7 @@ def test_a_colliding_key_never_blocks_a_deeper_exact_hit():
     txn = trie.match(seq)
     assert txn.hit_tokens == 2 * B
     assert_exact_hit(trie, seq)
-    trie.pool.grow_table(seq, seq.num_tokens, B)
-    trie.allocate(seq)
-    trie.commit(txn)
+    grow_attach_commit(trie, seq, txn)
     seq.set_computed(seq.num_tokens)
     trie.free_sequence(seq)
     again = Sequence([13] * (2 * B) + [7] * (2 * B) + [2])

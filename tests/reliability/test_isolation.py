@@ -14,6 +14,7 @@ from hybridcache.prefix_cache import BlockKeyer, BlockTrie
 from hybridcache.sequence import MultimodalSpan, Namespace, Sequence
 
 from tests.keyers import ConstantKeyer
+from tests.prefix_cache._helpers import admit, forward
 
 B = 4
 NAMESPACES = [Namespace(None, None), Namespace("a", None), Namespace(None, "x"), Namespace("a", "x"), Namespace("x", None)]
@@ -34,12 +35,7 @@ def make(keyer: str, hybrid: bool) -> BlockTrie:
 def run(trie: BlockTrie, seq: Sequence, saves=()) -> list:
     """Admit, run and free ``seq``, publishing checkpoints after each of ``saves`` tokens (one
     forward per save: chunked prefill). Returns the published records."""
-    txn = trie.match(seq)
-    if seq.prefix_state.restore is not None:
-        assert trie.checkpoints.pin_restore(seq)
-    trie.pool.grow_table(seq, seq.num_tokens, B)
-    trie.allocate(seq)
-    trie.commit(txn)
+    admit(trie, seq)
     records = []
     for step in saves:
         assert trie.checkpoints.reserve_save(seq, step) > 0
@@ -48,9 +44,7 @@ def run(trie: BlockTrie, seq: Sequence, saves=()) -> list:
         record = seq.prefix_state.pending_save
         assert trie.checkpoints.publish_save(seq)
         records.append(record)
-    seq.set_computed(seq.num_tokens)
-    if trie.checkpoints is not None:
-        trie.checkpoints.unpin_restore(seq)
+    forward(trie, seq)
     trie.free_sequence(seq)
     return records
 
@@ -126,10 +120,7 @@ def test_equal_placeholders_with_other_content_share_nothing(keyer, hybrid):
     saves = (B + 2, 2 * B, 4 * B) if hybrid else ()  # inside the span is refused; after it works
     if hybrid:
         seq = Sequence(placeholders, multimodal=image("cat"))
-        txn = trie.match(seq)
-        trie.pool.grow_table(seq, seq.num_tokens, B)
-        trie.allocate(seq)
-        trie.commit(txn)
+        admit(trie, seq)
         assert trie.checkpoints.reserve_save(seq, B + 2) < 0  # mid-span: never a checkpoint
         seq.set_computed(seq.num_tokens)
         trie.free_sequence(seq)

@@ -17,6 +17,7 @@ from hybridcache.memory.state_pool import StatePool
 from hybridcache.prefix_cache import BlockTrie
 from hybridcache.sequence import Sequence
 
+from tests.prefix_cache._helpers import admit, forward
 from tests.reliability.protocol_machine import CacheProtocolMachine
 from tests.reliability.soak import run_soak
 
@@ -94,26 +95,20 @@ def test_a_resumed_match_never_restores_below_pending_ancestors():
     trie = BlockTrie(pool, block, state_pool=StatePool(8, checkpoint_budget=3), track_pending=True)
     cp = trie.checkpoints
 
-    def admit(seq: Sequence) -> None:
-        txn = trie.match(seq)
-        pool.grow_table(seq, seq.num_tokens, block)
-        trie.allocate(seq)
-        trie.commit(txn)
-
-    def forward(seq: Sequence) -> None:
+    def run(seq: Sequence) -> None:  # the forward, then its nodes become matchable
         start = seq.num_computed
-        seq.set_computed(seq.num_tokens)
+        forward(trie, seq)
         trie.mark_computed(seq, start)
 
     waiting = Sequence(list(range(1, 11)))  # admitted, never ran: blocks 0-1 stay pending
-    admit(waiting)
+    admit(trie, waiting)
     session = Sequence(list(range(1, 11)) + [0])  # runs on private copies of those blocks
-    admit(session)
-    forward(session)
+    admit(trie, session)
+    run(session)
     ahead = Sequence(list(range(1, 11)) + [0, 0])  # attaches block 2 below them and saves at 12
-    admit(ahead)
+    admit(trie, ahead)
     assert cp.reserve_save(ahead, 12) > 0
-    forward(ahead)
+    run(ahead)
     assert cp.publish_save(ahead)
     session.append_tokens([0, 0])
     table = session.block_table.copy()
