@@ -64,10 +64,17 @@ def _soak_engine(args: argparse.Namespace) -> int:
     return 0 if record["leaked_pool_entries"] == 0 and record["exact_samples"].split("/")[0] == record["exact_samples"].split("/")[1] else 1
 
 
-def _demo(_: argparse.Namespace, __: list[str]) -> int:
-    from hybridcache.demo import run_demo
+def _demo(args: argparse.Namespace, _: list[str]) -> int:
+    from rich.markup import escape
 
-    return 0 if run_demo(console) else 1
+    from hybridcache.demo import run_demo
+    from hybridcache.errors import HybridCacheError
+
+    try:
+        return 0 if run_demo(console, model_dir=args.model, dtype=args.dtype) else 1
+    except HybridCacheError as error:  # a checkpoint that cannot be served: say why, no traceback
+        console.print(f"[bold red]error:[/] {type(error).__name__}: {escape(str(error))}", highlight=False)
+        return 2
 
 
 def _replay(args: argparse.Namespace, _: list[str]) -> int:
@@ -80,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hybridcache", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="replay a multi-turn workload through the prefix cache")
+    demo.add_argument("--model", metavar="DIR", help="a local transformers checkpoint (default: the tiny hybrid model)")
+    demo.add_argument("--dtype", choices=["float32", "float64"], default="float32", help="the checkpoint's dtype")
     demo.set_defaults(handler=_demo)
     bench = commands.add_parser("bench", help="run a benchmark scenario")
     bench.add_argument("scenario", choices=[*SCENARIO_NAMES, "all"])

@@ -35,6 +35,7 @@ from hybridcache.engine.model_factory import ModelConfig, build_model, model_dty
 from hybridcache.engine.requests import Request, Result
 from hybridcache.errors import (
     HybridCacheError,
+    InvalidArgumentError,
     InvalidConfigError,
     InvalidNamespaceError,
     InvalidSpanError,
@@ -242,6 +243,8 @@ class Engine:
             raise InvalidNamespaceError("this model serves no adapters")
         if request.multimodal and not layout.serves_multimodal:
             raise InvalidSpanError("this model serves no multimodal inputs")
+        if request.return_routed_experts and not layout.routed_expert_width:
+            raise InvalidArgumentError("this model routes no experts, so it has none to return")
 
     def generate(self, requests: list[Request]) -> list[Result]:
         """Serve ``requests`` to completion; their results in request order. Requests queued
