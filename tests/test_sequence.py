@@ -668,7 +668,7 @@ def test_is_boundary_safe_without_spans():
     assert all(seq.is_boundary_safe(step) for step in range(11))
 
 
-def test_clamp_reference_scenario():
+def test_clamp_rounds_down_to_a_block_boundary_outside_every_image():
     seq = Sequence(list(range(128)), multimodal=[span(16, 32), span(48, 64), span(96, 116)])
     assert seq.clamp_to_safe_block_boundary(112, 16) == 96
     assert seq.clamp_to_safe_block_boundary(127, 16) == 96  # rounds to 112, still inside the image

@@ -28,8 +28,8 @@ def test_dtype_none_means_the_models_own_and_a_conflicting_dtype_is_refused(tmp_
 
 
 def test_the_layout_decides_hybrid():
-    assert Engine(EngineConfig(model=TinyHybridConfig(layer_pattern="AA"))).trie.checkpoints is None
-    assert Engine(EngineConfig()).trie.checkpoints is not None
+    assert not Engine(EngineConfig(model=TinyHybridConfig(layer_pattern="AA"))).trie.is_hybrid
+    assert Engine(EngineConfig()).trie.is_hybrid
 
 
 def test_result_logits_are_the_rows_each_generated_token_was_chosen_from():

@@ -68,7 +68,7 @@ def path_to(trie: BlockTrie, record: CheckpointRecord, seq: Sequence):
     """The trie's exact check of the prefix before ``record``'s anchor for ``seq`` (the part of
     a checkpoint match ``CheckpointIndex.verify`` leaves out): the anchor's path, or None."""
     trie.keyer.identity(seq)  # the request's multimodal blocks, as a match computes them first
-    return trie._path_to_anchor(seq, record, record.step // trie.block_size)
+    return trie.matcher._path_to_anchor(seq, record, record.step // trie.block_size)
 
 
 def world(pool, states, trie, *seqs):

@@ -1,7 +1,7 @@
 """CheckpointIndex: buckets ``(namespace, step, anchor block value) -> records``, the sorted
 steps per namespace, and exact verification (every status and reason), plus the trie's exact
 check of the prefix before the anchor (``BlockTrie._path_to_anchor``) and the cleanup ``match``
-does for each verdict (reference sections 1.8 and 2.5, adapted)."""
+does for each verdict."""
 
 from __future__ import annotations
 
@@ -398,13 +398,13 @@ def test_path_to_anchor_compares_only_beyond_the_verified_node(hybrid, monkeypat
     _, deep = produce(trie, PROMPT, 48)
     _, foreign = produce(trie, [0] + PROMPT[1:], 16)  # another branch at depth 1
     compared = []
-    same_tokens = trie._same_tokens
+    same_tokens = trie.lookup.same_tokens
 
     def spy(seq, runs):
         compared.append(sorted(int(trie.nodes.depth[s]) for first, last in runs for s in range(first, last + 1)))
         return same_tokens(seq, runs)
 
-    monkeypatch.setattr(trie, "_same_tokens", spy)
+    monkeypatch.setattr(trie.lookup, "same_tokens", spy)
     request = Sequence(PROMPT + [1])
     path = path_to(trie, shallow, request)
     assert path is not None and path.node == shallow.anchor and compared == [[1]]

@@ -1,6 +1,6 @@
 """CheckpointLifecycle: reserve, publish, discard, pins, release, eviction, decode checkpoints
-and stale cleanup (reference checklist 7.4, adapted to our design: several records per anchor,
-no in-place replacement, tail copies instead of prefix copies, transactional publish)."""
+and stale cleanup, with several records per anchor, no in-place replacement, tail copies
+instead of prefix copies, and a transactional publish."""
 
 from __future__ import annotations
 
@@ -273,7 +273,7 @@ def test_pin_restore_refuses_a_released_checkpoint():
     seq = Sequence(tokens(33))
     txn = trie.match(seq)
     assert seq.prefix_state.restore is record
-    assert trie.evict_checkpoints(1) == 1  # gone between match and admission
+    assert trie.free_state_slots(1) == 1  # gone between match and admission
     assert cp.pin_restore(seq) is False and not seq.prefix_state.restore_pinned
     trie.rollback(txn)
     assert seq.prefix_state.restore is None and seq.num_computed == 0
@@ -440,8 +440,8 @@ def test_bad_counts_and_intervals_change_nothing():
     for call in (
         lambda: cp.evict(-1),
         lambda: cp.evict_frozen(1.5),
-        lambda: trie.evict(-1),
-        lambda: trie.evict_checkpoints(True),
+        lambda: trie.free_kv_blocks(-1),
+        lambda: trie.free_state_slots(True),
         lambda: cp.reserve_decode_save(seq, -16),
         lambda: cp.reserve_decode_save(seq, 16.0),
     ):
@@ -609,7 +609,7 @@ def test_reservation_whose_anchor_is_evicted_before_publish():
     assert cp.reserve_save(seq, 49) > 0  # mid-block, anchored on the leaf at depth 3
     record = seq.prefix_state.pending_save
     assert leaves(trie) == [record.anchor] and pool.refcount_of(int(trie.nodes.block[record.anchor])) == 1
-    assert trie.evict(1) == 2  # the leaf and the reservation's frozen block
+    assert trie.free_kv_blocks(1) == 2  # the leaf and the reservation's frozen block
     assert record.state is CheckpointState.RELEASED
     forward(trie, seq)
     assert cp.publish_save(seq) is False
@@ -691,7 +691,7 @@ def test_root_anchored_partial_checkpoint():
     assert record.tail_tokens.tolist() == [42]
     assert hits(trie, [42, 43]) == (1, record)
     free_blocks = pool.num_free
-    assert cp.evict(1) == 0 and cp.evict_frozen(1) == 0 and trie.evict(1) == 0
+    assert cp.evict(1) == 0 and cp.evict_frozen(1) == 0 and trie.free_kv_blocks(1) == 0
     assert record.is_published and pool.num_free == free_blocks
     assert cp.unpin_save(producer)
     assert cp.evict(1) == 1
@@ -723,7 +723,7 @@ def test_kv_eviction_of_an_anchor_releases_its_records():
     pool, states, trie = make_hybrid()
     _, aligned = produce(trie, tokens(32), 32)
     free_slots = states.num_free
-    assert trie.evict(1) == 1
+    assert trie.free_kv_blocks(1) == 1
     assert aligned.state is CheckpointState.RELEASED and states.num_free == free_slots + 1
     assert trie.stats.evicted_checkpoints == 1 and trie.stats.evicted_blocks == 1
     assert trie.checkpoints.live_records() == [] and len(trie.index) == 0
@@ -734,7 +734,7 @@ def test_kv_eviction_takes_frozen_blocks_first():
     pool, states, trie = make_hybrid()
     _, partial = produce(trie, tokens(40), 40)  # anchor = depth 2, the leaf
     leaf = leaves(trie)
-    assert trie.evict(1) == 1
+    assert trie.free_kv_blocks(1) == 1
     assert partial.state is CheckpointState.RELEASED and leaves(trie) == leaf  # the leaf stays
     assert trie.stats.evicted_checkpoints == 1 and trie.stats.evicted_blocks == 0
     trie.check_invariants([])
@@ -745,12 +745,12 @@ def test_kv_eviction_skips_a_leaf_anchoring_a_pinned_checkpoint():
     cp = trie.checkpoints
     producer, record = produce(trie, tokens(32), 32, pin=True)
     leaf = leaves(trie)
-    assert trie.evict(1) == 0
+    assert trie.free_kv_blocks(1) == 0
     assert leaves(trie) == leaf and record.is_published
     trie.check_invariants([producer])  # the leaf is still an eviction candidate
     assert cp.unpin_save(producer)
     free_slots = states.num_free
-    assert trie.evict(1) == 1
+    assert trie.free_kv_blocks(1) == 1
     assert record.state is CheckpointState.RELEASED and states.num_free == free_slots + 1
     trie.check_invariants([producer])
 

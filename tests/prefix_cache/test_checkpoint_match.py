@@ -1,6 +1,8 @@
-"""Hybrid-mode matching: a hit needs an exactly verified published checkpoint (reference
-checklist 7.3 and worked examples B and C of section 3.2, adapted), plus one test per fixed
-reference weakness (W1, W2, W12, W21, W25)."""
+"""Hybrid-mode matching: a hit needs an exactly verified published checkpoint; the blocks a
+hit hands over, the fresh range, the cursor and the restore it selects; and the cases where a
+simpler checkpoint design goes wrong (shared blocks rewritten after an aligned hit, no save at
+the prompt end after a partial hit, one record per anchor, a checkpoint evicted for a save that
+cannot happen, no partial checkpoints for routed-expert requests)."""
 
 from __future__ import annotations
 
@@ -144,7 +146,7 @@ def test_partial_checkpoint_hit(full, rest):
         assert cursor_depth(trie, request) == full  # the partial block is not attached
         assert pool.refcount_of(private) == 1
     else:
-        # the request completes block q itself: its own block is attached (W2 fix)
+        # the request completes block q itself: its own block is attached and the cursor moves on
         assert cursor_depth(trie, request) == full + 1
         assert pool.refcount_of(private) == 2 and path_blocks(trie, request)[full] == private
     trie.check_invariants([request])
@@ -305,7 +307,7 @@ def test_prepare_verifies_the_checkpoint_once_and_match_reuses_it(monkeypatch):
     assert request.prefix_state.verified == record.anchor
     assert request.num_computed == 0 and request.num_blocks == 0  # ingest takes nothing
     verifies = count_calls(monkeypatch, trie.index, "verify")
-    paths = count_calls(monkeypatch, trie, "_path_to_anchor")
+    paths = count_calls(monkeypatch, trie.matcher, "_path_to_anchor")
     txn, misses, _ = match(trie, request)
     assert misses == {} and request.prefix_state.restore is record and request.num_computed == 32
     assert verifies == [] and paths == []  # nothing deeper than 32 to probe, nothing re-verified
@@ -416,8 +418,8 @@ def test_a_remembered_miss_is_searched_again_once_something_is_published():
     request = Sequence(tokens(49))
     trie.prepare(request)
     calls = []
-    search = trie._search
-    trie._search = lambda *args: calls.append(1) or search(*args)
+    search = trie.matcher._search
+    trie.matcher._search = lambda *args: calls.append(1) or search(*args)
     txn = trie.match(request)
     assert txn.hit_tokens == 0 and calls == []  # the miss from ingest is reused
     trie.rollback(txn)
@@ -630,16 +632,15 @@ def test_partial_checkpoint_without_tail_rows_misses_for_an_experts_request():
     trie.rollback(txn)
 
 
-# --- the reference weaknesses this design fixes -----------------------------------------------
+# --- cases a simpler checkpoint design gets wrong ---------------------------------------------
 
 
-def test_w1_aligned_hit_keeps_the_cached_continuation_private():
-    """W1. Reference: an aligned hit without MTP sets an empty fresh range, so ``allocate``
-    deduplicates the request's blocks 2 and 3 into the shared trie blocks C and D, and the
-    suffix forward writes recomputed KV into blocks other sequences read. Here every block from
-    the computed step on is one the next forward writes: allocate keeps the private blocks and
-    only maps them, and they are swapped for the canonical ones once computed (without MTP the
-    match does not even look up the KV after the checkpoint)."""
+def test_aligned_hit_keeps_the_cached_continuation_private():
+    """After an aligned hit every block from the computed step on is one the next forward
+    writes, even where the trie already holds that KV (blocks C and D here): ``allocate`` keeps
+    the request's private blocks and only maps them to C and D, so the forward never writes
+    blocks other sequences read; once computed they are swapped for the canonical ones. Without
+    a recompute overlap the match does not look up the KV after the checkpoint at all."""
     pool, states, trie = make_hybrid()
     prompt = tokens(64)
     _, record = produce(trie, prompt, 32)
@@ -664,11 +665,10 @@ def test_w1_aligned_hit_keeps_the_cached_continuation_private():
     trie.check_invariants([reader])
 
 
-def test_w2_prompt_end_is_saved_in_the_same_forward_after_a_partial_hit():
-    """W2. Reference: after a partial hit the fresh range reaches num_valid//B and allocate
-    stops at the first fresh block without a trie child, so the cursor never reaches the
-    prompt end and ``reserve_save`` of the same forward returns -1. Here allocate keeps
-    attaching the request's own new blocks, so the prompt end is checkpointed."""
+def test_prompt_end_is_saved_in_the_same_forward_after_a_partial_hit():
+    """After a partial (mid-block) hit, ``allocate`` attaches the request's own new blocks up
+    to the prompt end, so the cursor reaches it and the same forward can reserve and publish a
+    checkpoint there, which a follow-up request then restores."""
     pool, states, trie = make_hybrid()
     cp = trie.checkpoints
     _, first = produce(trie, tokens(40), 40)  # KV A B, partial checkpoint at 40
@@ -693,12 +693,11 @@ def test_w2_prompt_end_is_saved_in_the_same_forward_after_a_partial_hit():
     trie.rollback(txn)
 
 
-def test_w12_records_share_an_anchor_and_a_new_save_replaces_nothing():
-    """W12. Reference: one checkpoint per anchor, last writer wins: a partial save at 40
-    replaces the aligned checkpoint at 32 (which served every request diverging in [32, 40)),
-    the anchor is unmatchable until the new save publishes, and an abandoned save loses both.
-    Here records share the anchor; a save never unpublishes one; the anchor cap releases the
-    least recently used unpinned record."""
+def test_records_share_an_anchor_and_a_new_save_replaces_nothing():
+    """Several records live on one anchor: a save at 40 on the anchor of the aligned
+    checkpoint at 32 leaves that checkpoint published and matchable while in flight, loses
+    nothing when abandoned, and once published each record serves its own requests. The
+    per-anchor cap releases the least recently used unpinned record, never a pinned one."""
     pool, states, trie = make_hybrid(max_checkpoints_per_anchor=2)
     cp = trie.checkpoints
     prompt = tokens(48)
@@ -748,10 +747,10 @@ def test_w12_records_share_an_anchor_and_a_new_save_replaces_nothing():
     trie.check_invariants([seq, reader, producer])
 
 
-def test_w21_no_frozen_block_is_checked_before_evicting_a_checkpoint():
-    """W21. Reference: a mid-block reserve with no free state row first evicts a checkpoint to
-    get one, then fails to allocate the frozen block: a useful checkpoint is lost for nothing.
-    Here the block shortage is detected first and nothing is evicted."""
+def test_no_frozen_block_is_checked_before_evicting_a_checkpoint():
+    """A mid-block reserve that needs a state row and a frozen block, with neither free,
+    detects the block shortage before evicting anything: the only checkpoint stays published
+    and matchable. An aligned save needs no block and may evict it for its row."""
     pool, states, trie = make_hybrid(num_blocks=4, num_slots=2, budget=0)
     cp = trie.checkpoints
     _, useful = produce(trie, tokens(32), 32)  # the only usable state row
@@ -769,10 +768,10 @@ def test_w21_no_frozen_block_is_checked_before_evicting_a_checkpoint():
     trie.check_invariants([seq, request])
 
 
-def test_w25_partial_checkpoint_replays_tail_expert_rows():
-    """W25. Reference: partial checkpoints are refused for routed-expert requests (verify
-    check 13), so this request would miss and recompute 37 tokens. Here the record keeps the
-    tail's expert rows and the hit replays rows for every restored token."""
+def test_partial_checkpoint_replays_tail_expert_rows():
+    """A routed-expert request may hit a mid-block checkpoint: the record keeps the expert rows
+    of its partial tail (read-only), and the hit replays rows for every restored token, for an
+    anchor below the root and at the root alike."""
     pool, states, trie = make_hybrid()
     prompt = tokens(48)
     record = produce_with_experts(trie, prompt, 37)
@@ -968,7 +967,7 @@ def test_a_remembered_miss_takes_its_path_afresh_after_evictions():
     produce(trie, tokens(48), 32)
     request = Sequence(tokens(49))
     assert trie.prepare(request).depth == 2  # a hit: the anchor became the verified node
-    assert trie.evict_checkpoints(8) == 1
+    assert trie.free_state_slots(8) == 1
     missed = trie.prepare(request)
     assert request.prefix_state.found.record is None and missed.depth == 2
     trie.clear()

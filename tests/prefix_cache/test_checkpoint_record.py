@@ -1,9 +1,8 @@
-"""Checkpoint geometry and the record's own fields (reference checklist 7.3, first item).
+"""Checkpoint geometry and the record's own fields.
 
 A record lives on its anchor node at depth ``step // B`` (the namespace root when step < B); a
 mid-block record copies the tokens of its partial tail ``[anchor, step)``. ``tail_start`` is the
-start of the last non-empty block-bounded range ending at the step (the reference's tail hash
-range).
+start of the last non-empty block-bounded range ending at the step.
 """
 
 from __future__ import annotations

@@ -115,7 +115,7 @@ class HybridMachine(RuleBasedStateMachine):
     def _make_room(self, seq: Sequence, num_tokens: int) -> bool:
         needed = -(-num_tokens // B) - seq.num_blocks
         if self.pool.num_free < needed:
-            self.trie.evict(needed - self.pool.num_free)
+            self.trie.free_kv_blocks(needed - self.pool.num_free)
         return self.pool.num_free >= needed
 
     # --- rules ---------------------------------------------------------------------------------
@@ -412,11 +412,11 @@ class HybridMachine(RuleBasedStateMachine):
         """KV pressure (frozen blocks first, then leaves) or state-slot pressure."""
         if checkpoints:
             live = len(self.cp.live_records())
-            released = self.trie.evict_checkpoints(count)
+            released = self.trie.free_state_slots(count)
             assert 0 <= released <= count and len(self.cp.live_records()) == live - released
         else:
             free = self.pool.num_free
-            freed = self.trie.evict(count)
+            freed = self.trie.free_kv_blocks(count)
             assert self.pool.num_free == free + freed
 
     @precondition(lambda self: self._has("idle", "admitted", "running"))

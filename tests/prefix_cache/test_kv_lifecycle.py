@@ -12,7 +12,8 @@ from ._helpers import B, leaves, make_trie, prefill, produce, slots_at_depth, to
 
 
 def test_fill_pool_free_sequence_and_evict_cascades():
-    """Reference 7.2: 16 blocks, a 15.5-block sequence, evict(4) -> 5 blocks free."""
+    """A 15.5-block sequence fills a 16-block pool; once it is freed, evict(4) cascades up the
+    path and leaves 5 blocks free."""
     pool, trie = make_trie(16)
     seq = Sequence(tokens(15 * B + 8))
     prefill(trie, seq)
@@ -20,7 +21,7 @@ def test_fill_pool_free_sequence_and_evict_cascades():
     trie.free_sequence(seq)
     assert pool.num_free == 1  # only the partial block was private
     trie.check_invariants()
-    assert trie.evict(4) == 4
+    assert trie.free_kv_blocks(4) == 4
     assert pool.num_free == 5
     assert trie.nodes.num_attached == 11
     # the deepest four went (a leaf at a time), the new leaf is the node at depth 11
@@ -41,10 +42,10 @@ def test_least_recently_used_leaf_goes_first():
     seq = Sequence(tokens(2 * B + 1, start=100))
     prefill(trie, seq)
     trie.free_sequence(seq)
-    assert trie.evict(1) == 1
+    assert trie.free_kv_blocks(1) == 1
     assert trie.nodes.attached[x_leaf] and not trie.nodes.attached[y_leaf]
     # Y's parent is now a leaf, older than X: it goes next
-    assert trie.evict(1) == 1
+    assert trie.free_kv_blocks(1) == 1
     assert [int(trie.nodes.depth[s]) for s in leaves(trie)] == [2]
     assert leaves(trie) == [x_leaf]
     trie.check_invariants()
@@ -54,11 +55,11 @@ def test_blocks_a_sequence_holds_are_not_evicted_but_stay_candidates():
     pool, trie = make_trie(16)
     held = Sequence(tokens(3 * B + 1))
     prefill(trie, held)
-    assert trie.evict(10) == 0
+    assert trie.free_kv_blocks(10) == 0
     assert trie.nodes.num_attached == 3
     trie.check_invariants([held])
     trie.free_sequence(held)
-    assert trie.evict(10) == 3
+    assert trie.free_kv_blocks(10) == 3
     assert pool.num_free == 16
     trie.check_invariants()
 
@@ -68,7 +69,7 @@ def test_partly_held_path_evicts_only_the_unheld_tail():
     produce(trie, tokens(4 * B + 1))
     reader = Sequence(tokens(2 * B + 1))  # holds the first two blocks
     prefill(trie, reader)
-    assert trie.evict(10) == 2
+    assert trie.free_kv_blocks(10) == 2
     assert sorted(int(trie.nodes.depth[s]) for s in trie.nodes.attached_slots()) == [1, 2]
     trie.check_invariants([reader])
 
@@ -80,7 +81,7 @@ def test_stale_non_leaf_entry_is_skipped():
     produce(trie, tokens(2 * B + 1))
     (parent,) = slots_at_depth(trie, 1)
     trie.kv._heap.restore([(0, parent, int(trie.nodes.generation[parent]), parent)])
-    assert trie.evict(2) == 2
+    assert trie.free_kv_blocks(2) == 2
     assert pool.num_free == 16 and trie.nodes.num_attached == 0
     assert not any(trie.kv._is_candidate(slot, gen) for gen, slot in trie.kv._heap.entries())
     trie.check_invariants()
@@ -91,7 +92,7 @@ def test_entry_of_a_detached_generation_is_ignored():
     produce(trie, tokens(B + 1))
     (old,) = leaves(trie)
     old_generation = int(trie.nodes.generation[old])
-    assert trie.evict(1) == 1
+    assert trie.free_kv_blocks(1) == 1
     # the slot is reused by a new node; a stale entry for the old generation must not evict it
     held = Sequence(tokens(B + 1, start=900))
     prefill(trie, held)
@@ -99,7 +100,7 @@ def test_entry_of_a_detached_generation_is_ignored():
     assert new == old
     trie.kv._heap.restore([(0, old, old_generation, old)])
     trie.free_sequence(held)
-    assert trie.evict(1) == 1  # evicts the new node through its own entry
+    assert trie.free_kv_blocks(1) == 1  # evicts the new node through its own entry
     assert trie.kv.evict(1) == []
     trie.check_invariants()
 
@@ -110,7 +111,7 @@ def test_touched_entry_is_requeued_with_its_new_stamp():
     produce(trie, tokens(B + 1, start=100))
     first, second = sorted(leaves(trie))
     pool.touch([int(trie.nodes.block[first])])  # the older one becomes the newest
-    assert trie.evict(1) == 1
+    assert trie.free_kv_blocks(1) == 1
     assert trie.nodes.attached[first] and not trie.nodes.attached[second]
     trie.check_invariants()
 
@@ -138,7 +139,7 @@ def test_heap_is_compacted():
     trie.kv._heap.compact()
     assert len(trie.kv._heap) == 1
     trie.check_invariants()
-    assert trie.evict(1) == 1
+    assert trie.free_kv_blocks(1) == 1
 
 
 def test_take_references_adds_one_trie_reference():
@@ -160,16 +161,16 @@ def test_take_references_adds_one_trie_reference():
 def test_evict_zero_and_disabled():
     pool, trie = make_trie(16)
     produce(trie, tokens(2 * B + 1))
-    assert trie.evict(0) == 0
+    assert trie.free_kv_blocks(0) == 0
     assert trie.nodes.num_attached == 2
     _, disabled = make_trie(16, enabled=False)
-    assert disabled.evict(5) == 0
+    assert disabled.free_kv_blocks(5) == 0
 
 
 def test_evict_more_than_available():
     pool, trie = make_trie(16)
     produce(trie, tokens(3 * B + 1))
-    assert trie.evict(100) == 3
-    assert trie.evict(100) == 0
+    assert trie.free_kv_blocks(100) == 3
+    assert trie.free_kv_blocks(100) == 0
     assert trie.stats.evicted_blocks == 3
     assert pool.num_free == 16

@@ -137,7 +137,8 @@ def test_attach_below_a_detached_node_raises():
 
 
 def test_colliding_keys_keep_both_nodes():
-    """Our difference from the reference: a key collision never replaces or refuses a node."""
+    """A key collision never replaces or refuses a node: both stay, both are candidates, and
+    detaching one leaves the other indexed."""
     table = NodeTable()
     root = table.root(Namespace())
     (first,) = table.attach_run(root, keys(7), blocks(0), {}).tolist()

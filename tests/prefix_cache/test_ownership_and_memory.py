@@ -90,7 +90,7 @@ def test_per_namespace_memory_goes_with_the_last_cached_entry():
     for index in range(300):
         seq = Sequence(tokens(B + 3, index), cache_salt=f"tenant-{index}")
         trie.prepare(seq)
-        trie.evict(max(0, 2 - trie.pool.num_free))  # pressure: the pool holds 32 blocks
+        trie.free_kv_blocks(max(0, 2 - trie.pool.num_free))  # pressure: the pool holds 32 blocks
         prefill(trie, seq)
         trie.checkpoints.reserve_save(seq)
         trie.checkpoints.publish_save(seq)

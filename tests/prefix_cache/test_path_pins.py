@@ -80,12 +80,12 @@ def test_two_borrowers_share_one_pin_count():
     trie.check_invariants([first, second])
     trie.free_sequence(first)
     assert trie.kv.pins() == {leaf: 1} and borrow(first) == (NO_NODE, 0)
-    assert trie.evict(10) == 0
+    assert trie.free_kv_blocks(10) == 0
     trie.check_invariants([second])
     trie.free_sequence(second)
     assert trie.kv.pins() == {}
     trie.check_invariants()
-    assert trie.evict(1) == 1 and not trie.nodes.attached[leaf]
+    assert trie.free_kv_blocks(1) == 1 and not trie.nodes.attached[leaf]
     trie.check_invariants()
 
 
@@ -98,7 +98,7 @@ def test_a_pinned_path_survives_evict_and_clear():
     reader = Sequence(tokens(3 * B + 1, start=100))
     prefill(trie, reader)
     pinned_path = reader.block_table[:3].tolist()
-    assert trie.evict(100) == 2  # the unpinned path only
+    assert trie.free_kv_blocks(100) == 2  # the unpinned path only
     assert trie.clear() == 0
     assert sorted(block_of(trie, s) for s in trie.nodes.attached_slots().tolist()) == sorted(pinned_path)
     trie.check_invariants([reader])
@@ -274,7 +274,7 @@ def test_a_checkpoint_hit_borrows_the_path_to_its_anchor():
     trie.check_invariants([request])
     txn = trie.match(request)
     trie.commit(txn)
-    assert trie.evict(100) == 1  # the unpinned leaf below the anchor
+    assert trie.free_kv_blocks(100) == 1  # the unpinned leaf below the anchor
     assert trie.nodes.attached[record.anchor] and trie.nodes.num_attached == 2
     trie.check_invariants([request])
     trie.free_sequence(request)

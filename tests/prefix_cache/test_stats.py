@@ -136,7 +136,7 @@ def test_rollback_restores_match_counters_but_not_evictions():
     txn = trie.match(seq)
     assert trie.stats.match.hits == before.hits + 1
     # admission tries to make room: the other prompt's path is evicted for real
-    assert trie.evict(2) == 2
+    assert trie.free_kv_blocks(2) == 2
     trie.rollback(txn)
     assert trie.stats.match == before
     assert trie.stats.evicted_blocks == 2

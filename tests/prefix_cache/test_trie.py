@@ -1,8 +1,8 @@
 """BlockTrie scenarios (AR / VLM, recompute overlap, routed experts, namespaces, rollback).
 
-Adapted from the reference checklist (section 7.5) to our semantics: a hit ends strictly before
-the last valid token, block tables are written by index, a match is a transaction, and
-allocate deduplicates only blocks the sequence has already computed.
+The rules these scenarios pin: a hit ends strictly before the last valid token, block tables
+are written by index, a match is a transaction, and allocate deduplicates only blocks the
+sequence has already computed.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ def expert_rows(n: int, start: int = 0, width: int = 4) -> np.ndarray:
 
 
 def test_allocate_partial_prompt_then_decode():
-    """7.5: allocate 2.5 blocks -> refs [2, 2, 1]; a decode that completes block 2 -> [2, 2, 2, 1]."""
+    """Allocating 2.5 blocks shares the two complete ones with the trie (refs [2, 2, 1]); a
+    decode that completes block 2 attaches it too (refs [2, 2, 2, 1])."""
     pool, trie = make_trie(16)
     seq = Sequence(tokens(2 * B + 8))
     txn = trie.match(seq)
@@ -81,8 +82,8 @@ def test_decode_fast_path_attaches_nothing_until_a_block_completes():
 
 
 def test_branching_match_shares_the_common_block():
-    """7.5: [1]*16 + [3]*16 against a cache [1]*16 [2]*16 [3]*8 -> 1 block shared (the
-    owner's reference, the trie's, and the matcher's pin on its path), 2 leaves."""
+    """[1]*16 + [3]*16 against a cache of [1]*16 [2]*16 [3]*8 shares only the first block (the
+    owner's reference, the trie's, and the matcher's pin on its path); the trie ends with 2 leaves."""
     pool, trie = make_trie(16)
     owner = Sequence([1] * B + [2] * B + [3] * 8)
     prefill(trie, owner)
@@ -105,7 +106,8 @@ def test_branching_match_shares_the_common_block():
 
 
 def test_free_then_rematch():
-    """7.5: a sequence freed after allocate (history 0, no blocks, no cursor) re-matches 2 blocks."""
+    """A sequence freed after allocate (nothing computed, no blocks, no cursor) matches its own
+    2 cached blocks again."""
     pool, trie = make_trie(16)
     seq = Sequence(tokens(2 * B + 8))
     prefill(trie, seq)
@@ -222,8 +224,8 @@ def test_recompute_overlap_worked_example():
 
 
 def test_evicted_overlap_node_resets_the_cursor():
-    """7.5: the overlap leaf is evicted after allocate; 15 more tokens and allocate -> the
-    cursor restarts at the root, and the sequence's own blocks become the new path."""
+    """When the overlap leaf is evicted after allocate, the next 15 tokens and allocate restart
+    the cursor at the root, and the sequence's own blocks become the new path."""
     pool, trie = make_trie(16)
     produce(trie, tokens(3 * B + 1))
     seq = Sequence(tokens(3 * B + 1))
@@ -231,7 +233,7 @@ def test_evicted_overlap_node_resets_the_cursor():
     prefill(trie, seq)
     old_c = seq.prefix_state.trie_block_map[2]
     (overlap_node,) = slots_at_depth(trie, 3)
-    assert trie.evict(1) == 1
+    assert trie.free_kv_blocks(1) == 1
     assert not trie.nodes.attached[overlap_node]
     assert pool.refcount_of(old_c) == 0
     assert cursor_depth(trie, seq) is None
@@ -251,7 +253,8 @@ def test_evicted_overlap_node_resets_the_cursor():
 
 @pytest.mark.parametrize("raw", [1, 2, 5])
 def test_recompute_overlap_drops_one_block(raw):
-    """7.5: R=1 with a raw match of 1, 2 or 5 blocks -> history (raw-1)*B, fresh [hist/B, raw)."""
+    """A recompute overlap of one block (R=1) on a raw match of 1, 2 or 5 blocks computes
+    (raw-1)*B tokens and leaves the fresh range [hist/B, raw)."""
     pool, trie = make_trie(32)
     owner = Sequence(tokens(raw * B + 1))
     prefill(trie, owner)
@@ -279,8 +282,9 @@ def test_no_recompute_overlap_is_a_full_hit():
 
 
 def test_recompute_overlap_with_image():
-    """7.5: image [40, 56), R=1, 4-block + 1 cache -> history 32 (overlap then clamp),
-    fresh [2, 4), private blocks kept, cursor at 64."""
+    """With an image at [40, 56), R=1 and 4 cached blocks + 1 token, the hit drops the overlap
+    and then clamps out of the image to 32 computed tokens; the fresh range is [2, 4), the
+    private blocks are kept and the cursor ends at 64."""
     pool, trie = make_trie(32)
     span = [MultimodalSpan(40, 56, "image", "img")]
     produce(trie, tokens(4 * B + 1), multimodal=span)
@@ -340,7 +344,7 @@ def test_computed_block_in_the_fresh_range_stays_private():
     assert seq.prefix_state.trie_block_map == {2: c, 3: d}
     private_c = int(seq.block_table[2])
     trie.free_sequence(producer)
-    assert trie.evict(1) == 1  # node D (held by the trie only) goes: the cursor is gone
+    assert trie.free_kv_blocks(1) == 1  # node D (held by the trie only) goes: the cursor is gone
     assert cursor_depth(trie, seq) is None
     seq.append_tokens([77])
     txn = trie.match(seq)  # from the root: raw A B C, R=2 -> accepted 2 -> no hit, fresh [2, 3)
@@ -357,11 +361,11 @@ def test_computed_block_in_the_fresh_range_stays_private():
     trie.check_invariants([seq])
 
 
-# --- resumed sessions: blocks beyond the cursor (W3) ---------------------------------------------
+# --- resumed sessions: blocks beyond the cursor --------------------------------------------------
 
 
 def test_match_writes_canonical_blocks_at_the_right_positions():
-    """W3: a session that already holds blocks beyond its cursor (a partial block and a
+    """A session that already holds blocks beyond its cursor (a partial block and a
     preallocated one) gets the canonical blocks written by index, not appended."""
     pool, trie = make_trie(32)
     session = Sequence(tokens(2 * B + 8))
@@ -483,7 +487,8 @@ def test_three_images(ids, expected):
 
 
 def test_image_block_same_and_different_content():
-    """7.5: same content -> 3-block hit; different content -> only block 0."""
+    """An image with the same content gives a 3-block hit; different content shares only
+    block 0, before the image."""
     pool, trie = make_trie(32)
     span = lambda cid: [MultimodalSpan(16, 32, "image", cid)]
     produce(trie, tokens(4 * B), multimodal=span("img-a"))
@@ -496,7 +501,9 @@ def test_image_block_same_and_different_content():
 
 
 def test_image_clamp_to_zero_keeps_refs():
-    """7.5: image [8, 24) and a second block that differs -> clamped to 0, cursor at the root."""
+    """With an image at [8, 24) and a differing second block, the one-block hit ends inside the
+    image and clamps to 0: nothing computed, no blocks, the cursor at the root, the shared
+    block's references unchanged, and the miss counted as a multimodal boundary."""
     pool, trie = make_trie(32)
     span = [MultimodalSpan(8, 24, "image", "img")]
     owner = Sequence(tokens(3 * B + 1), multimodal=span)
@@ -660,7 +667,8 @@ def test_enrichment_by_a_later_sequence():
 
 
 def test_experts_only_for_block_zero():
-    """7.5: experts only for block 0 -> the match stops at 16, replays 1 block, fresh [1, 2)."""
+    """With expert rows cached only for block 0, a routed-expert match stops at 16, replays 1
+    block of rows and leaves the fresh range [1, 2)."""
     pool, trie = make_trie(32)
     produce_with_experts(trie, tokens(2 * B + 1), rows=expert_rows(B))
     seq = Sequence(tokens(2 * B + 1), want_routed_experts=True)
@@ -672,7 +680,7 @@ def test_experts_only_for_block_zero():
 
 
 def test_partial_expert_history_does_not_enrich():
-    """7.5: a 1-row history cannot enrich a 16-token node."""
+    """A 1-row expert history cannot enrich a 16-token node."""
     pool, trie = make_trie(32)
     produce(trie, tokens(B + 1))
     seq = Sequence(tokens(B + 1), want_routed_experts=True)
@@ -747,13 +755,13 @@ def test_rollback_after_evictions_in_between():
     before = (seq_state(seq), snapshot(trie.stats.match))
     txn = trie.match(seq)
     assert seq.num_computed == 3 * B
-    assert trie.evict(8) == 3  # only the other prompt's path can go
+    assert trie.free_kv_blocks(8) == 3  # only the other prompt's path can go
     with pytest.raises(MemoryError):
         pool.grow_table(seq, 100 * B, B)
     trie.rollback(txn)
     assert (seq_state(seq), snapshot(trie.stats.match)) == before
     trie.check_invariants([seq])
-    assert trie.evict(8) == 3 and pool.num_free == 8
+    assert trie.free_kv_blocks(8) == 3 and pool.num_free == 8
 
 
 def test_commit_then_allocate_order_does_not_matter():

@@ -105,18 +105,18 @@ def test_errors_are_also_builtin_families():
 @pytest.mark.parametrize("count", [-1, -100])
 def test_evict_negative(world, count):
     pool, trie, live, fresh = world
-    assert unchanged(world, lambda: trie.evict(count), InvalidArgumentError)
+    assert unchanged(world, lambda: trie.free_kv_blocks(count), InvalidArgumentError)
 
 
 @pytest.mark.parametrize("count", ["x", 1.5, True, None, [1], np.float64(2.0)])
 def test_evict_wrong_type(world, count):
     pool, trie, live, fresh = world
-    assert unchanged(world, lambda: trie.evict(count), (InvalidArgumentError, InvalidTypeError))
+    assert unchanged(world, lambda: trie.free_kv_blocks(count), (InvalidArgumentError, InvalidTypeError))
 
 
 def test_evict_accepts_numpy_ints(world):
     pool, trie, live, fresh = world
-    assert trie.evict(np.int64(1)) == 1
+    assert trie.free_kv_blocks(np.int64(1)) == 1
 
 
 # --- sequence arguments ---------------------------------------------------------------------------
@@ -213,7 +213,7 @@ def test_detach_errors_leave_the_whole_trie_unchanged(world):
     for bad in (inner, root, -1, nodes.capacity + 5):
         unchanged(world, lambda: nodes.detach_leaf(bad), TopologyError)
     # a detached node
-    assert trie.evict(1) == 1
+    assert trie.free_kv_blocks(1) == 1
     assert not nodes.attached[leaf]
     unchanged(world, lambda: nodes.detach_leaf(leaf), TopologyError)
     unchanged(

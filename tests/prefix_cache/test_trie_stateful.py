@@ -158,7 +158,7 @@ class TrieMachine(RuleBasedStateMachine):
         if evict_first and needed > self.pool.num_free:
             nodes = self.trie.nodes
             trie_blocks = set(nodes.block[nodes.attached_slots()].tolist())
-            self.evicted += self.trie.evict(needed - self.pool.num_free)
+            self.evicted += self.trie.free_kv_blocks(needed - self.pool.num_free)
             self.evicted_now = sorted(trie_blocks - set(nodes.block[nodes.attached_slots()].tolist()))
             self.sweep()
         try:
@@ -307,7 +307,7 @@ class TrieMachine(RuleBasedStateMachine):
     @step
     def resume(self, data, which, new, follow, preallocate, ahead):
         """A multi-turn session gets new input and matches again while holding its blocks,
-        possibly some preallocated beyond its cursor (W3). With ``ahead``, another request
+        possibly some preallocated beyond its cursor. With ``ahead``, another request
         first runs the same conversation further, so the session's match finds cached blocks
         at positions where it already holds blocks."""
         seq = self.live[which % len(self.live)]
@@ -349,7 +349,7 @@ class TrieMachine(RuleBasedStateMachine):
     @step
     def evict(self, count):
         free_before = self.pool.num_free
-        evicted = self.trie.evict(count)
+        evicted = self.trie.free_kv_blocks(count)
         assert 0 <= evicted <= count
         assert self.pool.num_free == free_before + evicted
         self.evicted += evicted

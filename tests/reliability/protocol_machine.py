@@ -284,7 +284,7 @@ class CacheProtocolMachine(RuleBasedStateMachine):
     def _make_room(self, needed: int, evict: bool) -> None:
         if evict and self.pool.num_free < needed:
             self._sweep()
-            self.trie.evict(needed - self.pool.num_free)
+            self.trie.free_kv_blocks(needed - self.pool.num_free)
         self._sweep()
 
     def _match(self, entry: Entry) -> None:
@@ -359,7 +359,7 @@ class CacheProtocolMachine(RuleBasedStateMachine):
         seq = entry.seq
         if entry.runtime_slot is None:
             if self.states.num_free_runtime == 0 and evict_checkpoints:
-                self.trie.evict_checkpoints(1)
+                self.trie.free_state_slots(1)
             if self.states.num_free_runtime == 0:
                 self._rollback(entry)
                 return False
@@ -781,13 +781,13 @@ class CacheProtocolMachine(RuleBasedStateMachine):
         """KV pressure (frozen blocks first, then leaves) or state-slot pressure."""
         if checkpoints:
             live = len(self.cp.live_records()) if self.hybrid else 0
-            released = self.trie.evict_checkpoints(count)
+            released = self.trie.free_state_slots(count)
             assert 0 <= released <= count
             if self.hybrid:
                 assert len(self.cp.live_records()) == live - released
         else:
             free = self.pool.num_free
-            freed = self.trie.evict(count)
+            freed = self.trie.free_kv_blocks(count)
             assert 0 <= freed and self.pool.num_free == free + freed
 
     @precondition(lambda self: self._has("idle", "admitted", "running"))
@@ -802,7 +802,7 @@ class CacheProtocolMachine(RuleBasedStateMachine):
     def clear(self):
         """Clear the cache while requests run: afterwards nothing more is evictable."""
         self.trie.clear()
-        assert self.trie.evict_checkpoints(1) == 0 and self.trie.evict(1) == 0, "clear left evictable entries"
+        assert self.trie.free_state_slots(1) == 0 and self.trie.free_kv_blocks(1) == 0, "clear left evictable entries"
         if self.hybrid:
             for record in self.cp.live_records():
                 assert record.pin_count or record.state is CheckpointState.RESERVED, f"{record} survived a clear"

@@ -15,7 +15,7 @@ import pytest
 from hybridcache.memory.block_pool import BlockPool
 from hybridcache.memory.state_pool import StatePool
 from hybridcache.prefix_cache import BlockKeyer, BlockTrie
-from hybridcache.prefix_cache import trie as trie_module
+from hybridcache.prefix_cache.lookup import PathLookup
 from hybridcache.prefix_cache.checkpoint_index import CheckpointIndex
 from hybridcache.prefix_cache.token_store import TokenStore
 from hybridcache.sequence import MultimodalSpan, Sequence
@@ -144,7 +144,7 @@ class WorkCounter:
         (np, "array_equal"),
         (TokenStore, "run"),
         (CheckpointIndex, "verify"),
-        (trie_module.BlockTrie, "_same_tokens"),
+        (PathLookup, "same_tokens"),
     )
 
     def __init__(self):

@@ -80,7 +80,7 @@ def world_image(pool: BlockPool, states: StatePool, trie: BlockTrie, *seqs: Sequ
         ],
         "seqs": [seq_image(seq) for seq in seqs],
     }
-    if trie.checkpoints is not None:
+    if trie.is_hybrid:
         image["records"] = sorted(
             (r.record_id, r.state.value, r.step, r.slot, r.frozen_block, r.restore_pins, r.producer_pins, r.ready)
             for r in trie.checkpoints.live_records()

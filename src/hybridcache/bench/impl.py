@@ -124,10 +124,10 @@ class HybridcacheImpl(Impl):
             raise RuntimeError(f"could not publish a checkpoint at step {step}")
 
     def evict_checkpoints(self, count: int) -> int:
-        return self.trie.evict_checkpoints(count)
+        return self.trie.free_state_slots(count)
 
     def evict_blocks(self, count: int) -> int:
-        return self.trie.evict(count)
+        return self.trie.free_kv_blocks(count)
 
     def metadata_bytes(self) -> int:
         return self.trie.checkpoints.metadata_bytes if self.trie.checkpoints is not None else 0

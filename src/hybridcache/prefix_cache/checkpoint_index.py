@@ -70,7 +70,7 @@ class CheckpointIndex:
         if any(entry is record for entry in bucket):
             return
         bucket.append(record)
-        self.note_change()
+        self.invalidate_searches()
         if len(bucket) == 1:
             self._count_step(record.namespace, key[0], +1)
 
@@ -91,7 +91,7 @@ class CheckpointIndex:
             self._count_step(record.namespace, key[0], -1)
         return True
 
-    def note_change(self) -> None:
+    def invalidate_searches(self) -> None:
         self.epoch = next(_EPOCHS)
 
     def _count_step(self, namespace: Namespace, step: int, delta: int) -> None:

@@ -18,6 +18,7 @@ nothing, and a checkpoint that keeps serving hits outlives a newer one that does
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -68,9 +69,12 @@ class CheckpointLifecycle:
         max_per_anchor: int = 4,
         *,
         owner: int = -1,
+        score: Callable[[CheckpointRecord], object] | None = None,
     ) -> None:
         """``owner`` is the id of the trie whose sequences this lifecycle serves: a sequence
-        claimed by another trie is refused by every call that takes one."""
+        claimed by another trie is refused by every call that takes one. ``score(record)``
+        orders both eviction heaps (lowest goes first; default: the record's recency stamp):
+        the eviction policy seam (see ``lru``)."""
         if isinstance(max_per_anchor, bool) or not isinstance(max_per_anchor, int) or max_per_anchor < 1:
             raise InvalidArgumentError("max_per_anchor must be an int >= 1")
         self._nodes = nodes
@@ -81,11 +85,24 @@ class CheckpointLifecycle:
         self._max_per_anchor = max_per_anchor
         self._owner = owner
         self._by_anchor: dict[int, list[CheckpointRecord]] = {}
-        self._lru = self._eviction_heap()  # published records (state-slot pressure)
-        self._frozen_lru = self._eviction_heap()  # published partial records (KV pressure)
+        self._lru = self._eviction_heap(score)  # published records (state-slot pressure)
+        self._frozen_lru = self._eviction_heap(score)  # published partial records (KV pressure)
         self._num_live = 0
 
     # --- queries -------------------------------------------------------------------------------
+
+    @property
+    def index(self) -> CheckpointIndex:
+        return self._index
+
+    @property
+    def num_live(self) -> int:
+        return self._num_live
+
+    def invalidate_searches(self) -> None:
+        """Something that could turn a remembered miss into a hit happened (blocks computed,
+        routed-expert rows cached): remembered checkpoint searches are redone."""
+        self._index.invalidate_searches()
 
     def records_at(self, anchor: int) -> tuple[CheckpointRecord, ...]:
         return tuple(self._by_anchor.get(anchor, ()))
@@ -355,7 +372,7 @@ class CheckpointLifecycle:
             return False
         self._unpin(record, producer=True)
         record.ready = True
-        self._index.note_change()
+        self.invalidate_searches()
         state.producer_pin = None
         if record.is_published:
             self._enforce_anchor_cap(record)
@@ -454,10 +471,10 @@ class CheckpointLifecycle:
         return released
 
     @staticmethod
-    def _eviction_heap() -> EvictionHeap[CheckpointRecord]:
-        """Records by recency; an entry is live while its record is published with the stamp
-        it was filed under (every touch files the record again)."""
-        return EvictionHeap(_stamp_of, _id_of, _filed_and_published, _HEAP_SLACK)
+    def _eviction_heap(score: Callable[[CheckpointRecord], object] | None = None) -> EvictionHeap[CheckpointRecord]:
+        """Records by ``score`` (recency by default); an entry is live while its record is
+        published with the stamp it was filed under (every touch files the record again)."""
+        return EvictionHeap(score or _stamp_of, _id_of, _filed_and_published, _HEAP_SLACK)
 
     def _touch(self, record: CheckpointRecord) -> None:
         record.stamp = self._pool.tick()
@@ -496,6 +513,7 @@ class CheckpointLifecycle:
         """Every live record owns one checkpoint slot (and at most one frozen block with a single
         reference); published records are indexed exactly once under their key on an attached
         anchor; nothing released is indexed; pins are held by sequences."""
+        self._states.check_invariants()
         live = self.live_records()
         assert len(live) == self._num_live, "live record count drifted"
         slots = [record.slot for record in live]

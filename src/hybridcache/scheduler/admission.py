@@ -10,6 +10,7 @@ the statistics exactly; a failed admission never leaks.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hybridcache.memory.block_pool import BlockPool
@@ -35,15 +36,23 @@ def blocks_needed(seq: Sequence, tokens: int, block_size: int) -> int:
 def make_block_room(trie: BlockTrie, pool: BlockPool, needed: int) -> bool:
     """Evict until ``needed`` blocks are free; True when they are."""
     if pool.num_free < needed:
-        trie.evict(needed - pool.num_free)
+        trie.free_kv_blocks(needed - pool.num_free)
     return pool.num_free >= needed
 
 
 def try_admit(
-    seq: Sequence, trie: BlockTrie, pool: BlockPool, states: StatePool, token_budget: int, chunk_limit: int
+    seq: Sequence,
+    trie: BlockTrie,
+    pool: BlockPool,
+    states: StatePool,
+    token_budget: int,
+    chunk_limit: int,
+    stop_at: Callable[[int], int | None] | None = None,
 ) -> Admitted | None:
     """Admit ``seq`` for a first chunk of at most ``min(token_budget, chunk_limit)`` tokens, or
-    leave everything exactly as it was and return None."""
+    leave everything exactly as it was and return None. ``stop_at(start)``, called once the
+    match fixed the resume point, may end the chunk earlier (where an admission policy wants a
+    checkpoint); None or a position outside the chunk changes nothing."""
     txn = trie.match(seq)
     checkpoints = trie.checkpoints
     if seq.prefix_state.restore is not None and not checkpoints.pin_restore(seq):
@@ -54,6 +63,9 @@ def try_admit(
             return None
     start = seq.num_computed
     end = min(seq.num_tokens, start + min(token_budget, chunk_limit))
+    hint = None if stop_at is None else stop_at(start)
+    if hint is not None and start < hint < end:
+        end = int(hint)
     if end <= start or not _make_state_room(trie, states):
         trie.rollback(txn)
         return None
@@ -69,5 +81,5 @@ def try_admit(
 
 def _make_state_room(trie: BlockTrie, states: StatePool) -> bool:
     if states.num_free_runtime == 0:
-        trie.evict_checkpoints(1)
+        trie.free_state_slots(1)
     return states.num_free_runtime > 0

@@ -1,0 +1,256 @@
+"""Attach: a sequence's newly complete blocks join the trie, once and exactly.
+
+Owns: the node lifecycle from attach to a pending node's readiness or detachment, and the
+sequence's private-block map (``prefix_state.trie_block_map``): a block the sequence's next
+forward still writes (not yet computed, or in the fresh range) is never replaced by a shared
+trie block; ``allocate`` maps it to its canonical block instead, and swaps it once it is
+computed. With ``track_pending`` (the engine's mode) a node attached before its forward ran
+stays unmatchable until ``mark_computed``, and ``discard_pending`` detaches it when that
+forward fails. Also enriches cached blocks with the routed-expert rows a sequence recorded.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hybridcache.memory.block_pool import BlockPool
+from hybridcache.prefix_cache.kv_lifecycle import KVLifecycle
+from hybridcache.prefix_cache.lookup import PathLookup
+from hybridcache.prefix_cache.routed_experts import RoutedExpertStore
+from hybridcache.sequence import Sequence
+
+_EMPTY_RANGE = (0, 0)
+
+
+class Attacher:
+    def __init__(
+        self, lookup: PathLookup, pool: BlockPool, kv: KVLifecycle, experts: RoutedExpertStore, checkpoints, enabled: bool
+    ) -> None:
+        """``checkpoints``: the trie's CheckpointLifecycle or its null object."""
+        self._lookup = lookup
+        self.nodes = lookup.nodes
+        self.tokens = lookup.tokens
+        self.keyer = lookup.keyer
+        self.block_size = lookup.block_size
+        self.track_pending = lookup.track_pending
+        self.kv = kv
+        self.pool = pool
+        self.experts = experts
+        self.checkpoints = checkpoints
+        self.enabled = enabled
+
+    def allocate(self, seq: Sequence, upto: int | None = None) -> None:
+        """Attach the sequence's complete blocks beyond its cursor to the trie.
+
+        ``upto`` caps the tokens considered (a chunked prefill attaches only the blocks its
+        next forward completes). With ``track_pending`` the new nodes whose tokens are not
+        computed yet stay unmatchable until ``mark_computed``.
+        """
+        state = seq.prefix_state
+        if not self.enabled:
+            state.fresh_range = _EMPTY_RANGE
+            return
+        if not self.nodes.is_valid(state.cursor, state.cursor_generation):
+            state.cursor = self._lookup.root(seq.namespace)
+            state.cursor_generation = int(self.nodes.generation[state.cursor])
+            state.experts_cached_blocks = 0
+        node = state.cursor
+        depth = int(self.nodes.depth[node])
+        tokens = seq.num_valid if upto is None else min(seq.num_valid, int(upto))
+        end = min(tokens // self.block_size, seq.num_blocks)
+        if state.trie_block_map:
+            self._settle_private_blocks(seq)
+        if depth >= end:
+            state.fresh_range = _EMPTY_RANGE
+            return
+        self.keyer.resume_at(seq, depth, int(self.nodes.sums[node]))
+        found_node, found_depth = self._lookup.extend_verified(seq, end)
+        keys = self.keyer.extend(seq)
+        if found_depth > depth:
+            runs, ancestor = self.nodes.path_runs(found_node, depth)
+            if ancestor != node:  # unreachable while exact paths are unique; stay exact anyway
+                found_depth, found_node, runs = self._lookup.deepest_cached(seq, keys, node, depth, end)
+            self._adopt_existing(
+                seq, depth, self._lookup.path_blocks(runs, found_depth), self._lookup.path_pending(runs, found_depth)
+            )
+            node = found_node
+        else:
+            found_depth = depth
+        if found_depth < end:
+            node = self._attach_new(seq, keys, node, found_depth, end)
+        generation = int(self.nodes.generation[node])
+        state.cursor, state.cursor_generation = node, generation
+        state.verified, state.verified_generation = node, generation
+        state.fresh_range = _EMPTY_RANGE
+
+    def _adopt_existing(self, seq: Sequence, first_index: int, canonical: np.ndarray, pending: np.ndarray) -> None:
+        """Point the table at existing trie blocks where safe; keep private blocks the next
+        forward writes (not yet computed, or in the fresh range), and private blocks whose
+        canonical node is still pending, and map them instead."""
+        state = seq.prefix_state
+        indices = np.arange(first_index, first_index + canonical.size)
+        current = seq.block_table[first_index : first_index + canonical.size].copy()
+        differs = current != canonical
+        fresh_start, fresh_end = state.fresh_range
+        writes_next = (
+            (indices >= seq.num_computed // self.block_size) | ((indices >= fresh_start) & (indices < fresh_end)) | pending
+        )
+        swap = differs & ~writes_next
+        if swap.any():
+            self.pool.ref(canonical[swap], unique=True)
+            seq.write_blocks(first_index, np.where(swap, canonical, current))
+            self.pool.unref(current[swap])
+        for index, block in zip(indices[differs & writes_next].tolist(), canonical[differs & writes_next].tolist()):
+            state.trie_block_map[index] = block
+        for index in indices[~differs | swap].tolist():
+            state.trie_block_map.pop(index, None)
+
+    def _settle_private_blocks(self, seq: Sequence) -> None:
+        """Replace private duplicates the sequence has finished computing by their canonical
+        trie blocks, so duplicates live only while a forward still writes them."""
+        state = seq.prefix_state
+        computed_blocks = seq.num_computed // self.block_size
+        done = [i for i in state.trie_block_map if i < computed_blocks and not state.in_fresh_range(i)]
+        if not done or not self.nodes.is_valid(state.cursor, state.cursor_generation):
+            return
+        first = min(done)
+        runs, _ = self.nodes.path_runs(state.cursor, first)
+        if not runs:
+            return
+        depth = int(self.nodes.depth[state.cursor])
+        canonical = self._lookup.path_blocks(runs, depth)
+        pending = self._lookup.path_pending(runs, depth)
+        settled = {i: int(canonical[i - first]) for i in done if i - first < canonical.size and not pending[i - first]}
+        for index, block in settled.items():
+            self.pool.ref([block])
+            replaced = seq.write_blocks(index, [block])
+            self.pool.unref(replaced)
+            del state.trie_block_map[index]
+
+    def _attach_new(self, seq: Sequence, keys: np.ndarray, parent: int, first: int, end: int) -> int:
+        size = self.block_size
+        identities = {i - first: spans for i, spans in seq.prefix_state.mm_blocks.items() if first <= i < end}
+        pending = False
+        if self.track_pending:
+            pending = np.arange(first, end) >= seq.num_computed // size
+        sums = seq.prefix_state.block_sums[first:end]
+        slots = self.nodes.attach_run(
+            parent, keys[first:end].copy(), seq.block_table[first:end], identities, pending, sums
+        )
+        self.tokens.ensure_capacity(self.nodes.capacity)
+        self.experts.ensure_capacity(self.nodes.capacity)
+        self.tokens.write(slots, seq.token_view(first * size, end * size))
+        covered = min(end, seq.num_routed_experts // size)
+        if seq.want_routed_experts and covered > first:
+            self.experts.store(slots[: covered - first], seq.routed_experts[first * size : covered * size])
+        self.kv.take_references(slots)
+        self.kv.offer_leaf(int(slots[-1]))
+        for index in range(first, end):
+            seq.prefix_state.trie_block_map.pop(index, None)
+        return int(slots[-1])
+
+    def exclusive_blocks(self, seq: Sequence, start: int, end: int) -> frozenset[int]:
+        """Blocks the sequence may write for positions ``[start, end)``: held by it alone, or
+        co-owned only by a pending trie node it attached itself (its own uncomputed block).
+        A borrowed block is never writable."""
+        size = self.block_size
+        indices = range(max(start // size, seq.prefix_state.borrowed_depth), -(-end // size))
+        table = seq.block_table
+        own_pending = set()
+        state = seq.prefix_state
+        if self.track_pending and self.nodes.is_valid(state.cursor, state.cursor_generation):
+            runs, _ = self.nodes.path_runs(state.cursor, start // size)
+            for first, last in runs:
+                slots = np.arange(first, last + 1)
+                own_pending.update(self.nodes.block[slots[self.nodes.pending[slots]]].tolist())
+        allowed = set()
+        for index in indices:
+            if index >= table.size:
+                break
+            block = int(table[index])
+            references = self.pool.refcount_of(block)
+            if references == 1 or (references == 2 and block in own_pending):
+                allowed.add(block)
+        return frozenset(allowed)
+
+    def mark_computed(self, seq: Sequence, start: int) -> None:
+        """A forward computed the sequence's tokens from ``start`` to ``num_computed``: its own
+        pending nodes in that range become matchable."""
+        state = seq.prefix_state
+        if not self.track_pending or not self.nodes.is_valid(state.cursor, state.cursor_generation):
+            return
+        nodes = self.nodes
+        high = min(int(nodes.depth[state.cursor]), seq.num_computed // self.block_size)
+        low = start // self.block_size
+        if high <= low:
+            return
+        runs, _ = nodes.path_runs(state.cursor, low)
+        table = seq.block_table
+        for first, last in nodes.clip_runs(runs, high, low):
+            slots = np.arange(first, last + 1)
+            own = nodes.block[slots] == table[nodes.depth[slots] - 1]
+            nodes.settle(slots[own])
+        self.checkpoints.invalidate_searches()
+
+    def discard_pending(self, seq: Sequence) -> int:
+        """A forward of ``seq`` failed: detach the pending leaves it attached for blocks it did
+        not write (and their checkpoints), so nothing it would have produced stays matchable.
+        Returns how many nodes were detached."""
+        state = seq.prefix_state
+        nodes = self.nodes
+        detached = 0
+        node = state.cursor
+        while (
+            nodes.is_valid(node, state.cursor_generation if node == state.cursor else int(nodes.generation[node]))
+            and not nodes.is_root[node]
+            and nodes.pending[node]
+            and nodes.num_children[node] == 0
+            and nodes.block[node] == seq.block_table[int(nodes.depth[node]) - 1]
+        ):
+            if self.checkpoints.is_anchor_protected(node):
+                break
+            self.checkpoints.release_anchored(node)
+            block = int(nodes.block[node])
+            parent = nodes.detach_leaf(node)
+            self.experts.forget(node)
+            self.pool.unref([block])
+            detached += 1
+            node = parent
+        if detached:
+            state.cursor, state.cursor_generation = node, int(nodes.generation[node])
+            state.verified, state.verified_generation = node, int(nodes.generation[node])
+            if not nodes.is_root[node] and nodes.num_children[node] == 0:
+                self.kv.offer_leaf(node)
+        return detached
+
+    def cache_routed_experts(self, seq: Sequence) -> None:
+        """Give cached blocks on the sequence's path the expert rows it has recorded.
+
+        Only blocks completed since the last call are visited (a watermark on the sequence).
+        """
+        state = seq.prefix_state
+        if not self.enabled or not seq.want_routed_experts:
+            return
+        self.checkpoints.attach_pending_tail_experts(seq)
+        if not self.nodes.is_valid(state.cursor, state.cursor_generation):
+            return
+        size = self.block_size
+        covered = min(seq.num_routed_experts // size, int(self.nodes.depth[state.cursor]))
+        first = state.experts_cached_blocks
+        if covered <= first:
+            return
+        runs, _ = self.nodes.path_runs(state.cursor, first)
+        rows = seq.routed_experts
+        depth = self.nodes.depth
+        stored = False
+        for run_first, run_last in self.nodes.clip_runs(runs, covered):
+            slots = np.arange(run_first, run_last + 1)
+            missing = slots[~self.experts.has_rows[slots]]
+            if missing.size:
+                token_starts = (depth[missing] - 1) * size
+                gathered = rows[(token_starts[:, None] + np.arange(size)).reshape(-1)]
+                self.experts.store(missing, gathered)
+                stored = True
+        state.experts_cached_blocks = covered
+        if stored:
+            self.checkpoints.invalidate_searches()  # a checkpoint miss for want of these rows may now hit

@@ -1,0 +1,203 @@
+"""Exact path lookup: which trie path equals a sequence's tokens, and how deep.
+
+Owns no structure. It reads the node table, the token store and the keyer, and writes only
+the sequence's verified-node facts (``prefix_state.verified`` and the ``NodePath`` kept for
+it): caches of what was compared, never tentative state, so a rolled-back match keeps them.
+
+Keys only narrow the search. A path is accepted after comparing every token beyond the last
+verified node (runs of the token store against the sequence, in place), the multimodal
+identity of every span block, and that the path leads to the verified node, hence to the
+namespace root. A key collision falls back to an exact block-by-block walk.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hybridcache.prefix_cache.identity import BlockKeyer
+from hybridcache.prefix_cache.node import NodePath, NodeTable, Runs
+from hybridcache.prefix_cache.token_store import TokenStore
+from hybridcache.sequence import Sequence
+from hybridcache.types import NO_NODE
+
+
+class PathLookup:
+    def __init__(self, nodes: NodeTable, tokens: TokenStore, keyer: BlockKeyer, block_size: int, track_pending: bool) -> None:
+        self.nodes = nodes
+        self.tokens = tokens
+        self.keyer = keyer
+        self.block_size = block_size
+        self.track_pending = track_pending
+
+    def root(self, namespace) -> int:
+        slot = self.nodes.find_root(namespace)
+        return self.nodes.root(namespace, self.keyer.namespace_seed(namespace)) if slot is None else slot
+
+    def handle(self, node: int) -> tuple[int, int]:
+        """``(slot, generation)`` of an attached node: what a cursor remembers."""
+        return node, int(self.nodes.generation[node])
+
+    def verified_or_root(self, seq: Sequence) -> tuple[int, int]:
+        state = seq.prefix_state
+        if self.nodes.is_valid(state.verified, state.verified_generation):
+            return state.verified, int(self.nodes.depth[state.verified])
+        return self.root(seq.namespace), 0
+
+    def resume_point(self, seq: Sequence) -> tuple[int, int]:
+        """The deepest node known to match ``seq`` at or below its computed blocks."""
+        state = seq.prefix_state
+        if state.cursor != NO_NODE and self.nodes.is_valid(state.cursor, state.cursor_generation):
+            node = state.cursor
+            depth = int(self.nodes.depth[node])
+            computed_blocks = seq.num_computed // self.block_size
+            if depth > computed_blocks:
+                _, node = self.nodes.path_runs(node, computed_blocks)
+                depth = computed_blocks
+            return node, depth
+        return self.root(seq.namespace), 0
+
+    def path_of(self, seq: Sequence, node: int, depth: int, known: NodePath | None = None) -> NodePath:
+        """The path of a verified node, reused while the node is unchanged; ``known`` is that
+        path when the caller holds it (a checkpoint record's anchor path)."""
+        state = seq.prefix_state
+        if known is None:
+            generation = int(self.nodes.generation[node])
+            cached = state.path
+            if cached is not None and (cached.node, cached.generation, cached.depth) == (node, generation, depth):
+                return cached  # the path of an attached node never changes (monotonic topology)
+            runs, root = self.nodes.path_runs(node, 0)
+            known = NodePath(node, depth, runs, root, generation)
+        waiting = self.nodes.first_pending_depth(known.runs) if self.track_pending else None
+        if waiting is not None:
+            # Verified only up to the first node still pending; that node's readiness changes
+            # without the topology changing, so the clipped path is recomputed next time
+            # (generation -1). A node that is not pending never becomes pending again.
+            runs, root = known.runs, known.root
+            depth = waiting - 1
+            node = root if depth == 0 else NodeTable.slot_at_depth(runs, self.nodes.depth, depth)
+            known = NodePath(node, depth, self.nodes.clip_runs(runs, depth), root)
+        state.path = known
+        return known
+
+    def base_path(self, seq: Sequence) -> NodePath:
+        return self.path_of(seq, *self.verified_or_root(seq))
+
+    def extend_verified(self, seq: Sequence, limit: int) -> tuple[int, int]:
+        """The deepest node at or above ``limit`` whose path equals the sequence's tokens,
+        hashing and comparing only blocks beyond the node verified before."""
+        nodes, state = self.nodes, seq.prefix_state
+        if nodes.is_valid(state.verified, state.verified_generation):
+            node = state.verified
+        elif nodes.is_valid(state.cursor, state.cursor_generation):
+            node = state.cursor
+        else:
+            node = self.root(seq.namespace)
+        depth = int(nodes.depth[node])
+        if depth > limit:
+            _, node = nodes.path_runs(node, limit)
+            return node, limit
+        self.keyer.resume_at(seq, depth, int(nodes.sums[node]))
+        keys = self.keyer.extend(seq)
+        depth, node, _ = self.deepest_cached(seq, keys, node, depth, limit)
+        state.verified, state.verified_generation = node, int(nodes.generation[node])
+        return node, depth
+
+    def deepest_cached(
+        self, seq: Sequence, keys: np.ndarray, base: int, base_depth: int, limit: int
+    ) -> tuple[int, int, Runs]:
+        """Deepest depth in (base_depth, limit] whose node is an exact match of ``seq`` below
+        ``base``; returns (depth, node, runs of the path from that node up to base_depth)."""
+        nodes = self.nodes
+        if limit <= base_depth or not nodes.has_key(int(keys[base_depth])):
+            return base_depth, base, []
+        low, high = base_depth + 1, limit
+        if nodes.has_key(int(keys[high - 1])):
+            low = high
+        while low < high:  # invariant: depth `low` is present, everything above `high` absent
+            middle = (low + high + 1) // 2
+            if nodes.has_key(int(keys[middle - 1])):
+                low = middle
+            else:
+                high = middle - 1
+        for candidate in nodes.candidates(int(keys[low - 1])):
+            if nodes.depth[candidate] != low:
+                continue
+            runs, ancestor = nodes.path_runs(candidate, base_depth)
+            if ancestor == base and self.same_tokens(seq, runs) and self.same_identity(seq, runs, base, candidate, base_depth, low):
+                return low, candidate, runs
+        return self._walk(seq, keys, base, base_depth, limit)
+
+    def _walk(self, seq: Sequence, keys: np.ndarray, base: int, base_depth: int, limit: int) -> tuple[int, int, Runs]:
+        """Block-by-block exact walk; only taken when a key collision defeated the fast path."""
+        nodes, size = self.nodes, self.block_size
+        identities = seq.prefix_state.mm_blocks
+        node, depth = base, base_depth
+        while depth < limit:
+            expected_identity = identities.get(depth)
+            for candidate in nodes.candidates(int(keys[depth])):
+                if (
+                    nodes.parent[candidate] == node
+                    and nodes.extra_identity.get(candidate) == expected_identity
+                    and self.tokens.equals(candidate, candidate, seq, depth * size)
+                ):
+                    node, depth = candidate, depth + 1
+                    break
+            else:
+                break
+        runs, _ = nodes.path_runs(node, base_depth)
+        return depth, node, runs
+
+    def same_tokens(self, seq: Sequence, runs: Runs) -> bool:
+        depth, size, equals = self.nodes.depth, self.block_size, self.tokens.equals
+        for first, last in runs:
+            if not equals(first, last, seq, (int(depth[first]) - 1) * size):
+                return False
+        return True
+
+    def same_identity(self, seq: Sequence, runs: Runs, base: int, node: int, base_depth: int, depth: int) -> bool:
+        nodes = self.nodes
+        if not nodes.extra_identity and not seq.prefix_state.mm_blocks:
+            return True  # text only on both sides
+        expected = {i: spans for i, spans in seq.prefix_state.mm_blocks.items() if base_depth <= i < depth}
+        if int(nodes.mm_count[node] - nodes.mm_count[base]) != len(expected):
+            return False
+        return all(
+            nodes.extra_identity.get(NodeTable.slot_at_depth(runs, nodes.depth, index + 1)) == spans
+            for index, spans in expected.items()
+        )
+
+    def path_blocks(self, runs: Runs, max_depth: int) -> np.ndarray:
+        """Block ids of a path in table order, up to ``max_depth``."""
+        return self.nodes.run_blocks(self.nodes.clip_runs(runs, max_depth))
+
+    def path_pending(self, runs: Runs, max_depth: int) -> np.ndarray:
+        """Which nodes of a path (table order, up to ``max_depth``) are still pending."""
+        return self.nodes.run_pending(self.nodes.clip_runs(runs, max_depth))
+
+    def first_block_cached(self, seq: Sequence, base_path: NodePath) -> bool:
+        """Whether the request's first block is cached at all (tells "no checkpoint" from
+        "nothing cached" in the miss statistics)."""
+        if base_path.depth > 0 or seq.num_valid < self.block_size:
+            return base_path.depth > 0
+        nodes = self.nodes
+        first_key = self.keyer.key_after(seq, 0, int(nodes.sums[base_path.root]))
+        return any(
+            nodes.parent[slot] == base_path.root and not (self.track_pending and nodes.pending[slot])
+            for slot in nodes.candidates(first_key)
+        )
+
+    def cached_depth(self, seq: Sequence, path: NodePath) -> int:
+        """How deep the KV trie holds the request's prefix beyond a verified anchor (hashing
+        only the blocks after it). Only a request that recomputes an overlap (MTP) needs KV
+        beyond the anchor; for any other the anchor's depth is the answer, without a lookup."""
+        limit = (seq.num_valid - 1) // self.block_size
+        if limit <= path.depth or not seq.prefix_state.recompute_blocks:
+            return path.depth
+        self.keyer.resume_at(seq, path.depth, int(self.nodes.sums[path.node]))
+        keys = self.keyer.extend(seq)
+        depth, _, runs = self.deepest_cached(seq, keys, path.node, path.depth, limit)
+        if self.track_pending:
+            waiting = self.nodes.first_pending_depth(runs)
+            if waiting is not None:
+                depth = waiting - 1  # blocks nobody has computed yet are not cached KV
+        return depth

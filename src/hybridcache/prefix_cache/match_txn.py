@@ -1,0 +1,153 @@
+"""The match transaction: a tentative match, then exactly one commit or rollback.
+
+Owns: the undo records (``MatchTxn``) and the sequences' borrowed-path state
+(``prefix_state.borrowed`` / ``borrowed_depth``): a match from the root borrows the matched
+path with one pin on its deepest node (``KVLifecycle.pin_path``) instead of one reference per
+block; a match resuming below a computed prefix references each block it takes. A rollback
+restores the table, the references (or the borrow), the step, the cursor, the fresh range,
+the restore selection and the statistics exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hybridcache.errors import InvalidTypeError, StaleHandleError
+from hybridcache.memory.block_pool import BlockPool
+from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord
+from hybridcache.prefix_cache.kv_lifecycle import KVLifecycle
+from hybridcache.prefix_cache.stats import MissReason, PrefixCacheStats
+from hybridcache.sequence import Sequence
+from hybridcache.types import NO_NODE
+
+_NO_IDS = np.empty(0, dtype=np.int32)  # shared: read-only
+_NO_IDS.flags.writeable = False
+
+
+class MatchTxn:
+    """Undo record of one tentative match; the caller commits or rolls it back exactly once.
+
+    Blocks the match displaced from the sequence's table stay referenced by the transaction
+    until commit, so a rollback can put them back even if pools were used in between.
+    (A plain slotted class: one is built per match on the scheduler's hot path.)
+    """
+
+    __slots__ = (
+        "seq", "step_before", "cursor_before", "fresh_before", "num_blocks_before",
+        "restore_before", "table_start", "taken", "displaced", "step_after", "cursor_after", "hit_tokens",
+        "recorded", "borrowed", "materialized", "open",
+    )
+
+    def __init__(self, seq: Sequence) -> None:
+        state = seq.prefix_state
+        self.seq = seq
+        self.step_before = self.step_after = seq.num_computed
+        self.cursor_before = self.cursor_after = (state.cursor, state.cursor_generation)
+        self.fresh_before = state.fresh_range
+        self.num_blocks_before = seq.num_blocks
+        self.restore_before: CheckpointRecord | None = state.restore
+        self.table_start = 0
+        self.taken = self.displaced = _NO_IDS
+        self.hit_tokens = 0
+        self.recorded: tuple[int, int, MissReason | None] | None = None  # the stats delta, undone on rollback
+        self.borrowed = False  # the taken blocks are borrowed with one path pin
+        self.materialized: tuple[int, int] | None = None  # (node, depth) of a borrow it turned into references
+        self.open = True
+
+
+def require_txn(txn: object) -> None:
+    if not isinstance(txn, MatchTxn):
+        raise InvalidTypeError(f"expected a MatchTxn, got {type(txn).__name__}")
+
+
+class MatchBook:
+    """Takes and gives back the blocks of matches, and closes their transactions."""
+
+    def __init__(self, pool: BlockPool, kv: KVLifecycle, stats: PrefixCacheStats, checkpoints) -> None:
+        self.pool = pool
+        self.kv = kv
+        self.stats = stats
+        self.checkpoints = checkpoints  # CheckpointLifecycle or its null object
+
+    def commit(self, txn: MatchTxn) -> None:
+        """Make a match final: drop the references on blocks it displaced."""
+        require_txn(txn)
+        self._close(txn)
+        if txn.displaced.size:
+            self.pool.unref(txn.displaced)
+
+    def rollback(self, txn: MatchTxn) -> None:
+        """Undo a match exactly: table, references, step, cursor, fresh range and statistics."""
+        require_txn(txn)
+        seq = txn.seq
+        expected_blocks = max(txn.num_blocks_before, txn.table_start + txn.taken.size)
+        state = seq.prefix_state
+        if (
+            seq.num_computed != txn.step_after
+            or seq.num_blocks != expected_blocks
+            or (state.cursor, state.cursor_generation) != txn.cursor_after
+        ):
+            raise StaleHandleError("the sequence changed after the match; roll back before allocating")
+        self._close(txn)
+        if txn.taken.size:
+            seq.place_blocks(txn.table_start, txn.displaced)
+            seq.truncate_blocks(txn.num_blocks_before)
+            if txn.borrowed:
+                self.return_borrow(seq)
+            else:
+                self.pool.unref(txn.taken, unique=True)
+        if txn.materialized is not None:  # borrow the path again instead of referencing its blocks
+            node, depth = txn.materialized
+            self.pool.unref(seq.block_table[:depth], unique=True)
+            self.borrow(seq, node, depth)
+        seq.set_computed(txn.step_before)
+        state = seq.prefix_state
+        if state.restore_pinned:
+            self.checkpoints.unpin_restore(seq)
+        state.restore = txn.restore_before
+        state.cursor, state.cursor_generation = txn.cursor_before
+        state.fresh_range = txn.fresh_before
+        if txn.recorded is not None:
+            self.stats.unrecord_match(*txn.recorded)
+
+    @staticmethod
+    def _close(txn: MatchTxn) -> None:
+        if not txn.open:
+            raise StaleHandleError("this match was already committed or rolled back")
+        txn.open = False
+
+    def take_path_blocks(self, seq: Sequence, txn: MatchTxn, ids: np.ndarray, base_depth: int, node: int) -> None:
+        """Hold the blocks ``ids`` (of the path from ``base_depth`` down to ``node``; possibly
+        a shared view, never written) and write them at their table positions: a path from the
+        root is borrowed with one pin on ``node``, anything else referenced per block."""
+        if ids.size == 0:
+            return
+        state = seq.prefix_state
+        if base_depth == 0 and state.borrowed_depth == 0:
+            self.borrow(seq, node, ids.size)
+            txn.borrowed = True
+        else:
+            if state.borrowed_depth > base_depth:
+                txn.materialized = (state.borrowed, state.borrowed_depth)
+                self._materialize_borrow(seq)
+            ids = ids.copy()  # the transaction drops exactly these references on rollback
+            self.pool.ref(ids, unique=True)
+        txn.table_start = base_depth
+        txn.taken = ids
+        txn.displaced = seq.place_blocks(base_depth, ids)
+
+    def _materialize_borrow(self, seq: Sequence) -> None:
+        """Turn the sequence's path pin into one reference per borrowed block (before a match
+        rewrites part of the borrowed range)."""
+        state = seq.prefix_state
+        self.pool.ref(seq.block_table[: state.borrowed_depth], unique=True)
+        self.return_borrow(seq)
+
+    def borrow(self, seq: Sequence, node: int, depth: int) -> None:
+        self.kv.pin_path(node)
+        seq.prefix_state.borrowed, seq.prefix_state.borrowed_depth = node, depth
+
+    def return_borrow(self, seq: Sequence) -> None:
+        state = seq.prefix_state
+        self.kv.unpin_path(state.borrowed)
+        state.borrowed, state.borrowed_depth = NO_NODE, 0

@@ -1,0 +1,322 @@
+"""Matching: the deepest prefix a request may reuse, one matcher per kind of trie.
+
+Owns: the remembered checkpoint search on each sequence (``prefix_state.found``, a
+``CheckpointSearch``) and the match fields it sets on a hit (step, restore selection, fresh
+range, replayed routed experts). The kind is chosen once, when the trie is built:
+
+* ``BlockMatcher`` (attention-only): the deepest cached block path, after the policy cuts
+  (recompute overlap, routed experts, multimodal boundary).
+* ``CheckpointMatcher`` (hybrid): the deepest exactly verified published checkpoint; a KV path
+  without one is a miss. Candidate steps come from the namespace's sorted steps; each probe
+  hashes one block (the anchor's last) and looks up one bucket; the winner's prefix is compared
+  only beyond what was verified before.
+
+Both take their blocks through ``MatchBook.take_path_blocks`` and compare through
+``PathLookup``; neither holds a reference to a sequence beyond one call.
+
+The token ranges of a hybrid hit (``B`` = block size)::
+
+    0        base_depth*B        anchor*B   step                 cached_depth*B
+    |--computed--|---- taken from the trie ---|tail|--fresh range (recomputed)--|
+                 ^ resume point                ^ checkpoint state restored here
+    borrowed depth = anchor (a match from the root borrows the path with one pin);
+    blocks from ``step // B`` on stay private to the sequence until its forward computes them.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from hybridcache.prefix_cache.checkpoint_index import HIT, CheckpointIndex, VerifyStatus
+from hybridcache.prefix_cache.checkpoint_lifecycle import CheckpointLifecycle
+from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord
+from hybridcache.prefix_cache.lookup import PathLookup
+from hybridcache.prefix_cache.match_txn import MatchBook, MatchTxn
+from hybridcache.prefix_cache.node import NodePath, Runs
+from hybridcache.prefix_cache.routed_experts import RoutedExpertStore
+from hybridcache.prefix_cache.stats import MissReason
+from hybridcache.sequence import Sequence
+
+# A miss probing more candidate steps than this first checks the request's first block.
+_PROBES_BEFORE_FIRST_BLOCK_TEST = 4
+# Up to this many probes, hashing each probe block when it is probed beats one vectorized call.
+_SCALAR_PROBES = 8
+
+
+class CheckpointSearch(NamedTuple):
+    """Outcome of a checkpoint search, remembered on the sequence (``prefix_state.found``):
+    the record (None on a miss), the verified path (to the anchor on a hit), how deep the KV
+    trie holds the prefix beyond it, and the miss reason. It is reused outright while what it
+    was searched for (``window``), the index epoch and the node table's version are unchanged."""
+
+    record: CheckpointRecord | None
+    path: NodePath
+    cached_depth: int
+    reason: MissReason | None
+    window: tuple[int, int, int] = (0, 0, 0)  # what the search was for: see ``CheckpointMatcher.find``
+    epoch: int = -1  # the index's epoch when searched
+    version: int = -1  # the node table's version when searched
+
+
+class BlockMatcher:
+    """Matching for an attention-only trie."""
+
+    def __init__(self, lookup: PathLookup, book: MatchBook, experts: RoutedExpertStore) -> None:
+        self._lookup = lookup
+        self._book = book
+        self.nodes = lookup.nodes
+        self.experts = experts
+        self.block_size = lookup.block_size
+
+    def prepare(self, seq: Sequence) -> NodePath:
+        """The request's deepest exactly verified cached path (keys for every complete block)."""
+        lookup = self._lookup
+        node, depth = lookup.extend_verified(seq, (seq.num_valid - 1) // self.block_size)
+        return lookup.path_of(seq, node, depth)
+
+    def match(self, seq: Sequence, txn: MatchTxn, base: int, base_depth: int) -> tuple[tuple[int, int], MissReason | None]:
+        """Attention-only match: the new cursor handle and why the hit fell short, if it did."""
+        path = self.prepare(seq)
+        size, start = self.block_size, seq.num_computed
+        limit = (seq.num_valid - 1) // size
+        raw_depth = path.depth
+        if raw_depth <= base_depth:
+            reason = MissReason.NOTHING_TO_MATCH if limit <= start // size else MissReason.NO_CACHED_PREFIX
+            return self._lookup.handle(base), reason
+        window = self.nodes.clip_runs(path.runs, raw_depth, base_depth)
+        accepted, reason = self._accepted_depth(seq, raw_depth, base_depth, window, limit)
+        if raw_depth > accepted:
+            seq.prefix_state.fresh_range = (accepted, raw_depth)
+        if accepted * size <= start:
+            return self._lookup.handle(base), reason or MissReason.NO_CACHED_PREFIX
+        node = path.slot_at(self.nodes, accepted)
+        self._apply_hit(seq, txn, window, base_depth, accepted, node)
+        return self._lookup.handle(node), reason
+
+    def _accepted_depth(
+        self, seq: Sequence, raw_depth: int, base_depth: int, runs: Runs, limit: int
+    ) -> tuple[int, MissReason | None]:
+        """Apply the policy cuts to the deepest cached depth; return the depth and why it shrank."""
+        accepted, reason = raw_depth, None
+        overlap_limit = limit - seq.prefix_state.recompute_blocks
+        if accepted > overlap_limit:
+            accepted, reason = max(overlap_limit, base_depth), MissReason.RECOMPUTE_OVERLAP
+        if seq.want_routed_experts and accepted > base_depth:
+            missing = self.experts.first_missing_depth(runs, self.nodes.depth)
+            if missing is not None and missing <= accepted:
+                accepted, reason = missing - 1, MissReason.ROUTED_EXPERTS
+        clamped = seq.clamp_to_safe_block_boundary(accepted * self.block_size, self.block_size) // self.block_size
+        if clamped < accepted:
+            accepted, reason = max(clamped, base_depth), MissReason.MULTIMODAL_BOUNDARY
+        return accepted, reason
+
+    def _apply_hit(
+        self, seq: Sequence, txn: MatchTxn, runs: Runs, base_depth: int, accepted: int, node: int
+    ) -> None:
+        start = seq.num_computed
+        runs = self.nodes.clip_runs(runs, accepted)
+        self._book.take_path_blocks(seq, txn, self.nodes.run_blocks(runs), base_depth, node)
+        seq.set_computed(accepted * self.block_size)
+        txn.step_after = seq.num_computed
+        txn.hit_tokens = seq.num_computed - start
+        if seq.want_routed_experts and seq.num_routed_experts == start:
+            rows = self.experts.gather(runs)
+            seq.append_routed_experts(rows[start - base_depth * self.block_size :])
+
+
+class CheckpointMatcher:
+    """Matching for a hybrid trie: every hit restores a published checkpoint."""
+
+    def __init__(
+        self, lookup: PathLookup, book: MatchBook, experts: RoutedExpertStore, checkpoints: CheckpointLifecycle
+    ) -> None:
+        self._lookup = lookup
+        self._book = book
+        self.nodes = lookup.nodes
+        self.keyer = lookup.keyer
+        self.block_size = lookup.block_size
+        self.track_pending = lookup.track_pending
+        self.experts = experts
+        self.checkpoints = checkpoints
+        self.index: CheckpointIndex = checkpoints.index
+
+    def prepare(self, seq: Sequence) -> NodePath:
+        """Search the request's deepest exact checkpoint (remembered on the sequence) and
+        return the path verified on the way."""
+        return self.find(seq).path
+
+    def match(self, seq: Sequence, txn: MatchTxn, base: int, base_depth: int) -> tuple[tuple[int, int], MissReason | None]:
+        """Hybrid match: the new cursor handle (the checkpoint's anchor on a hit) and the miss
+        reason."""
+        found = self.find(seq)
+        record = found.record
+        if record is None:
+            return self._lookup.handle(base), found.reason
+        self._apply_restore(seq, txn, found, base_depth)
+        return (record.anchor, record.anchor_generation), None
+
+    def find(self, seq: Sequence) -> CheckpointSearch:
+        """The deepest published checkpoint in ``(num_computed, num_valid - 1]`` whose whole
+        prefix equals the request's, deepest step first. Candidate steps come from the
+        namespace's sorted steps; each probe hashes one block (the anchor's last) and looks up
+        one bucket; the winner's prefix is compared only beyond what was verified before."""
+        start = seq.num_computed
+        state = seq.prefix_state
+        highest = seq.num_valid - 1
+        # What a search depends on besides the cache: where it starts, the last valid token
+        # and the recompute overlap.
+        window = (start, highest, state.recompute_blocks)
+        earlier = state.found
+        if (
+            earlier is not None
+            and earlier.window == window
+            and earlier.epoch == self.index.epoch
+            and earlier.version == self.nodes.version
+            and (earlier.record is None or earlier.record.is_published)
+        ):
+            return earlier  # nothing that could change the outcome happened since it was found
+        self.keyer.identity(seq)
+        if highest <= start:
+            return CheckpointSearch(None, self._lookup.base_path(seq), 0, MissReason.NOTHING_TO_MATCH)
+        found = None
+        if earlier is not None and earlier.record is None:
+            if (
+                earlier.window == window
+                and earlier.epoch == self.index.epoch
+                and earlier.reason is not MissReason.RECOMPUTE_OVERLAP  # newly attached KV could end it
+            ):
+                # Nothing that could turn it into a hit happened since ingest; evictions may
+                # have moved the verified node, so the path is taken afresh.
+                found = earlier._replace(path=self._lookup.base_path(seq), version=self.nodes.version)
+        elif earlier is not None and earlier.window == window and self._still_usable(earlier.record):
+            # Ingest already verified this checkpoint: only deeper steps published since count,
+            # and the KV after it (recompute overlap) is looked at again.
+            found = self._search(seq, self.index.candidate_steps(seq.namespace, earlier.record.step, highest), window)
+            if found.record is None:
+                cached_depth = self._lookup.cached_depth(seq, earlier.path)
+                overlap = seq.prefix_state.recompute_blocks * self.block_size
+                found = None
+                if cached_depth * self.block_size >= earlier.record.step + overlap:
+                    found = earlier._replace(
+                        cached_depth=cached_depth, epoch=self.index.epoch, version=self.nodes.version
+                    )
+        if found is None:
+            found = self._search(seq, self.index.candidate_steps(seq.namespace, start, highest), window)
+        state.found = found
+        return found
+
+    def _still_usable(self, record: CheckpointRecord | None) -> bool:
+        return (
+            record is not None
+            and record.is_published
+            and record.ready
+            and self.nodes.is_valid(record.anchor, record.anchor_generation)
+        )
+
+    def _search(self, seq: Sequence, steps: list[int], window: tuple[int, int, int]) -> CheckpointSearch:
+        """The deepest of ``steps`` (deepest first) whose checkpoint fits the request exactly;
+        on a miss, the verified path and the reason. ``window`` is what the search is for (see
+        ``_find_checkpoint``)."""
+        size = self.block_size
+        epoch, version = self.index.epoch, self.nodes.version
+        first_cached = None
+        if len(steps) > _PROBES_BEFORE_FIRST_BLOCK_TEST:
+            first_cached = self._lookup.first_block_cached(seq, self._lookup.base_path(seq))
+            if not first_cached:  # every checkpoint beyond the first block lies on a cached first block
+                steps = [step for step in steps if step < size]
+        # A hit usually comes at the first probe: hash lazily unless many probes are certain.
+        values = self._anchor_values(seq, steps) if len(steps) > _SCALAR_PROBES else None
+        overlap = seq.prefix_state.recompute_blocks * size
+        reason = None
+        for step in steps:
+            anchor_depth = step // size
+            key = (step, self._probe_value(seq, anchor_depth, values))
+            for record in self.index.bucket(seq.namespace, key):
+                verdict = self.index.verify(record, key, seq)
+                if verdict is not HIT:
+                    if verdict.status is not VerifyStatus.REQUEST_MISMATCH:
+                        self.checkpoints.clean_stale(record, key, verdict)
+                    continue
+                path = self._path_to_anchor(seq, record, anchor_depth)
+                if path is None:
+                    continue
+                cached_depth = self._lookup.cached_depth(seq, path) if overlap else path.depth
+                if overlap and cached_depth * size < step + overlap:
+                    reason = MissReason.RECOMPUTE_OVERLAP
+                    continue
+                return CheckpointSearch(record, path, cached_depth, None, window, epoch, version)
+        base_path = self._lookup.base_path(seq)
+        if reason is None:
+            if first_cached is None:
+                first_cached = self._lookup.first_block_cached(seq, base_path)
+            reason = MissReason.NO_CHECKPOINT if first_cached else MissReason.NO_CACHED_PREFIX
+        return CheckpointSearch(None, base_path, 0, reason, window, epoch, version)
+
+    def _probe_value(self, seq: Sequence, anchor_depth: int, values: dict[int, int] | None) -> int:
+        """What a checkpoint anchored at ``anchor_depth`` is indexed under besides its step: the
+        keyed value of the request's block ending at the anchor (taken from ``values`` when
+        they were hashed together), or the namespace root's key for an anchor at the root."""
+        if anchor_depth == 0:
+            return int(self.nodes.key[self._lookup.root(seq.namespace)])
+        if values is not None:
+            return values[anchor_depth]
+        return self.keyer.value_of(seq, anchor_depth - 1)
+
+    def _anchor_values(self, seq: Sequence, steps: list[int]) -> dict[int, int]:
+        """Anchor depth -> keyed value of the request's block ending there, for every step
+        anchored below the root, hashed in one vectorized call."""
+        size = self.block_size
+        ordered = sorted({step // size for step in steps if step >= size})
+        if not ordered:
+            return {}
+        return dict(zip(ordered, self.keyer.values_of(seq, np.asarray(ordered) - 1).tolist()))
+
+    def _path_to_anchor(self, seq: Sequence, record: CheckpointRecord, depth: int) -> NodePath | None:
+        """The record's anchor path when it equals the request's prefix (and its blocks carry
+        routed experts when the request wants them), else None. Only tokens beyond the verified
+        node are compared; a deeper match becomes the new verified node."""
+        nodes, state = self.nodes, seq.prefix_state
+        anchor, path = record.anchor, record.anchor_path
+        base, base_depth = self._lookup.verified_or_root(seq)
+        if depth <= base_depth:
+            base_path = self._lookup.path_of(seq, base, base_depth)
+            if base_path.depth < depth or base_path.slot_at(nodes, depth) != anchor:
+                return None
+        else:
+            runs, ancestor = (path.runs, path.root) if base_depth == 0 else nodes.path_runs(anchor, base_depth)
+            if ancestor != base or not self._lookup.same_tokens(seq, runs):
+                return None
+            if not self._lookup.same_identity(seq, runs, base, anchor, base_depth, depth):
+                return None
+            if self.track_pending and nodes.first_pending_depth(runs) is not None:
+                return None
+            state.verified, state.verified_generation = anchor, record.anchor_generation
+            path = self._lookup.path_of(seq, anchor, depth, path)
+            if path.depth < depth:  # a node at or above the verified one is still pending
+                return None
+        if seq.want_routed_experts and self.experts.first_missing_depth(path.runs, nodes.depth) is not None:
+            return None
+        return path
+
+    def _apply_restore(self, seq: Sequence, txn: MatchTxn, found: CheckpointSearch, base_depth: int) -> None:
+        record, path = found.record, found.path
+        size, start, step = self.block_size, txn.step_before, record.step
+        anchor_depth = step // size
+        if base_depth == 0 and path.depth == anchor_depth:  # the verified path is exactly the part to take
+            window, ids = path.runs, self.nodes.path_blocks(path)
+        else:
+            window = self.nodes.clip_runs(path.runs, anchor_depth, base_depth)
+            ids = self.nodes.run_blocks(window)
+        self._book.take_path_blocks(seq, txn, ids, base_depth, record.anchor)
+        seq.set_computed(step)
+        txn.step_after = step
+        txn.hit_tokens = step - start
+        self.checkpoints.select_restore(seq, record)
+        if seq.want_routed_experts and seq.num_routed_experts == start:
+            rows = self.experts.gather(window)
+            if record.tail_experts is not None:
+                rows = np.concatenate([rows, record.tail_experts]) if rows.size else record.tail_experts
+            seq.append_routed_experts(rows[start - base_depth * size :])
+        seq.prefix_state.fresh_range = (anchor_depth, max(found.cached_depth, -(-step // size)))
