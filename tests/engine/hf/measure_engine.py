@@ -37,7 +37,10 @@ def _against_transformers(directory: str, served: list) -> tuple[bool, float]:
     for request, result in served:
         prompt = torch.tensor([request.prompt.tolist()])
         with torch.no_grad():
-            generated = oracle.generate(prompt, max_new_tokens=len(result.tokens), do_sample=False, pad_token_id=0)
+            generated = oracle.generate(
+                prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=len(result.tokens),
+                do_sample=False, pad_token_id=0,
+            )
             full = oracle(input_ids=generated[:, :-1]).logits[0, prompt.shape[1] - 1 :].numpy()
         same &= generated[0, prompt.shape[1] :].tolist() == result.tokens
         gap = max(gap, float(np.abs(result.logits - full).max()))

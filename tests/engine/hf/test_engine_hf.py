@@ -180,8 +180,12 @@ def test_caching_off_equals_transformers_generate_and_full_forward(checkpoint, u
     oracle = load_oracle(checkpoint(family))
     for request, result in uncached(family):
         prompt = torch.tensor([request.prompt.tolist()])
+        # Replies may hold the pad id; without a mask generate() would mask those positions out.
+        mask = torch.ones_like(prompt)
         with torch.no_grad():
-            generated = oracle.generate(prompt, max_new_tokens=len(result.tokens), do_sample=False, pad_token_id=0)
+            generated = oracle.generate(
+                prompt, attention_mask=mask, max_new_tokens=len(result.tokens), do_sample=False, pad_token_id=0
+            )
             assert generated[0, prompt.shape[1] :].tolist() == result.tokens
             # generate() hands out float32 logits; the float64 reference is a full forward.
             full = oracle(input_ids=generated[:, :-1]).logits[0, prompt.shape[1] - 1 :].numpy()
