@@ -1,5 +1,6 @@
-"""The reference engine: a tiny hybrid model served with the prefix cache (needs the ``engine``
-extra, PyTorch)."""
+"""The reference engine: a model behind the ``PagedModel`` interface (the tiny hybrid model, or
+a local transformers checkpoint named by ``hybridcache.engine.hf.HFModelConfig``) served with
+the prefix cache (needs the ``engine`` extra: PyTorch, transformers, safetensors)."""
 
 from hybridcache.engine.engine import FAULT_STAGES, Engine, EngineConfig, InjectedFault
 from hybridcache.engine.model import TinyHybridConfig
