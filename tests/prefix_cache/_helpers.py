@@ -73,13 +73,12 @@ def admit_leaving_restore_unpinned(trie: BlockTrie, seq: Sequence) -> MatchTxn:
     return txn
 
 
-def decode(trie: BlockTrie, seq: Sequence, tokens, *, forward: bool = True) -> None:
+def decode(trie: BlockTrie, seq: Sequence, tokens) -> None:
     """Append tokens (as a decode step would), grow the table, attach, and run the forward."""
     seq.append_tokens(tokens)
     trie.pool.grow_table(seq, seq.num_tokens, trie.block_size)
     trie.allocate(seq)
-    if forward:
-        seq.set_computed(seq.num_tokens)
+    seq.set_computed(seq.num_tokens)
 
 
 def produce(trie: BlockTrie, tokens, **kwargs) -> Sequence:
