@@ -20,7 +20,6 @@ def populated() -> PrefixState:
     state.fresh_range = (1, 3)
     state.trie_block_map = {2: 40}
     state.recompute_blocks = 2
-    state.match_start_step = 32
     state.experts_cached_blocks = 2
     state.suppress_stats = True
     return state
@@ -38,7 +37,6 @@ def test_defaults():
     assert state.fresh_range == (0, 0)
     assert state.trie_block_map == {}
     assert state.recompute_blocks == 0
-    assert state.match_start_step == -1
     assert state.experts_cached_blocks == 0
     assert state.suppress_stats is False
 
@@ -68,7 +66,6 @@ def test_clear_cursor_resets_only_the_cursor():
     assert state.cursor_generation == -1
     assert state.fresh_range == (1, 3)
     assert state.trie_block_map == {2: 40}
-    assert state.match_start_step == 32
 
 
 def test_clear_tracking_forgets_block_tied_state_and_keeps_keys_and_policy():
@@ -79,7 +76,6 @@ def test_clear_tracking_forgets_block_tied_state_and_keeps_keys_and_policy():
     assert state.cursor_generation == -1
     assert state.fresh_range == (0, 0)
     assert state.trie_block_map == {}
-    assert state.match_start_step == -1
     assert state.experts_cached_blocks == 0
     # kept
     np.testing.assert_array_equal(state.block_keys, [11, 22, 33])

@@ -46,10 +46,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hybridcache.types import NO_NODE
+from hybridcache.types import NO_NODE, MultimodalSpan
 
-if TYPE_CHECKING:
-    from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord
+if TYPE_CHECKING:  # type-only: checkpoint_record and node import neither sequence nor this module
+    from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord, CheckpointSearch
+    from hybridcache.prefix_cache.node import NodePath
 
 
 @dataclass
@@ -60,7 +61,7 @@ class PrefixState:
     keys_from: int = 0
     key_sum: int = 0
     keyer_id: int = -1
-    mm_blocks: dict = field(default_factory=dict)
+    mm_blocks: dict[int, tuple[MultimodalSpan, ...]] = field(default_factory=dict)
     owner: int = -1
     borrowed: int = NO_NODE
     borrowed_depth: int = 0
@@ -68,12 +69,11 @@ class PrefixState:
     cursor_generation: int = -1
     verified: int = NO_NODE
     verified_generation: int = -1
-    path: object = None  # the NodePath of ``verified``, reused while it is unchanged
-    found: object = None  # the checkpoint ingest verified, reused while it stays usable
+    path: NodePath | None = None  # the path of ``verified``, reused while it is unchanged
+    found: CheckpointSearch | None = None  # the checkpoint search ingest did, reused while it stays usable
     fresh_range: tuple[int, int] = (0, 0)
     trie_block_map: dict[int, int] = field(default_factory=dict)
     recompute_blocks: int = 0
-    match_start_step: int = -1
     experts_cached_blocks: int = 0
     suppress_stats: bool = False
     restore: CheckpointRecord | None = None
@@ -82,7 +82,7 @@ class PrefixState:
     producer_pin: CheckpointRecord | None = None
     decode_checkpoint: CheckpointRecord | None = None
     retiring_decode_checkpoint: CheckpointRecord | None = None
-    records_missing_experts: list = field(default_factory=list)
+    records_missing_experts: list[CheckpointRecord] = field(default_factory=list)
 
     def in_fresh_range(self, block_index: int) -> bool:
         start, end = self.fresh_range
@@ -97,5 +97,4 @@ class PrefixState:
         self.clear_cursor()
         self.fresh_range = (0, 0)
         self.trie_block_map = {}
-        self.match_start_step = -1
         self.experts_cached_blocks = 0

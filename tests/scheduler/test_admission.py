@@ -24,7 +24,6 @@ RESTORED_FIELDS = (
     "cursor_generation",
     "fresh_range",
     "trie_block_map",
-    "match_start_step",
     "experts_cached_blocks",
     "suppress_stats",
     "restore",

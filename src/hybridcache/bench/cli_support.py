@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from hybridcache.bench.impl import HybridcacheImpl, Impl
+from hybridcache.bench.implementations import make_impl
 from hybridcache.bench.memory import measure_in_fresh_process
 from hybridcache.bench.scenarios import SCENARIOS, Case
 
@@ -29,16 +29,6 @@ DEFAULT_GRIDS = {
 SMOKE_GRIDS = {name: [(4, 1024)] for name in DEFAULT_GRIDS} | {"evict": [(8, 128)], "memory": [(4, 4096)]}
 DEFAULT_STEPS = (1, 64, 1024)
 ALL_SCENARIOS = tuple(DEFAULT_GRIDS)
-
-
-def make_impl(name: str) -> Impl:
-    if name == "hybridcache":
-        return HybridcacheImpl()
-    if name == "lmdeploy":
-        from hybridcache.bench.lmdeploy_impl import LmdeployImpl
-
-        return LmdeployImpl()
-    raise ValueError(f"unknown implementation {name!r}")
 
 
 def cases_for(scenario: str, batches, contexts, steps, block_size: int, smoke: bool) -> list[Case]:

@@ -26,7 +26,7 @@ def resident_bytes() -> int:
 
 def measure(impl_name: str, batch: int, context: int, block_size: int) -> dict:
     """Build the case with one implementation in this process and report its memory."""
-    from hybridcache.bench.cli_support import make_impl
+    from hybridcache.bench.implementations import make_impl
 
     impl = make_impl(impl_name)
     impl.setup(num_blocks=16, num_checkpoints=1, block_size=block_size, hybrid=True)  # imports, untimed

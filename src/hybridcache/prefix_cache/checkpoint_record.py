@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import enum
 import itertools
+from typing import NamedTuple
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from hybridcache.prefix_cache.node import NodePath
+from hybridcache.prefix_cache.stats import MissReason
 from hybridcache.types import NO_BLOCK, NO_SLOT, MultimodalSpan, Namespace
 
 _record_ids = itertools.count(1)
@@ -92,3 +94,18 @@ class CheckpointRecord:
             f"CheckpointRecord(id={self.record_id}, step={self.step}, anchor={self.anchor}, slot={self.slot}, "
             f"frozen={self.frozen_block}, {self.state.value}, pins={self.restore_pins}+{self.producer_pins})"
         )
+
+
+class CheckpointSearch(NamedTuple):
+    """Outcome of a checkpoint search, remembered on the sequence (``prefix_state.found``):
+    the record (None on a miss), the verified path (to the anchor on a hit), how deep the KV
+    trie holds the prefix beyond it, and the miss reason. It is reused outright while what it
+    was searched for (``window``), the index epoch and the node table's version are unchanged."""
+
+    record: CheckpointRecord | None
+    path: NodePath
+    cached_depth: int
+    reason: MissReason | None
+    window: tuple[int, int, int] = (0, 0, 0)  # what the search was for: see ``matchers.CheckpointMatcher.find``
+    epoch: int = -1  # the index's epoch when searched
+    version: int = -1  # the node table's version when searched

@@ -9,18 +9,33 @@ borrow, and every sequence's cursor lies on an exact path of its own namespace.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
+from hybridcache.memory.block_pool import BlockPool
+from hybridcache.prefix_cache.kv_lifecycle import KVLifecycle
+from hybridcache.prefix_cache.lookup import PathLookup
+from hybridcache.prefix_cache.match_txn import MatchTxn
+from hybridcache.prefix_cache.node import NodeTable
+from hybridcache.prefix_cache.token_store import TokenStore
 from hybridcache.sequence import Sequence
 
-if TYPE_CHECKING:
-    from hybridcache.prefix_cache.match_txn import MatchTxn
-    from hybridcache.prefix_cache.trie import BlockTrie
+
+class TrieParts(Protocol):
+    """What the checks read of a trie (``BlockTrie`` has it; no import of the facade here)."""
+
+    trie_id: int
+    block_size: int
+    nodes: NodeTable
+    tokens: TokenStore
+    kv: KVLifecycle
+    pool: BlockPool
+    lookup: PathLookup
+    checkpoints: object  # CheckpointLifecycle or NoCheckpoints: frozen_blocks, check_invariants
 
 
-def check_trie(trie: BlockTrie, sequences: tuple[Sequence, ...] | list[Sequence], transactions: tuple[MatchTxn, ...] | list[MatchTxn]) -> None:
+def check_trie(trie: TrieParts, sequences: tuple[Sequence, ...] | list[Sequence], transactions: tuple[MatchTxn, ...] | list[MatchTxn]) -> None:
     nodes = trie.nodes
     nodes.check_invariants()
     trie.kv.check_invariants()
@@ -47,7 +62,7 @@ def check_trie(trie: BlockTrie, sequences: tuple[Sequence, ...] | list[Sequence]
     trie.pool.check_invariants(expected)
 
 
-def _check_sequence(trie: BlockTrie, seq: Sequence) -> None:
+def _check_sequence(trie: TrieParts, seq: Sequence) -> None:
     nodes, lookup, state = trie.nodes, trie.lookup, seq.prefix_state
     for path in (state.path, state.found.path if state.found is not None else None):
         if path is not None and state.owner == trie.trie_id:

@@ -25,13 +25,11 @@ The token ranges of a hybrid hit (``B`` = block size)::
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 
 from hybridcache.prefix_cache.checkpoint_index import HIT, CheckpointIndex, VerifyStatus
 from hybridcache.prefix_cache.checkpoint_lifecycle import CheckpointLifecycle
-from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord
+from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord, CheckpointSearch
 from hybridcache.prefix_cache.lookup import PathLookup
 from hybridcache.prefix_cache.match_txn import MatchBook, MatchTxn
 from hybridcache.prefix_cache.node import NodePath, Runs
@@ -43,21 +41,6 @@ from hybridcache.sequence import Sequence
 _PROBES_BEFORE_FIRST_BLOCK_TEST = 4
 # Up to this many probes, hashing each probe block when it is probed beats one vectorized call.
 _SCALAR_PROBES = 8
-
-
-class CheckpointSearch(NamedTuple):
-    """Outcome of a checkpoint search, remembered on the sequence (``prefix_state.found``):
-    the record (None on a miss), the verified path (to the anchor on a hit), how deep the KV
-    trie holds the prefix beyond it, and the miss reason. It is reused outright while what it
-    was searched for (``window``), the index epoch and the node table's version are unchanged."""
-
-    record: CheckpointRecord | None
-    path: NodePath
-    cached_depth: int
-    reason: MissReason | None
-    window: tuple[int, int, int] = (0, 0, 0)  # what the search was for: see ``CheckpointMatcher.find``
-    epoch: int = -1  # the index's epoch when searched
-    version: int = -1  # the node table's version when searched
 
 
 class BlockMatcher:
