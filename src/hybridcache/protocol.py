@@ -1,0 +1,170 @@
+"""The engine-facing protocol: what an engine calls, in order, to serve with the prefix cache.
+
+Owns nothing between calls (every structure belongs to the pools and the trie it drives). A
+request's life is four steps:
+
+1. ``prepare(seq)`` when it arrives: ingest, exact verification, remembered on the sequence.
+2. ``admit(seq, tokens)`` when the scheduler wants to run it: match, pin the restore, free what
+   pressure needs, take a runtime state slot and the blocks of the first chunk, attach, commit;
+   or change nothing and say why (``Admission.refused``). ``extend(seq, end)`` makes room for a
+   running sequence's next chunk the same way.
+3. The forward boundaries: ``reserve_save`` / ``reserve_decode_save`` before a forward is
+   queued, ``forward_queued`` right after (publishes the save pinned and in flight, releases the
+   restore pin), and ``forward_done`` after its output (the save becomes usable, computed nodes
+   become matchable) or ``forward_failed`` (nothing it would have produced stays matchable).
+4. ``free(seq, runtime_slot)`` when it ends: blocks and checkpoints stay cached until evicted.
+
+Check, then mutate: every reason ``admit`` can refuse for is checked before its first
+allocation, so a refusal only rolls back the tentative match, which is exact.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+from hybridcache.cache import CacheComponents
+from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord
+from hybridcache.sequence import Sequence
+from hybridcache.types import NO_SAVE, NO_SLOT, as_int, ceil_div
+
+
+class Refusal(enum.Enum):
+    NOTHING_TO_RUN = "nothing_to_run"  # the token budget, or the sequence, leaves no token to compute
+    NO_STATE_SLOT = "no_state_slot"  # no runtime state slot, even after evicting a checkpoint
+    NO_KV_BLOCKS = "no_kv_blocks"  # too few KV blocks for the first chunk, even after eviction
+    RESTORE_GONE = "restore_gone"  # the selected checkpoint vanished twice between match and pin
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What ``admit`` did: the first chunk ``[start, end)``, the runtime slot and the restore
+    source (None: start from a zeroed state), or why it changed nothing."""
+
+    start: int = 0
+    end: int = 0
+    runtime_slot: int = NO_SLOT
+    restore: CheckpointRecord | None = None
+    hit_tokens: int = 0
+    refused: Refusal | None = None
+
+    @property
+    def admitted(self) -> bool:
+        return self.refused is None
+
+
+class CacheProtocol:
+    def __init__(self, components: CacheComponents) -> None:
+        self.pool = components.pool
+        self.states = components.states
+        self.trie = components.trie
+        self.checkpoints = components.trie.checkpoints
+        self.block_size = components.trie.block_size
+
+    # --- arrival and admission -------------------------------------------------------------
+
+    def prepare(self, seq: Sequence) -> None:
+        self.trie.prepare(seq)
+
+    def admit(self, seq: Sequence, tokens: int) -> Admission:
+        """Admit ``seq`` for a first chunk of at most ``tokens`` tokens, or change nothing."""
+        tokens = as_int("tokens", tokens, 0)
+        trie = self.trie
+        txn = trie.match(seq)
+        if seq.prefix_state.restore is not None and not self.checkpoints.pin_restore(seq):
+            trie.rollback(txn)  # the checkpoint vanished since the match; retry once without it
+            txn = trie.match(seq)
+            if seq.prefix_state.restore is not None and not self.checkpoints.pin_restore(seq):
+                trie.rollback(txn)
+                return Admission(refused=Refusal.RESTORE_GONE)
+        start = seq.num_computed
+        end = min(seq.num_tokens, start + tokens)
+        refused = None
+        if end <= start:
+            refused = Refusal.NOTHING_TO_RUN
+        elif not self._make_state_room():
+            refused = Refusal.NO_STATE_SLOT
+        elif not self._make_block_room(self.blocks_needed(seq, end)):
+            refused = Refusal.NO_KV_BLOCKS
+        if refused is not None:
+            trie.rollback(txn)
+            return Admission(refused=refused)
+        self.pool.grow_table(seq, end, self.block_size)
+        runtime_slot = self.states.allocate_runtime()
+        trie.allocate(seq, upto=end)
+        trie.commit(txn)
+        return Admission(start, end, runtime_slot, seq.prefix_state.restore, txn.hit_tokens)
+
+    def extend(self, seq: Sequence, end: int) -> bool:
+        """Give a running sequence the blocks of its next chunk (up to ``end`` tokens), evicting
+        what pressure needs; False (and no block taken) when they cannot be had."""
+        # Swap private duplicates of blocks already computed for their canonical trie blocks
+        # first: that frees blocks, and deciding room (or preempting) without it can livelock.
+        self.trie.allocate(seq, upto=seq.num_computed)
+        if not self._make_block_room(self.blocks_needed(seq, end)):
+            return False
+        self.pool.grow_table(seq, end, self.block_size)
+        self.trie.allocate(seq, upto=end)
+        return True
+
+    def blocks_needed(self, seq: Sequence, tokens: int) -> int:
+        """Fresh blocks ``seq``'s table needs to cover ``tokens`` tokens."""
+        return max(0, ceil_div(tokens, self.block_size) - seq.num_blocks)
+
+    def _make_block_room(self, needed: int) -> bool:
+        if self.pool.num_free < needed:
+            self.trie.free_kv_blocks(needed - self.pool.num_free)
+        return self.pool.num_free >= needed
+
+    def _make_state_room(self) -> bool:
+        if self.states.num_free_runtime == 0:
+            self.trie.free_state_slots(1)
+        return self.states.num_free_runtime > 0
+
+    # --- forward boundaries ----------------------------------------------------------------
+
+    def reserve_save(self, seq: Sequence, step: int) -> CheckpointRecord | None:
+        """Before a forward is queued: reserve a checkpoint of the state after ``step`` tokens
+        (None when none can be had now; a hybrid trie only)."""
+        if not self.trie.enabled or self.checkpoints.reserve_save(seq, step) == NO_SAVE:
+            return None
+        return seq.prefix_state.pending_save
+
+    def reserve_decode_save(self, seq: Sequence, interval: int) -> CheckpointRecord | None:
+        """Before a decode forward: the periodic decode checkpoint, at multiples of ``interval``."""
+        if not self.trie.enabled or self.checkpoints.reserve_decode_save(seq, interval) == NO_SAVE:
+            return None
+        return seq.prefix_state.pending_save
+
+    def forward_queued(self, seq: Sequence) -> None:
+        """Right after the forward carrying ``seq`` (with its restore and save copies) is
+        queued: publish the save, pinned and unusable until the output is in, and release the
+        restore pin (forwards run in queue order, so the restore copy is safe)."""
+        self.checkpoints.publish_save(seq, pin=True, in_flight=True)
+        self.checkpoints.unpin_restore(seq)
+
+    def forward_done(self, seq: Sequence, start: int, expert_rows: np.ndarray | None = None) -> None:
+        """The forward's output is in and ``seq`` computed ``[start, end)`` (its step already set
+        by the caller): the save becomes usable, its pending nodes matchable, and its
+        routed-expert rows (when it records them) join the cached blocks."""
+        self.checkpoints.unpin_save(seq)
+        if expert_rows is not None and seq.want_routed_experts and seq.num_routed_experts == start:
+            seq.append_routed_experts(expert_rows)
+        self.trie.mark_computed(seq, start)
+        self.trie.cache_routed_experts(seq)
+
+    def forward_failed(self, seq: Sequence) -> None:
+        """The forward carrying ``seq`` failed: drop its save and detach what it attached for
+        blocks it did not write. The caller then frees or requeues the sequence."""
+        self.checkpoints.abandon_save(seq)
+        self.trie.discard_pending(seq)
+
+    # --- end -------------------------------------------------------------------------------
+
+    def free(self, seq: Sequence, runtime_slot: int = NO_SLOT) -> None:
+        """Release what a finished, cancelled or preempted sequence holds."""
+        self.trie.free_sequence(seq)
+        if runtime_slot != NO_SLOT:
+            self.states.free_runtime(runtime_slot)
