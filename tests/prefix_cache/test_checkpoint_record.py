@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from hybridcache.prefix_cache.checkpoint_record import (
-    NO_BLOCK,
     CheckpointRecord,
     CheckpointState,
     anchor_step,
@@ -19,6 +18,7 @@ from hybridcache.prefix_cache.checkpoint_record import (
 )
 from hybridcache.prefix_cache.node import NodePath
 from hybridcache.sequence import MultimodalSpan, Namespace
+from hybridcache.types import NO_BLOCK
 
 from ._helpers import B, tokens
 from ._hybrid import make_hybrid, produce

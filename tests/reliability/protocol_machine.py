@@ -47,7 +47,8 @@ from hybridcache.errors import InvalidStepError, OutOfBlocksError
 from hybridcache.memory.block_pool import BlockPool
 from hybridcache.memory.state_pool import SlotRole, StatePool
 from hybridcache.prefix_cache import BlockKeyer, BlockTrie, MatchTxn
-from hybridcache.prefix_cache.checkpoint_record import NO_BLOCK, CheckpointRecord, CheckpointState
+from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord, CheckpointState
+from hybridcache.types import NO_BLOCK
 from hybridcache.sequence import MultimodalSpan, Sequence
 
 from tests.keyers import TwoBitKeyer

@@ -1,9 +1,9 @@
 """Checkpoint lifecycle: reserve, publish, pin, unpin, release, evict, stale cleanup.
 
-Owns: every live checkpoint record, its checkpoint-role state slot, its frozen KV block, its
-pins, the records of each anchor node, and two eviction heaps (``lru.EvictionHeap``: all
-published records, and published records that own a frozen block). It also writes the checkpoint fields of a
-sequence's ``prefix_state`` (pending save, restore selection, producer pin, decode checkpoint).
+Owns: the transitions of checkpoint records (reserve, publish, pin, unpin, abandon) and the
+checkpoint fields of a sequence's ``prefix_state`` (pending save, restore selection, producer
+pin, decode checkpoint). The live records, their slots and frozen blocks, and the eviction
+order belong to ``CheckpointStore`` (checkpoint_store.py), which this class extends.
 
 States: absent -> RESERVED (slot and frozen block held, save in flight, not matchable) ->
 PUBLISHED (indexed, matchable) -> RELEASED. Pins (restore pins, the producer pin) overlay a
@@ -17,13 +17,11 @@ nothing, and a checkpoint that keeps serving hits outlives a newer one that does
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 from hybridcache.errors import (
-    AlreadyPublishedError,
     ForeignSequenceError,
     InvalidArgumentError,
     InvalidStepError,
@@ -36,29 +34,18 @@ from hybridcache.errors import (
 )
 from hybridcache.memory.block_pool import BlockPool
 from hybridcache.memory.state_pool import SlotRole, StatePool
-from hybridcache.prefix_cache.checkpoint_index import CheckpointIndex, Verdict, VerifyStatus
-from hybridcache.prefix_cache.checkpoint_record import (
-    NO_BLOCK,
-    CheckpointRecord,
-    CheckpointState,
-    anchor_step,
-)
-from hybridcache.prefix_cache.lru import EvictionHeap
+from hybridcache.prefix_cache.checkpoint_index import CheckpointIndex
+from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord, CheckpointState, anchor_step
+from hybridcache.prefix_cache.checkpoint_store import CheckpointStore
 from hybridcache.prefix_cache.node import NodeTable
 from hybridcache.sequence import Sequence
-from hybridcache.types import NO_SAVE, as_int
+from hybridcache.types import NO_BLOCK, NO_SAVE, as_int
 
 
 
-@dataclass(frozen=True)
-class Released:
-    records: int
-    frozen_blocks: int
-
-_HEAP_SLACK = 64  # stale entries tolerated beyond twice the live records before compaction
 
 
-class CheckpointLifecycle:
+class CheckpointLifecycle(CheckpointStore):
     def __init__(
         self,
         nodes: NodeTable,
@@ -75,48 +62,13 @@ class CheckpointLifecycle:
         claimed by another trie is refused by every call that takes one. ``score(record)``
         orders both eviction heaps (lowest goes first; default: the record's recency stamp):
         the eviction policy seam (see ``lru``)."""
-        if isinstance(max_per_anchor, bool) or not isinstance(max_per_anchor, int) or max_per_anchor < 1:
-            raise InvalidArgumentError("max_per_anchor must be an int >= 1")
-        self._nodes = nodes
-        self._index = index
-        self._pool = pool
-        self._states = states
-        self._block_size = block_size
-        self._max_per_anchor = max_per_anchor
+        super().__init__(nodes, index, pool, states, block_size, max_per_anchor, score)
         self._owner = owner
-        self._by_anchor: dict[int, list[CheckpointRecord]] = {}
-        self._lru = self._eviction_heap(score)  # published records (state-slot pressure)
-        self._frozen_lru = self._eviction_heap(score)  # published partial records (KV pressure)
-        self._num_live = 0
-
-    # --- queries -------------------------------------------------------------------------------
-
-    @property
-    def index(self) -> CheckpointIndex:
-        return self._index
-
-    @property
-    def num_live(self) -> int:
-        return self._num_live
 
     def invalidate_searches(self) -> None:
         """Something that could turn a remembered miss into a hit happened (blocks computed,
         routed-expert rows cached): remembered checkpoint searches are redone."""
         self._index.invalidate_searches()
-
-    def records_at(self, anchor: int) -> tuple[CheckpointRecord, ...]:
-        return tuple(self._by_anchor.get(anchor, ()))
-
-    def live_records(self) -> list[CheckpointRecord]:
-        return [record for records in self._by_anchor.values() for record in records]
-
-    def is_anchor_protected(self, anchor: int) -> bool:
-        """A node anchoring a pinned record must not be evicted."""
-        return any(record.pin_count for record in self._by_anchor.get(anchor, ()))
-
-    @property
-    def metadata_bytes(self) -> int:
-        return sum(record.metadata_bytes for record in self.live_records())
 
     def _require_own(self, seq: Sequence) -> None:
         if not isinstance(seq, Sequence):
@@ -124,8 +76,6 @@ class CheckpointLifecycle:
         owner = seq.prefix_state.owner
         if owner >= 0 and owner != self._owner:
             raise ForeignSequenceError("the sequence belongs to another trie")
-
-    # --- reserve -------------------------------------------------------------------------------
 
     def reserve_save(self, seq: Sequence, step: int | None = None, *, is_decode: bool = False) -> int:
         """Reserve a checkpoint of ``seq``'s state after ``step`` tokens (default: all valid
@@ -182,8 +132,7 @@ class CheckpointLifecycle:
             is_decode=is_decode,
         )
         self._attach_tail_experts(seq, record)
-        self._by_anchor.setdefault(anchor, []).append(record)
-        self._num_live += 1
+        self._add(record)
         seq.prefix_state.pending_save = record
         return slot
 
@@ -244,8 +193,6 @@ class CheckpointLifecycle:
             if record.tail_experts is not None:
                 waiting.remove(record)
 
-    # --- discard and publish ---------------------------------------------------------------
-
     def discard_save(self, seq: Sequence) -> bool:
         """Drop the sequence's unpublished reservation (its forward was abandoned)."""
         self._require_own(seq)
@@ -305,29 +252,6 @@ class CheckpointLifecycle:
             and self._states.role_of(record.slot) is SlotRole.CHECKPOINT
             and (record.frozen_block == NO_BLOCK or self._pool.refcount_of(record.frozen_block) == 1)
         )
-
-    def publish(self, record: CheckpointRecord) -> None:
-        """Index a reserved record. Publishing twice, or a released record, raises."""
-        if record.state is CheckpointState.PUBLISHED:
-            raise AlreadyPublishedError(f"{record} is already published")
-        if record.state is not CheckpointState.RESERVED:
-            raise LifecycleError(f"{record} was released")
-        self._index.add(record)
-        record.state = CheckpointState.PUBLISHED
-        self._touch(record)
-
-    def _enforce_anchor_cap(self, newest: CheckpointRecord) -> None:
-        published = [r for r in self._by_anchor.get(newest.anchor, ()) if r.is_published]
-        surplus = len(published) - self._max_per_anchor
-        if surplus <= 0:
-            return
-        for record in sorted((r for r in published if r is not newest and r.pin_count == 0), key=lambda r: r.stamp):
-            if surplus == 0:
-                break
-            self.release(record)
-            surplus -= 1
-
-    # --- pins ----------------------------------------------------------------------------------
 
     def select_restore(self, seq: Sequence, record: CheckpointRecord) -> None:
         self._require_own(seq)
@@ -410,94 +334,6 @@ class CheckpointLifecycle:
         else:
             record.restore_pins -= 1
 
-    # --- release and eviction --------------------------------------------------------------
-
-    def release(self, record: CheckpointRecord) -> None:
-        """Return a record's slot and frozen block. A pinned record raises; releasing twice
-        raises."""
-        if record.pin_count:
-            raise PinnedError(f"cannot release pinned {record}")
-        if record.state is CheckpointState.RELEASED:
-            raise LifecycleError(f"{record} was already released")
-        self._release(record)
-
-    def _release(self, record: CheckpointRecord) -> None:
-        if record.state is CheckpointState.PUBLISHED:
-            self._index.remove(record)
-        record.state = CheckpointState.RELEASED
-        if record.frozen_block != NO_BLOCK:
-            self._pool.unref([record.frozen_block])
-        self._states.free_checkpoint(record.slot)
-        records = self._by_anchor[record.anchor]
-        records.remove(record)
-        if not records:
-            del self._by_anchor[record.anchor]
-        self._num_live -= 1
-
-    def release_anchored(self, anchor: int) -> Released:
-        """Release every record on an anchor that was just evicted (none can be pinned)."""
-        records = list(self._by_anchor.get(anchor, ()))
-        frozen = sum(record.frozen_block != NO_BLOCK for record in records)
-        for record in records:
-            self._release(record)
-        return Released(records=len(records), frozen_blocks=frozen)
-
-    def evict(self, count: int) -> int:
-        """Release up to ``count`` least recently used unpinned published records (state-slot
-        pressure). Returns how many were released."""
-        return self._evict_from(self._lru, count)
-
-    def evict_frozen(self, count: int) -> int:
-        """Release up to ``count`` least recently used partial records (KV pressure); each one
-        frees one frozen block. Returns how many were released."""
-        return self._evict_from(self._frozen_lru, count)
-
-    def _evict_from(self, heap: EvictionHeap[CheckpointRecord], count: int) -> int:
-        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
-            raise InvalidArgumentError("count must be a non-negative int")
-        released = 0
-        set_aside = []
-        while released < count:
-            entry = heap.pop()
-            if entry is None:
-                break
-            record = entry[3]
-            if record.pin_count:
-                set_aside.append(entry)
-                continue
-            self._release(record)
-            released += 1
-        heap.restore(set_aside)
-        return released
-
-    @staticmethod
-    def _eviction_heap(score: Callable[[CheckpointRecord], object] | None = None) -> EvictionHeap[CheckpointRecord]:
-        """Records by ``score`` (recency by default); an entry is live while its record is
-        published with the stamp it was filed under (every touch files the record again)."""
-        return EvictionHeap(score or _stamp_of, _id_of, _filed_and_published, _HEAP_SLACK)
-
-    def _touch(self, record: CheckpointRecord) -> None:
-        record.stamp = self._pool.tick()
-        self._lru.push(record, record.stamp, self._num_live)
-        if record.is_partial:
-            self._frozen_lru.push(record, record.stamp, self._num_live)
-
-    # --- stale cleanup ---------------------------------------------------------------------
-
-    def clean_stale(self, record: CheckpointRecord, key: tuple[int, int], verdict: Verdict) -> None:
-        """Act on a non-hit verdict from matching: drop a stale index entry, release a stale
-        record unless it is pinned. A request mismatch changes nothing."""
-        if verdict.status is VerifyStatus.STALE_INDEX_ENTRY:
-            self._index.remove(record, key)
-        elif verdict.status is VerifyStatus.STALE_CHECKPOINT:
-            if record.pin_count:
-                return
-            self._index.remove(record, key)
-            if record.state is not CheckpointState.RELEASED:
-                self._release(record)
-
-    # --- sequences -------------------------------------------------------------------------
-
     def forget_sequence(self, seq: Sequence) -> None:
         """A sequence ends: drop its reservation and restore pin; the producer pin stays until
         the engine's output boundary releases it."""
@@ -510,39 +346,9 @@ class CheckpointLifecycle:
         state.records_missing_experts = []
 
     def check_invariants(self, sequences=()) -> None:
-        """Every live record owns one checkpoint slot (and at most one frozen block with a single
-        reference); published records are indexed exactly once under their key on an attached
-        anchor; nothing released is indexed; pins are held by sequences."""
-        self._states.check_invariants()
+        """The records' invariants, and that every pin is held by one of ``sequences``."""
+        self._check_records()
         live = self.live_records()
-        assert len(live) == self._num_live, "live record count drifted"
-        slots = [record.slot for record in live]
-        assert len(set(slots)) == len(slots), "two records share a state slot"
-        assert self._states.num_checkpoint == len(live), "checkpoint slots differ from live records"
-        for record in live:
-            assert self._states.role_of(record.slot) is SlotRole.CHECKPOINT
-            assert record.state is not CheckpointState.RELEASED
-            assert record.pin_count >= 0 and record.restore_pins >= 0 and record.producer_pins >= 0
-            if record.frozen_block != NO_BLOCK:
-                assert self._pool.refcount_of(record.frozen_block) == 1, "frozen block shared"
-            if record.is_published:
-                assert self._nodes.is_valid(record.anchor, record.anchor_generation), "published on a detached anchor"
-                assert int(self._nodes.depth[record.anchor]) == record.step // self._block_size
-                assert (record.anchor_path.node, record.anchor_path.generation) == (
-                    record.anchor,
-                    record.anchor_generation,
-                ), "a record keeps another node's path"
-                self._nodes.check_path(record.anchor_path)
-            elif record.state is CheckpointState.RESERVED:
-                assert record.pin_count == 0, "a reservation is pinned"
-        entries = list(self._index.entries())
-        indexed = [record for _, record in entries]
-        assert len({id(r) for r in indexed}) == len(indexed), "a record is indexed twice"
-        for key, record in entries:
-            assert record.is_published and key == record.key, "stale or foreign index entry"
-        assert {id(r) for r in indexed} == {id(r) for r in live if r.is_published}, "published record not indexed"
-        frozen = [r.frozen_block for r in live if r.frozen_block != NO_BLOCK]
-        assert len(set(frozen)) == len(frozen), "two records share a frozen block"
         restore_pins = {}
         producer_pins = {}
         for seq in sequences:
@@ -555,23 +361,6 @@ class CheckpointLifecycle:
             for record in live:
                 assert record.restore_pins == restore_pins.get(id(record), 0), "restore pins without owners"
                 assert record.producer_pins == producer_pins.get(id(record), 0), "producer pins without owners"
-
-    def frozen_blocks(self) -> list[int]:
-        return [r.frozen_block for r in self.live_records() if r.frozen_block != NO_BLOCK]
-
-
-# Module-level (not lambdas) so that a lifecycle pickles.
-def _stamp_of(record: CheckpointRecord) -> int:
-    return record.stamp
-
-
-def _id_of(record: CheckpointRecord) -> int:
-    return record.record_id
-
-
-def _filed_and_published(record: CheckpointRecord, stamp: int) -> bool:
-    return record.is_published and record.stamp == stamp
-
 
 def _frozen_copy(array: np.ndarray) -> np.ndarray:
     copy = np.array(array, copy=True)

@@ -24,7 +24,7 @@ import numpy as np
 
 from hybridcache.prefix_cache.node import NodePath
 from hybridcache.prefix_cache.stats import MissReason
-from hybridcache.types import NO_BLOCK, NO_SLOT, MultimodalSpan, Namespace
+from hybridcache.types import MultimodalSpan, Namespace
 
 _record_ids = itertools.count(1)
 

@@ -9,7 +9,7 @@ the checkpoint side unconditionally instead of asking which kind of trie they ho
 
 from __future__ import annotations
 
-from hybridcache.prefix_cache.checkpoint_lifecycle import Released
+from hybridcache.prefix_cache.checkpoint_store import Released
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord
 from hybridcache.sequence import Sequence
 from hybridcache.types import NO_SAVE
