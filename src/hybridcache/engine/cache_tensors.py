@@ -18,7 +18,7 @@ from typing import Iterable
 
 import torch
 
-from hybridcache.engine.model import TinyHybridConfig, torch_dtype
+from hybridcache.engine.tiny_config import TinyHybridConfig, torch_dtype
 from hybridcache.errors import InvalidArgumentError, InvalidBlockIdError, InvalidTypeError
 
 
