@@ -22,11 +22,16 @@ class CacheComponents:
     pool: BlockPool
     states: StatePool
     trie: BlockTrie
+    eviction: object | None = None  # the eviction policy state the trie's heaps score with
 
 
-def build_cache(config: CacheConfig, *, track_pending: bool = False) -> CacheComponents:
+def build_cache(config: CacheConfig, *, track_pending: bool = False, eviction: object | None = None) -> CacheComponents:
+    """``eviction``: an eviction policy state (``hybridcache.policies``: ``kv_score``,
+    ``checkpoint_score``, ``bind``) or None for the library's recency order."""
     if not isinstance(config, CacheConfig):
         raise InvalidTypeError("config must be a CacheConfig")
+    if eviction is not None and not all(hasattr(eviction, name) for name in ("kv_score", "checkpoint_score", "bind")):
+        raise InvalidTypeError("eviction must be an eviction policy state (kv_score, checkpoint_score, bind)")
     pool = BlockPool(config.num_kv_blocks)
     states = StatePool(config.num_state_slots, checkpoint_budget=config.checkpoint_budget)
     keyer = BlockKeyer.deterministic(config.block_size) if config.deterministic_keys else None
@@ -38,5 +43,9 @@ def build_cache(config: CacheConfig, *, track_pending: bool = False) -> CacheCom
         state_pool=states if config.hybrid else None,
         max_checkpoints_per_anchor=config.max_checkpoints_per_anchor,
         track_pending=track_pending,
+        kv_score=None if eviction is None else eviction.kv_score,
+        checkpoint_score=None if eviction is None else eviction.checkpoint_score,
     )
-    return CacheComponents(pool, states, trie)
+    if eviction is not None:
+        eviction.bind(trie)
+    return CacheComponents(pool, states, trie, eviction)

@@ -18,7 +18,7 @@ Owns nothing between runs: each run builds its engines and its conversations' hi
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol
 
 import numpy as np
@@ -179,7 +179,10 @@ def run_demo(console: Console, seed: int = 0, model_dir: str | None = None, dtyp
     console.print(_table(uncached, cached, "the tiny hybrid model" if model_dir is None else str(model_dir)))
     later = cached[1:]
     later_rate = sum(r.cached_tokens for r in later) / max(1, sum(r.prompt_tokens for r in later))
-    console.print(f"hit rate for turns 2-{TURNS}: {later_rate:.1%}")
+    reference, _ = serve(replace(engine_config(True, model), checkpoint_policy="reference"), make_turns, lambda: None)
+    reference_rate = sum(r.cached_tokens for r in reference[1:]) / max(1, sum(r.prompt_tokens for r in reference[1:]))
+    policy = engine_config(True, model).checkpoint_policy
+    console.print(f"hit rate for turns 2-{TURNS}: {later_rate:.1%} (checkpoint policy {policy}; the reference rule: {reference_rate:.1%})")
     text = isinstance(cached_turns, ChatTurns)
     console.print(f"turns: {'text through the checkpoint' + chr(39) + 's chat template' if text else 'random token ids'}")
     if text:

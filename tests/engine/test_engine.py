@@ -462,3 +462,32 @@ def test_generate_validates_every_request_before_queueing_any():
 def test_engine_config_rejects_bad_batching_limits_at_construction():
     with pytest.raises(InvalidConfigError):
         config(max_running=0)
+
+
+@pytest.mark.parametrize("length", [25, 33])
+def test_identical_prompt_hits_up_to_its_last_block_boundary_without_chunk_end_checkpoints(length):
+    # the reference rule caches nothing here: its only checkpoint sits at the prompt end, and a
+    # hit must stop before the last prompt token; auto also checkpoints the last block boundary
+    request = Request(prompt=tokens(length, 4), max_new_tokens=3)
+    for policy, expected in (("reference", 0), ("auto", (length - 1) // 8 * 8)):
+        engine = Engine(config(checkpoint_chunk_ends=False, checkpoint_policy=policy))
+        first = engine.generate([request])[0]
+        second = engine.generate([request])[0]
+        assert second.cached_tokens == expected and second.tokens == first.tokens
+        engine.check_invariants()
+
+
+def test_branch_point_gets_a_checkpoint_in_the_engine():
+    # the second request reveals where it leaves the first one's path (block 3); the engine ends
+    # a prefill chunk there and checkpoints it, so the third resumes at the branch point
+    shared = tokens(24, 6)
+    prompts = [np.concatenate([shared, tokens(19, seed)]) for seed in (7, 8, 9)]
+    engine = Engine(config(checkpoint_chunk_ends=False, checkpoint_policy="marconi", prefill_chunk=64))
+    hits = [engine.generate([Request(prompt=p, max_new_tokens=2)])[0].cached_tokens for p in prompts]
+    assert hits == [0, 0, 24]
+    engine.check_invariants()
+
+
+def test_unknown_checkpoint_policy_is_refused():
+    with pytest.raises(InvalidConfigError, match="checkpoint_policy"):
+        config(checkpoint_policy="lfu")

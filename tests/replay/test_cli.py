@@ -44,7 +44,7 @@ def test_replay_with_separate_budgets(tmp_path):
 def test_replay_refuses_bad_options(tmp_path, capsys):
     trace = write_lines(tmp_path / "t.jsonl", ROWS)
     cases = [
-        (["--cache-bytes", "1GB", "--policy", "marconi"], "not implemented yet"),
+        (["--cache-bytes", "1GB", "--policy", "lfu"], "unknown policy"),
         (["--cache-bytes", "1GB", "--kv-bytes", "1GB", "--state-bytes", "1GB"], "not both"),
         (["--kv-bytes", "1GB"], "equal length"),
         (["--cache-bytes", "lots"], "cannot parse size"),

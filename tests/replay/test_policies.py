@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from hybridcache.errors import InvalidArgumentError
+from hybridcache.policies import TurnView
 from hybridcache.replay.policies import IntervalAdmission, LRUEviction, ReferenceAdmission, resolve_policy
 from tests.replay._helpers import budget, request, run
 
@@ -22,15 +23,13 @@ def test_resolve_names():
 
 
 @pytest.mark.parametrize("policy, admission, eviction, message", [
-    ("marconi", None, None, "not implemented yet"),
-    ("auto", None, None, "not implemented yet"),
     ("lfu", None, None, "unknown policy 'lfu'"),
     ("interval", None, None, "positive int argument"),
     ("interval:0", None, None, "positive int argument"),
     ("interval:x", None, None, "positive int argument"),
     ("reference:3", None, None, "takes no argument"),
     ("reference", "branch", None, "unknown admission 'branch'"),
-    ("reference", None, "marconi", "not implemented yet"),
+    ("reference", None, "marconi:-1", "alpha"),
     ("", None, None, "non-empty"),
 ])
 def test_unknown_or_malformed_names_are_refused(policy, admission, eviction, message):
@@ -40,11 +39,11 @@ def test_unknown_or_malformed_names_are_refused(policy, admission, eviction, mes
 
 def test_plans():
     reference = ReferenceAdmission(2048)
-    assert reference.plan(0, 5000, 5100) == [(2048, True), (4096, True), (5000, True), (5100, True)]
-    assert reference.plan(1000, 5000, 5000) == [(3048, True), (5000, True)]
+    assert reference.save_steps(TurnView(0, 5000, 5100, 0, 32)) == (2048, 4096, 5000, 5100)
+    assert reference.save_steps(TurnView(1000, 5000, 5000, 0, 32)) == (3048, 5000)
     interval = IntervalAdmission(32)
-    assert interval.plan(0, 100, 130) == [(32, True), (64, True), (96, True), (100, False), (128, True), (130, False)]
-    assert interval.plan(64, 96, 96) == [(96, True)]
+    assert interval.save_steps(TurnView(0, 100, 130, 0, 32)) == (32, 64, 96, 128)
+    assert interval.save_steps(TurnView(64, 96, 96, 0, 32)) == (96,)
 
 
 def test_reference_identical_prompt_hits_the_last_chunk_end():

@@ -46,6 +46,7 @@ from hybridcache.errors import (
 )
 from hybridcache.cache import build_cache
 from hybridcache.config import CacheConfig
+from hybridcache.policies import DEFAULT_POLICY, resolve_policy
 from hybridcache.scheduler.scheduler import ScheduledBatch, ScheduledChunk, Scheduler, SchedulerConfig, ServingSequence
 from hybridcache.sequence import MultimodalSpan, Sequence
 from hybridcache.types import as_bool, as_int, as_names, as_ordered, ceil_div
@@ -81,6 +82,7 @@ class EngineConfig:
     adapters: tuple[str, ...] | None = None
     shared_write_guard: bool = True
     max_checkpoints_per_anchor: int = 4
+    checkpoint_policy: str = DEFAULT_POLICY  # where to checkpoint and what to keep (hybridcache.policies)
 
     def __post_init__(self) -> None:
         """Validate every field now (never first at ``Engine`` construction) and refuse
@@ -131,6 +133,7 @@ class EngineConfig:
             prefill_chunk=self.prefill_chunk,
             decode_checkpoint_interval=self.decode_checkpoint_interval,
             checkpoint_chunk_ends=self.checkpoint_chunk_ends,
+            checkpoint_policy=self.checkpoint_policy,
         )
 
 
@@ -173,9 +176,12 @@ class Engine:
         self.cache = self.model.new_storage(
             num_blocks=config.num_kv_blocks, block_size=config.block_size, num_state_slots=config.num_state_slots
         )
-        built = build_cache(config.cache_config(hybrid=self.model.layout.is_hybrid), track_pending=True)
+        eviction = resolve_policy(config.checkpoint_policy).eviction.new_state(None)
+        built = build_cache(
+            config.cache_config(hybrid=self.model.layout.is_hybrid), track_pending=True, eviction=eviction
+        )
         self.pool, self.states, self.trie = built.pool, built.states, built.trie
-        self.scheduler = Scheduler(config.scheduler_config(), self.pool, self.states, self.trie)
+        self.scheduler = Scheduler(config.scheduler_config(), self.pool, self.states, self.trie, built.eviction)
         self._entries: dict[int, ServingSequence] = {}
         self._ids = itertools.count()
         self._queue: deque[_QueuedForward] = deque()

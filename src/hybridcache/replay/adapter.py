@@ -51,6 +51,7 @@ class Turn:
     hit_tokens: int = 0
     restored_from: int | None = None  # the producer sequence id of the restored checkpoint
     restored_step: int = 0
+    branch: int = 0  # whole-block tokens the cache held as KV when the turn was prepared
 
     @property
     def seq_id(self) -> int:
@@ -58,7 +59,8 @@ class Turn:
 
 
 class CacheAdapter:
-    def __init__(self, geometry: PoolGeometry) -> None:
+    def __init__(self, geometry: PoolGeometry, eviction: object | None = None) -> None:
+        """``eviction``: the eviction policy state the trie's heaps score with (None = LRU)."""
         self.geometry = geometry
         config = CacheConfig(
             block_size=geometry.block_size,
@@ -68,21 +70,23 @@ class CacheAdapter:
             checkpoint_budget=geometry.checkpoint_slots,
             hybrid=True,
         )
-        components = build_cache(config, track_pending=True)  # as the engine builds its cache
+        components = build_cache(config, track_pending=True, eviction=eviction)  # as the engine does
         self.pool, self.states, self.trie = components.pool, components.states, components.trie
         self.checkpoints = self.trie.checkpoints
+        self.eviction = eviction
         self.evicted_for_slots = 0
         self.released_over_anchor_cap = 0
 
     def start_turn(self, prompt: np.ndarray) -> Turn:
         seq = Sequence(prompt)
         self.trie.prepare(seq)
-        return Turn(seq)
+        return Turn(seq, branch=self.trie.cached_prefix_tokens(seq))
 
-    def admit(self, turn: Turn, chunk_tokens: int) -> int | None:
-        """Admit the turn for a first chunk of at most ``chunk_tokens``; its end, or None when
-        the pools cannot hold it even after eviction."""
-        admitted = try_admit(turn.seq, self.trie, self.pool, self.states, chunk_tokens, chunk_tokens)
+    def admit(self, turn: Turn, chunk_tokens: int, stop_at=None) -> int | None:
+        """Admit the turn for a first chunk of at most ``chunk_tokens``, ended earlier where
+        ``stop_at(start)`` says; its end, or None when the pools cannot hold it even after
+        eviction."""
+        admitted = try_admit(turn.seq, self.trie, self.pool, self.states, chunk_tokens, chunk_tokens, stop_at)
         if admitted is None:
             return None
         turn.runtime_slot, turn.hit_tokens = admitted.runtime_slot, admitted.hit_tokens
@@ -100,14 +104,17 @@ class CacheAdapter:
         trie.allocate(seq, upto=end)
         return True
 
-    def forward(self, turn: Turn, end: int, save: bool) -> bool:
+    def forward(self, turn: Turn, end: int, save: str | None, parent_step: int = 0) -> bool:
         """Run the chunk ending at ``end`` (blocks allocated), saving a checkpoint there when
-        asked. Returns whether a checkpoint was published."""
+        ``save`` names why (the eviction policy is told, with the step of the state it is
+        computed from). Returns whether a checkpoint was published."""
         seq, checkpoints, states = turn.seq, self.checkpoints, self.states
-        if save:
+        if save is not None:
             before = states.num_checkpoint
             slot = checkpoints.reserve_save(seq, end)
             self.evicted_for_slots += before - states.num_checkpoint + (slot >= 0)
+            if slot >= 0 and self.eviction is not None:
+                self.eviction.note_save(seq.prefix_state.pending_save, parent_step, save)
         published = checkpoints.publish_save(seq, pin=True, in_flight=True)
         checkpoints.unpin_restore(seq)
         before = states.num_checkpoint

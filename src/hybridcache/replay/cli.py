@@ -111,7 +111,10 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     with Progress(console=console, transient=True) as progress:
         for policy, budget in runs:
             task = progress.add_task(f"{policy.name} @ {_budget_label(budget)}", total=len(requests))
-            record = replay(requests, profile, policy, budget, args.block_size, progress=lambda: progress.advance(task))
+            record = replay(
+                requests, profile, policy, budget, args.block_size,
+                prefill_chunk=args.prefill_chunk, progress=lambda: progress.advance(task),
+            )
             record = with_ttft({"trace": args.trace, **record, **context}, args.device_tflops)
             record["bound_fraction"] = record["token_hit_rate"] / bound.token_hit_rate if bound.token_hit_rate else 0.0
             records.append(record)

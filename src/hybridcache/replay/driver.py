@@ -17,6 +17,7 @@ checkpoint (interval: N; reference: mean prompt / (ceil(mean prompt / chunk) + 1
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Sequence as SequenceLike
 from dataclasses import dataclass
@@ -24,12 +25,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from hybridcache.errors import InvalidArgumentError, InvalidTypeError
+from hybridcache.types import as_int
 from hybridcache.profiles import ModelProfile
 from hybridcache.replay.adapter import CacheAdapter, PoolGeometry, Turn
-from hybridcache.replay.policies import Policy
+from hybridcache.policies import Policy, TurnView, first_end, kind_of_step
+from hybridcache.policies.eviction import MarconiState
+from hybridcache.policies.tuning import AlphaTuner
 from hybridcache.workloads.records import Request
 
 DEFAULT_BLOCK_SIZE = 32  # Marconi's vLLM+ block; interval:32 checkpoints stay block aligned
+DEFAULT_PREFILL_CHUNK = 2048  # the engine's prefill chunk: no chunk allocates more blocks at once
 DEFAULT_DEVICE_TFLOPS = 400.0  # ~40 % of an H100's dense BF16 peak: the TTFT estimate's device
 
 
@@ -72,29 +77,78 @@ class _Counters:
 Observer = Callable[[CacheAdapter, Request, Turn], None]
 
 
-def _serve(adapter: CacheAdapter, request: Request, policy: Policy, counters: _Counters) -> Turn:
-    """One turn: admission, the planned chunks with their checkpoints, release."""
+def _serve(adapter: CacheAdapter, request: Request, policy: Policy, counters: _Counters, chunk: int) -> Turn:
+    """One turn: admission, prefill chunks of at most ``chunk`` tokens from the resume point
+    (as the engine's scheduler cuts them) also ended at every planned checkpoint, the output
+    as one more chunk, release."""
     admission = policy.admission
     turn = adapter.start_turn(request.prompt)
     prompt_length = request.prompt_length
     final_end = prompt_length + max(0, request.output_length - 1)
-    first_end = adapter.admit(turn, admission.first_chunk_tokens())
-    if first_end is None:
+    block_size = adapter.geometry.block_size
+
+    def view(start: int) -> TurnView:
+        return TurnView(start, prompt_length, final_end, min(turn.branch, prompt_length), block_size)
+
+    def stop_at(start: int) -> int:
+        return min(start + chunk, first_end(admission.save_steps(view(start)), view(start)))
+
+    first = adapter.admit(turn, prompt_length, stop_at)
+    if first is None:
         counters.dropped += 1
         adapter.finish(turn)
         return turn
-    plan = admission.plan(turn.hit_tokens, prompt_length, final_end)
-    saves = dict(plan)
-    ends = [first_end] + [end for end, _ in plan if end > first_end]
+    turn_view = view(turn.hit_tokens)
+    saves = admission.save_steps(turn_view)
+    grid = range(turn.hit_tokens + chunk, prompt_length, chunk)
+    ends = sorted(end for end in {first, *saves, *grid, prompt_length, final_end} if end >= first)
+    parent = turn.hit_tokens
     for index, end in enumerate(ends):
         if index and not adapter.grow(turn, end):
             counters.dropped += 1
             break
-        counters.checkpoints_written += adapter.forward(turn, end, saves.get(end, False))
+        kind = kind_of_step(turn_view, end) if end in saves else None
+        if adapter.forward(turn, end, kind, parent):
+            counters.checkpoints_written += 1
+            parent = end
         if end == prompt_length:
             adapter.append(turn, request.output)
     adapter.finish(turn)
     return turn
+
+
+class _Tuning:
+    """Marconi's alpha autotuning inside one replay (``policies.tuning``): a snapshot of the
+    cache at the first eviction, the bootstrap window replayed from it once per weight."""
+
+    def __init__(self, adapter: CacheAdapter, policy: Policy, prefill_chunk: int) -> None:
+        self.adapter, self.policy, self.chunk = adapter, policy, prefill_chunk
+        self.tuner = AlphaTuner() if isinstance(adapter.eviction, MarconiState) else None
+        self.snapshot: CacheAdapter | None = None
+
+    def after(self, request: Request) -> None:
+        tuner = self.tuner
+        if tuner is None or tuner.tuned:
+            return
+        tuner.record(request)
+        if tuner.wants_snapshot(_evicted(self.adapter)):
+            self.snapshot = copy.deepcopy(self.adapter)
+            tuner.took_snapshot()
+        elif tuner.due():
+            hits = {alpha: self._replay_window(alpha) for alpha in tuner.grid}
+            self.adapter.eviction.set_alpha(tuner.choose(hits))
+            self.snapshot = None
+
+    def _replay_window(self, alpha: float) -> int:
+        trial = copy.deepcopy(self.snapshot)
+        trial.eviction.set_alpha(alpha)
+        scratch = _Counters()
+        return sum(_serve(trial, request, self.policy, scratch, self.chunk).hit_tokens for request in self.tuner.window)
+
+
+def _evicted(adapter: CacheAdapter) -> bool:
+    stats = adapter.trie.stats
+    return bool(stats.evicted_blocks or stats.evicted_checkpoints or adapter.evicted_for_slots)
 
 
 def replay(
@@ -104,16 +158,20 @@ def replay(
     budget: Budget,
     block_size: int = DEFAULT_BLOCK_SIZE,
     *,
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     progress: Callable[[], None] | None = None,
     observer: Observer | None = None,
 ) -> dict:
     """Serve ``requests`` in order; returns the run's measurements (see ``_record``)."""
     _validate(requests, profile, policy, budget)
-    adapter = CacheAdapter(pool_geometry(budget, profile, block_size))
+    prefill_chunk = as_int("prefill_chunk", prefill_chunk, 1)
+    adapter = CacheAdapter(pool_geometry(budget, profile, block_size), policy.eviction.new_state(profile))
     counters = _Counters()
+    tuning = _Tuning(adapter, policy, prefill_chunk)
     began = time.perf_counter()
     for request in requests:
-        turn = _serve(adapter, request, policy, counters)
+        turn = _serve(adapter, request, policy, counters, prefill_chunk)
+        tuning.after(request)
         counters.prompt_tokens += request.prompt_length
         counters.hit_tokens += turn.hit_tokens
         counters.hit_requests += turn.hit_tokens > 0
@@ -169,6 +227,7 @@ def _record(adapter: CacheAdapter, counters: _Counters, requests: int, wall_s: f
         "shortened": stats["shortened"],
         "trie_hit_rate": stats["hit_rate"],
         "wall_s": wall_s,
+        "alpha": getattr(adapter.eviction, "alpha", None),
     }
 
 

@@ -8,9 +8,13 @@ One ``schedule`` call builds the next forward under a token budget and a cap on 
 sequences: running sequences first (decode tokens and the next prefill chunks), then waiting
 sequences admitted through ``admission.try_admit``. A running sequence that cannot get a KV
 block preempts the most recently admitted idle sequence (recompute: it goes back to the front
-of the waiting queue with nothing cached on it). Checkpoint saves are reserved for each chunk:
-at the prompt end, at prefill chunk ends (optional), every ``decode_checkpoint_interval`` tokens
-and at the forward that finishes a request (its last processed position).
+of the waiting queue with nothing cached on it). Checkpoint saves are reserved for each chunk
+where the admission policy (``hybridcache.policies``, ``checkpoint_policy``; the engine's
+default is ``auto``) plans one when the sequence is admitted (a prefill chunk ends there, so a
+branch-point checkpoint exists in the engine too), at prefill chunk ends (``checkpoint_chunk_ends``), every
+``decode_checkpoint_interval`` tokens and at the forward that finishes a request (the turn end;
+``interval:N`` keeps only aligned ones). The eviction policy state, when given, is told why each
+checkpoint was saved and from which state it was computed.
 """
 
 from __future__ import annotations
@@ -21,9 +25,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hybridcache.errors import InvalidConfigError
+from hybridcache.errors import HybridCacheError, InvalidConfigError
 from hybridcache.memory.block_pool import BlockPool
 from hybridcache.memory.state_pool import StatePool
+from hybridcache.policies import (
+    IntervalAdmission,
+    ReferenceAdmission,
+    TurnView,
+    kind_of_step,
+    resolve_policy,
+)
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord
 from hybridcache.prefix_cache.trie import BlockTrie
 from hybridcache.scheduler.admission import blocks_needed, make_block_room, try_admit
@@ -47,6 +58,8 @@ class SchedulerConfig:
     prefill_chunk: int = 64
     decode_checkpoint_interval: int = 0
     checkpoint_chunk_ends: bool = True
+    checkpoint_policy: str = "reference"  # an admission + eviction pair (hybridcache.policies);
+    # the engine's default is DEFAULT_POLICY (auto)
 
     def __post_init__(self) -> None:
         for name in ("max_batch_tokens", "max_running", "prefill_chunk"):
@@ -56,6 +69,10 @@ class SchedulerConfig:
         interval = self.decode_checkpoint_interval
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 0:
             raise InvalidConfigError("decode_checkpoint_interval must be an int >= 0")
+        try:
+            resolve_policy(self.checkpoint_policy, prefill_chunk=self.prefill_chunk)
+        except HybridCacheError as error:
+            raise InvalidConfigError(f"checkpoint_policy: {error}") from None
 
 
 @dataclass(eq=False)
@@ -73,6 +90,9 @@ class ServingSequence:
     cancelled: bool = False
     forward_failures: int = 0  # forwards carrying it that raised; after the first it runs alone
     final_routed_experts: np.ndarray | None = None  # captured when the request finishes
+    view: TurnView | None = None  # what the admission policy saw when it was admitted
+    planned_saves: tuple[int, ...] = ()  # checkpoint steps its admission policy asked for
+    last_save_step: int = 0  # the state its next checkpoint is computed from
 
     @property
     def isolated(self) -> bool:
@@ -111,12 +131,16 @@ class ScheduledBatch:
 
 class Scheduler:
     def __init__(
-        self, config: SchedulerConfig, pool: BlockPool, states: StatePool, trie: BlockTrie
+        self, config: SchedulerConfig, pool: BlockPool, states: StatePool, trie: BlockTrie, eviction: object = None
     ) -> None:
+        """``eviction``: the eviction policy state the trie was built with (``build_cache``),
+        told about every checkpoint reserved; None when the trie scores by recency."""
         self.config = config
         self.pool = pool
         self.states = states
         self.trie = trie
+        self.admission = resolve_policy(config.checkpoint_policy, prefill_chunk=config.prefill_chunk).admission
+        self.eviction = eviction
         self.waiting: deque[ServingSequence] = deque()
         self.running: list[ServingSequence] = []
         self.preemptions = 0
@@ -186,7 +210,7 @@ class Scheduler:
     def _continue(self, entry: ServingSequence, budget: int) -> ScheduledChunk | None:
         seq = entry.seq
         start = seq.num_computed
-        end = min(seq.num_tokens, start + min(budget, self.config.prefill_chunk))
+        end = self._planned_end(entry, start, min(seq.num_tokens, start + min(budget, self.config.prefill_chunk)))
         # Swap private duplicates of blocks already computed for their canonical trie blocks
         # first: that frees blocks, and deciding room (or preempting) without it can livelock.
         self.trie.allocate(seq, upto=start)
@@ -209,9 +233,16 @@ class Scheduler:
     def _admit(self, entry: ServingSequence, budget: int) -> ScheduledChunk | None:
         seq = entry.seq
         seq.prefix_state.suppress_stats = entry.admissions > 0  # a recompute replay is not a new query
-        admitted = try_admit(seq, self.trie, self.pool, self.states, budget, self.config.prefill_chunk)
+        branch = self.trie.cached_prefix_tokens(seq) if self.trie.enabled else 0
+
+        def stop_at(start: int) -> int | None:
+            self._plan(entry, start, branch)
+            return self._planned_end(entry, start, seq.num_tokens)
+
+        admitted = try_admit(seq, self.trie, self.pool, self.states, budget, self.config.prefill_chunk, stop_at)
         if admitted is None:
             return None
+        entry.last_save_step = admitted.start
         if entry.admissions == 0:
             entry.cached_tokens = admitted.hit_tokens
         entry.admissions += 1
@@ -228,20 +259,60 @@ class Scheduler:
                 return entry
         return None
 
+    def _plan(self, entry: ServingSequence, start: int, branch: int) -> None:
+        """Ask the admission policy where this turn's checkpoints go, once its resume point is
+        known (the prompt is what the sequence holds now; the turn end is decided by decode)."""
+        length = entry.seq.num_tokens
+        entry.view = TurnView(start, length, length, min(branch, length), self.trie.block_size)
+        if not self.trie.is_hybrid:
+            entry.planned_saves = ()
+        elif isinstance(self.admission, ReferenceAdmission):  # today's rule: chunk ends by the config
+            entry.planned_saves = (length,) if start < length else ()
+        else:
+            entry.planned_saves = self.admission.save_steps(entry.view)
+
+    @staticmethod
+    def _planned_end(entry: ServingSequence, start: int, end: int) -> int:
+        """``end``, or the first planned checkpoint inside ``(start, end)``: a chunk ends there."""
+        for step in entry.planned_saves:
+            if start < step < end:
+                return step
+        return end
+
     def _reserve_save(self, chunk: ScheduledChunk) -> CheckpointRecord | None:
         checkpoints = self.trie.checkpoints
-        if checkpoints is None or not self.trie.enabled:
+        if not self.trie.is_hybrid or not self.trie.enabled:
             return None
         seq, entry = chunk.entry.seq, chunk.entry
-        if not chunk.produces_token:
-            slot = checkpoints.reserve_save(seq, chunk.end) if self.config.checkpoint_chunk_ends else -1
-        elif entry.generated == 0 or entry.finishing:
+        kind = None
+        if not chunk.produces_token or entry.generated == 0:
+            if chunk.end in entry.planned_saves:
+                kind = kind_of_step(entry.view, chunk.end)
+            elif not chunk.produces_token and self.config.checkpoint_chunk_ends:
+                kind = "speculative"
+        if chunk.produces_token and entry.finishing and kind is None:
+            kind = "turn_end" if not isinstance(self.admission, IntervalAdmission) else None
+        if kind is not None:
             slot = checkpoints.reserve_save(seq, chunk.end)
-        elif self.config.decode_checkpoint_interval:
-            slot = checkpoints.reserve_decode_save(seq, self.config.decode_checkpoint_interval)
+        elif chunk.produces_token and self._decode_interval():
+            slot = checkpoints.reserve_decode_save(seq, self._decode_interval())
+            kind = "speculative"
         else:
             slot = -1
-        return seq.prefix_state.pending_save if slot >= 0 else None
+        if slot < 0:
+            return None
+        record = seq.prefix_state.pending_save
+        if self.eviction is not None:
+            self.eviction.note_save(record, entry.last_save_step, kind)
+        entry.last_save_step = chunk.end
+        return record
+
+    def _decode_interval(self) -> int:
+        """The decode checkpoint interval: the configured one, or an aligned ``interval:N``."""
+        if self.config.decode_checkpoint_interval:
+            return self.config.decode_checkpoint_interval
+        interval = getattr(self.admission, "interval", 0)
+        return interval if interval and interval % self.trie.block_size == 0 else 0
 
     # --- completion --------------------------------------------------------------------------
 

@@ -1,0 +1,34 @@
+"""Checkpoint admission and eviction policies, shared by the engine's scheduler and the replay.
+
+Owns no state itself: ``admission`` policies are frozen descriptions (where to checkpoint a
+turn), ``eviction`` policies make a per-cache state whose score functions order the library's
+eviction heaps, ``registry`` maps names to them, ``tuning`` autotunes Marconi's weight.
+"""
+
+from hybridcache.policies.admission import (
+    AutoAdmission,
+    IntervalAdmission,
+    MarconiAdmission,
+    ReferenceAdmission,
+    BRANCH,
+    PROMPT_END,
+    SPECULATIVE,
+    TURN_END,
+    TurnView,
+    branch_step,
+    first_end,
+    kind_of_step,
+)
+from hybridcache.policies.eviction import (
+    AutoEviction,
+    LRUEviction,
+    MarconiEviction,
+)
+from hybridcache.policies.registry import ADMISSIONS, DEFAULT_POLICY, EVICTIONS, POLICIES, Policy, resolve_policy
+
+__all__ = [
+    "ADMISSIONS", "BRANCH", "DEFAULT_POLICY", "EVICTIONS", "POLICIES", "PROMPT_END", "SPECULATIVE", "TURN_END",
+    "AutoAdmission", "AutoEviction", "IntervalAdmission", "LRUEviction", "MarconiAdmission", "MarconiEviction",
+    "Policy", "ReferenceAdmission", "TurnView", "branch_step", "first_end", "kind_of_step",
+    "resolve_policy",
+]

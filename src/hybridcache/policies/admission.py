@@ -1,0 +1,168 @@
+"""Checkpoint admission policies: where a turn's recurrent state is checkpointed.
+
+Owns no mutable state: an admission policy is a frozen description. Given what the cache
+already holds for a turn (``TurnView``), ``save_steps`` names the positions whose state is
+saved; the replay ends its virtual chunks there and the scheduler ends a prefill chunk there, so
+a checkpoint the policy asks for exists in the engine too.
+
+Positions are token counts: a checkpoint at step s holds the state after the first s tokens.
+A turn is processed up to ``final_end`` = prompt length + generated tokens - 1 (the forward of
+the token emitted last never runs), so the turn end checkpoint sits there.
+
+* ``reference``: today's rule: every prefill chunk end (chunks of ``prefill_chunk`` tokens from
+  the resume point), the prompt end, the turn end.
+* ``interval:N``: every multiple of N, in the prompt and in the output (vLLM-style aligned
+  states); nothing at unaligned ends.
+* ``marconi``: Marconi's two reuse classes. Input reuse: the branch point found when the request
+  is prepared, i.e. the deepest position its prompt shares with a cached KV path, when no
+  checkpoint sits there (the match resumed before it). Input+output reuse: the turn end.
+* ``auto``: Marconi's two plus what the first reuse of a shared prefix needs: speculative
+  checkpoints on an aligned grid (``auto:G``, default every 2,048 tokens; aligned, so every request
+  over one prefix writes the same positions and the first reuse finds a state at most G-1 tokens
+  before the prefix ends), the last block boundary before the prompt end (an identical prompt
+  sent again hits up to its last token), and the prompt end (a later prompt extending this one
+  without its output). Its eviction side (``eviction.AutoEviction``) drops the speculative ones
+  that never served first.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hybridcache.errors import InvalidArgumentError
+from hybridcache.types import as_int
+
+
+SPECULATIVE, BRANCH, PROMPT_END, TURN_END = "speculative", "branch", "prompt_end", "turn_end"
+KINDS = (SPECULATIVE, BRANCH, PROMPT_END, TURN_END)
+
+
+@dataclass(frozen=True)
+class TurnView:
+    """What an admission policy sees of one turn when it is admitted.
+
+    ``start``: the resume point (tokens restored from a checkpoint, 0 on a miss).
+    ``prompt_length``: the prompt's tokens. ``final_end``: the last position the turn processes
+    (``prompt_length`` when nothing is decoded in the same forward stream; the replay, which
+    knows the output, passes prompt + output - 1). ``branch``: whole-block tokens of the prompt
+    the cache holds as exactly verified KV (``BlockTrie.cached_prefix_tokens``) when prepared.
+    """
+
+    start: int
+    prompt_length: int
+    final_end: int
+    branch: int
+    block_size: int
+
+    def __post_init__(self) -> None:
+        for name in ("start", "prompt_length", "final_end", "branch", "block_size"):
+            as_int(name, getattr(self, name), 0)
+        if not self.start <= self.prompt_length <= self.final_end or self.block_size < 1:
+            raise InvalidArgumentError(f"inconsistent turn view {self}")
+
+    def inside(self, steps) -> tuple[int, ...]:
+        """``steps`` restricted to (start, final_end], sorted, without duplicates."""
+        return tuple(sorted({int(s) for s in steps if self.start < s <= self.final_end}))
+
+
+@dataclass(frozen=True)
+class ReferenceAdmission:
+    prefill_chunk: int = 2048
+    name: str = "reference"
+
+    def save_steps(self, view: TurnView) -> tuple[int, ...]:
+        ends = list(range(view.start + self.prefill_chunk, view.prompt_length, self.prefill_chunk))
+        return view.inside([*ends, view.prompt_length, view.final_end])
+
+    def chunk_tokens(self) -> int:
+        return self.prefill_chunk
+
+    def checkpoint_spacing(self, mean_prompt: float) -> float:
+        return mean_prompt / (math.ceil(mean_prompt / self.prefill_chunk) + 1)
+
+
+@dataclass(frozen=True)
+class IntervalAdmission:
+    interval: int
+
+    @property
+    def name(self) -> str:
+        return f"interval:{self.interval}"
+
+    def save_steps(self, view: TurnView) -> tuple[int, ...]:
+        first = (view.start // self.interval + 1) * self.interval
+        return view.inside(range(first, view.final_end + 1, self.interval))
+
+    def chunk_tokens(self) -> int:
+        return self.interval
+
+    def checkpoint_spacing(self, mean_prompt: float) -> float:
+        return float(self.interval)
+
+
+def branch_step(view: TurnView) -> int | None:
+    """Marconi's branch point: where the prompt leaves the cached KV paths, when the match
+    resumed before it (no checkpoint sits there) and it lies inside the prompt."""
+    if view.start < view.branch <= view.prompt_length:
+        return view.branch
+    return None
+
+
+def kind_of_step(view: TurnView, step: int) -> str:
+    """Why a planned checkpoint is there (what an eviction policy may weigh)."""
+    if step == branch_step(view):
+        return BRANCH
+    if step == view.final_end and step > view.prompt_length:
+        return TURN_END
+    if step == view.prompt_length:
+        return PROMPT_END
+    return SPECULATIVE
+
+
+def first_end(steps: tuple[int, ...], view: TurnView) -> int:
+    """Where the first chunk of a turn resumed at ``view.start`` ends: its first planned
+    checkpoint, or the prompt end."""
+    return steps[0] if steps and steps[0] < view.prompt_length else view.prompt_length
+
+
+@dataclass(frozen=True)
+class MarconiAdmission:
+    name: str = "marconi"
+
+    def save_steps(self, view: TurnView) -> tuple[int, ...]:
+        branch = branch_step(view)
+        return view.inside(([] if branch is None else [branch]) + [view.final_end])
+
+    def chunk_tokens(self) -> int:
+        return 0  # no chunk of its own: the planned steps end the chunks
+
+    def checkpoint_spacing(self, mean_prompt: float) -> float:
+        return mean_prompt / 2  # at most two states per turn (branch point, turn end)
+
+
+@dataclass(frozen=True)
+class AutoAdmission:
+    grid: int = 2048
+
+    @property
+    def name(self) -> str:
+        return "auto" if self.grid == AutoAdmission.grid else f"auto:{self.grid}"
+
+    def save_steps(self, view: TurnView) -> tuple[int, ...]:
+        steps = list(range(self.grid, view.prompt_length, self.grid))
+        branch = branch_step(view)
+        if branch is not None:
+            steps.append(branch)
+        last_boundary = (view.prompt_length - 1) // view.block_size * view.block_size
+        steps += [last_boundary, view.prompt_length, view.final_end]
+        return view.inside(step for step in steps if step > 0)
+
+    def chunk_tokens(self) -> int:
+        return 0
+
+    def checkpoint_spacing(self, mean_prompt: float) -> float:
+        return mean_prompt / (math.ceil(mean_prompt / self.grid) + 1)
+
+
+Admission = ReferenceAdmission | IntervalAdmission | MarconiAdmission | AutoAdmission

@@ -1,0 +1,251 @@
+"""Eviction policies: what the cache keeps, as score functions of the library's eviction heaps.
+
+The library evicts from three lazy-invalidation heaps (``prefix_cache.lru.EvictionHeap``): KV
+leaves (KV pressure), checkpoint records (state-slot pressure) and mid-block records owning a
+frozen block (KV pressure). A policy gives the score of each (lowest goes first) through
+``kv_score(slot)`` and ``checkpoint_score(record)``; ``None`` keeps the library's recency order.
+Every eviction stays O(log n) amortized: a score is a pure function of what the item looked
+like when it was last touched (memoized per touch), so it only changes when the item is filed
+again, and the scale constants below are refreshed only when the memo is compacted (every
+Theta(n) touches), after which stale entries are re-filed lazily as they surface.
+
+Owns (``MarconiEviction``, ``AutoEviction``): the cache it is bound to (``bind``), a memo of
+each live record's score at its last touch, what the producer said about each record
+(``note_save``: the step of the state it was computed from, why it was saved), and the
+scale constants. ``LRUEviction`` owns nothing.
+
+``marconi`` (Marconi, MLSys'25): score = recency + alpha * FLOP efficiency, each min-max
+normalized over the candidates; FLOP efficiency = FLOPs the item saves relative to its parent
+state (the edge from the state it was computed from) / bytes it holds (state + edge KV). Min-max
+normalization is affine, so the order of ``r/Rr + alpha * f/Rf`` is that of
+``r + alpha * (Rr/Rf) * f``: with the ranges Rr, Rf measured exactly over the live candidates at
+each compaction the key is time-invariant between touches. Recency is the logical clock of the
+last touch (Marconi's ``1/(now - t)`` has the same order alone, but is not time-invariant, so
+no heap could keep it). ``alpha`` is set by the autotuner (``tuning``).
+
+``auto``: KV leaves that anchor no checkpoint go first (KV beyond the deepest checkpoint of its
+path can serve no hybrid hit), least recently used first; then leaves anchoring checkpoints.
+Checkpoints: a greedy-dual key on the record clock (records created so far):
+``clock at last touch + slots * (hits + evidence) + efficiency``, so each hit (and the evidence
+of a branch point, where two sequences met) buys one full turnover of the checkpoint pool, a
+speculative grid checkpoint that never served goes after one turnover, and at equal recency
+and hits the one saving more FLOPs per byte stays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hybridcache.errors import InvalidArgumentError, LifecycleError
+from hybridcache.policies.admission import BRANCH, KINDS, SPECULATIVE
+from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord, CheckpointState
+from hybridcache.profiles import ModelProfile
+
+
+
+@dataclass(frozen=True)
+class LRUEviction:
+    """The library's own order: least recently used checkpoints and trie leaves first."""
+
+    name: str = "lru"
+
+    def new_state(self, profile: ModelProfile | None) -> None:
+        return None
+
+
+@dataclass
+class _Saved:
+    parent_step: int
+    kind: str
+    record: CheckpointRecord
+
+
+class _Scored:
+    """Shared machinery of the value-aware policies: binding, producer notes, per-touch memo."""
+
+    def __init__(self, profile: ModelProfile | None) -> None:
+        if profile is not None and not isinstance(profile, ModelProfile):
+            raise InvalidArgumentError("profile must be a ModelProfile or None")
+        self.profile = profile
+        self._trie = None
+        self._notes: dict[int, _Saved] = {}
+        self._memo: dict[int, tuple[int, float, CheckpointRecord]] = {}
+        self._limit = 64
+        self._clock = 0  # the newest record id seen: the record clock
+
+    def bind(self, trie) -> None:
+        """Attach to the trie whose heaps call the scores (after it is built with them)."""
+        if self._trie is not None:
+            raise LifecycleError("an eviction policy state serves one cache")
+        self._trie = trie
+
+    def note_save(self, record: CheckpointRecord, parent_step: int, kind: str) -> None:
+        """The producer reserved ``record``, computed from the state at ``parent_step`` (its
+        restore point or its previous checkpoint in the same turn), for reason ``kind``."""
+        if kind not in KINDS:
+            raise InvalidArgumentError(f"kind must be one of {KINDS}, got {kind!r}")
+        if not 0 <= parent_step < record.step:
+            parent_step = 0
+        self._notes[record.record_id] = _Saved(int(parent_step), kind, record)
+        self._memo.pop(record.record_id, None)
+        self._tick(record)
+
+    def kind_of(self, record: CheckpointRecord) -> str:
+        note = self._notes.get(record.record_id)
+        return SPECULATIVE if note is None else note.kind
+
+    def parent_step(self, record: CheckpointRecord) -> int:
+        note = self._notes.get(record.record_id)
+        return 0 if note is None else note.parent_step
+
+    def _tick(self, record: CheckpointRecord) -> None:
+        self._clock = max(self._clock, record.record_id)
+        if len(self._memo) + len(self._notes) > self._limit:
+            self._compact()
+
+    def edge_flops(self, record: CheckpointRecord) -> float:
+        """FLOPs of recomputing the record's state from its parent state."""
+        start = self.parent_step(record)
+        if self.profile is None:
+            return float(record.step - start)
+        return self.profile.prefill_flops(start, record.step)
+
+    def checkpoint_score(self, record: CheckpointRecord) -> float:
+        memo = self._memo.get(record.record_id)
+        if memo is not None and memo[0] == record.stamp:
+            return memo[1]
+        self._tick(record)
+        score = self._fresh_score(record)
+        self._memo[record.record_id] = (record.stamp, score, record)
+        return score
+
+    def _compact(self) -> None:
+        """Forget released records, then refresh the scale constants over the live ones."""
+        self._memo = {rid: m for rid, m in self._memo.items() if m[2].state is not CheckpointState.RELEASED}
+        self._notes = {rid: n for rid, n in self._notes.items() if n.record.state is not CheckpointState.RELEASED}
+        self._limit = 2 * (len(self._memo) + len(self._notes)) + 64
+        self._refresh([m[2] for m in self._memo.values() if m[2].is_published])
+
+    def _fresh_score(self, record: CheckpointRecord) -> float:
+        raise NotImplementedError
+
+    def _refresh(self, records: list[CheckpointRecord]) -> None:
+        """Recompute scale constants over the live records (subclasses)."""
+
+
+class MarconiState(_Scored):
+    """One cache's Marconi eviction: alpha, the normalization ranges, the memo."""
+
+    def __init__(self, profile: ModelProfile | None, alpha: float) -> None:
+        super().__init__(profile)
+        self.alpha = float(alpha)
+        self._range_recency = 1.0
+        self._range_efficiency = 1.0
+        self._kv_weight = 0.0
+        self._max_depth = 2
+
+    def set_alpha(self, alpha: float) -> None:
+        if not alpha >= 0:
+            raise InvalidArgumentError(f"alpha must be >= 0, got {alpha!r}")
+        self.alpha = float(alpha)
+        self._memo.clear()  # every key changes; stale entries are re-filed lazily
+        self._refresh_kv()
+
+    def efficiency(self, record: CheckpointRecord) -> float:
+        """FLOPs saved relative to the parent state per byte held (state + edge KV)."""
+        edge = record.step - self.parent_step(record)
+        if self.profile is None:
+            return edge / (edge + 1.0)
+        held = self.profile.state_bytes + edge * self.profile.kv_bytes_per_token
+        return self.edge_flops(record) / held
+
+    def _fresh_score(self, record: CheckpointRecord) -> float:
+        weight = self.alpha * self._range_recency / self._range_efficiency
+        return record.stamp + weight * self.efficiency(record)
+
+    def _refresh(self, records: list[CheckpointRecord]) -> None:
+        if records and self._trie is not None:
+            efficiencies = [self.efficiency(record) for record in records]
+            oldest = min(record.stamp for record in records)
+            self._range_recency = float(max(1, self._trie.pool.clock - oldest))
+            self._range_efficiency = max(efficiencies) - min(efficiencies) or 1.0
+        self._refresh_kv()
+
+    def _refresh_kv(self) -> None:
+        if self._trie is None:
+            return
+        spread = self.block_efficiency(self._max_depth) - self.block_efficiency(1)
+        self._kv_weight = self.alpha * self._range_recency / spread if spread > 0 else 0.0
+
+    def block_efficiency(self, depth: int) -> float:
+        """FLOPs per KV byte of the block at ``depth`` (1-based): a leaf's edge."""
+        size = self._trie.block_size
+        if self.profile is None:
+            return float(depth)
+        flops = self.profile.prefill_flops((depth - 1) * size, depth * size)
+        return flops / (size * self.profile.kv_bytes_per_token)
+
+    def kv_score(self, slot: int) -> float:
+        trie = self._trie
+        stamp = trie.pool.stamp_of(int(trie.nodes.block[slot]))
+        depth = int(trie.nodes.depth[slot])
+        self._max_depth = max(self._max_depth, depth)  # the range is refreshed at compaction
+        return stamp + self._kv_weight * self.block_efficiency(depth)
+
+
+class AutoState(_Scored):
+    """One cache's auto eviction: the record clock and the memo."""
+
+    def __init__(self, profile: ModelProfile | None) -> None:
+        super().__init__(profile)
+        self._reference_flops: float | None = None
+
+    def kv_score(self, slot: int) -> tuple[int, int]:
+        """(tier, recency): 0 = a leaf anchoring no checkpoint (no hit can use it), 1 = one
+        anchoring unproven checkpoints, 2 = one anchoring a proven checkpoint (it served a hit,
+        or sits at a branch point where two sequences met)."""
+        trie = self._trie
+        stamp = trie.pool.stamp_of(int(trie.nodes.block[slot]))
+        records = trie.checkpoints.records_at(slot) if trie.is_hybrid else ()
+        if not records:
+            return (0, stamp)
+        proven = any(record.hits or self.kind_of(record) == BRANCH for record in records)
+        return (1 + proven, stamp)
+
+    def efficiency(self, record: CheckpointRecord) -> float:
+        """In [0, 1): the FLOPs the record saves over its parent state, squashed."""
+        flops = self.edge_flops(record)
+        return flops / (flops + self._reference())
+
+    def _reference(self) -> float:
+        if self._reference_flops is None:
+            edge = 2048
+            self._reference_flops = float(edge) if self.profile is None else self.profile.prefill_flops(0, edge)
+        return self._reference_flops
+
+    def _fresh_score(self, record: CheckpointRecord) -> float:
+        slots = max(1, self._trie.state_pool.num_slots - 2) if self._trie is not None else 1
+        evidence = 1 if self.kind_of(record) == BRANCH else 0
+        return self._clock + slots * (record.hits + evidence) + self.efficiency(record)
+
+
+@dataclass(frozen=True)
+class MarconiEviction:
+    """Marconi's FLOP-aware eviction; ``alpha`` is the weight before the autotuner sets one."""
+
+    alpha: float = 1.0
+    name: str = "marconi"
+
+    def new_state(self, profile: ModelProfile | None) -> MarconiState:
+        return MarconiState(profile, self.alpha)
+
+
+@dataclass(frozen=True)
+class AutoEviction:
+    name: str = "auto"
+
+    def new_state(self, profile: ModelProfile | None) -> AutoState:
+        return AutoState(profile)
+
+
+Eviction = LRUEviction | MarconiEviction | AutoEviction

@@ -1,0 +1,102 @@
+"""Eviction policies: score functions of the library's heaps, and what they keep."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from hybridcache.errors import InvalidArgumentError, LifecycleError
+from hybridcache.policies import BRANCH, SPECULATIVE, AutoEviction, MarconiEviction
+from hybridcache.policies.tuning import AlphaTuner
+from hybridcache.prefix_cache.checkpoint_record import CheckpointState
+from tests.replay._helpers import PROFILE, budget, request, run
+
+
+def record(step, stamp, record_id, hits=0):
+    return SimpleNamespace(
+        step=step, stamp=stamp, record_id=record_id, hits=hits, state=CheckpointState.PUBLISHED, is_published=True
+    )
+
+
+class _Trie:
+    block_size = 32
+    is_hybrid = True
+
+    def __init__(self):
+        self.pool = SimpleNamespace(clock=100)
+        self.state_pool = SimpleNamespace(num_slots=10)
+
+
+@pytest.mark.parametrize("eviction", [MarconiEviction(alpha=1.0), AutoEviction()])
+def test_keeps_the_checkpoint_saving_more_flops_per_byte_at_equal_recency(eviction):
+    state = eviction.new_state(PROFILE)
+    state.bind(_Trie())
+    short, long = record(4096, 50, 1), record(4096, 50, 2)
+    state.note_save(short, 4064, SPECULATIVE)  # 32 tokens beyond its parent state
+    state.note_save(long, 0, SPECULATIVE)  # 4,096 tokens beyond it
+    # lower goes first: the short edge (fewer FLOPs saved per byte held) is evicted
+    assert state.checkpoint_score(short) < state.checkpoint_score(long)
+
+
+def test_marconi_alpha_zero_is_recency():
+    state = MarconiEviction(alpha=0.0).new_state(PROFILE)
+    state.bind(_Trie())
+    old, new = record(4096, 10, 1), record(64, 11, 2)
+    state.note_save(old, 0, SPECULATIVE)
+    state.note_save(new, 32, SPECULATIVE)
+    assert state.checkpoint_score(old) < state.checkpoint_score(new)
+    state.set_alpha(2.0)
+    with pytest.raises(InvalidArgumentError):
+        state.set_alpha(-1)
+
+
+def test_auto_hits_and_branch_evidence_buy_a_pool_turnover():
+    state = AutoEviction().new_state(PROFILE)
+    state.bind(_Trie())
+    plain, branch, used = record(64, 1, 1), record(64, 2, 2), record(64, 3, 3, hits=1)
+    for item in (plain, branch, used):
+        state.note_save(item, 0, BRANCH if item is branch else SPECULATIVE)
+    scores = [state.checkpoint_score(item) for item in (plain, branch, used)]
+    assert scores[0] + 8 <= scores[1] and scores[0] + 8 <= scores[2]
+
+
+def test_a_state_serves_one_cache_and_kinds_are_checked():
+    state = AutoEviction().new_state(None)
+    state.bind(_Trie())
+    with pytest.raises(LifecycleError):
+        state.bind(_Trie())
+    with pytest.raises(InvalidArgumentError):
+        state.note_save(record(8, 1, 1), 0, "whim")
+
+
+def test_auto_evicts_kv_that_no_checkpoint_uses_first():
+    # 16 KV blocks: the second request needs room; auto drops the first request's dead tail
+    # (KV beyond its deepest checkpoint) before the prefix under its checkpoint
+    rng = np.random.default_rng(5)
+    shared = rng.integers(0, 50_000, 4 * 32)
+    first = request(0, np.concatenate([shared, rng.integers(0, 50_000, 5 * 32 + 3)]))
+    second = request(1, rng.integers(0, 50_000, 6 * 32))
+    third = request(2, np.concatenate([shared, rng.integers(0, 50_000, 40)]))
+    _, hits = run([first, second, third], "auto:128", budget(16, 8))
+    assert hits[2] == 128
+
+
+def test_tuner_schedule():
+    tuner = AlphaTuner(window_factor=2, grid=(0.0, 1.0))
+    tuner.record("r0")
+    assert not tuner.wants_snapshot(False)
+    assert tuner.wants_snapshot(True)
+    tuner.took_snapshot()
+    for name in ("r1", "r2"):
+        assert not tuner.due()
+        tuner.record(name)
+    assert tuner.due() and tuner.window == ["r1", "r2"]
+    assert tuner.choose({0.0: 5, 1.0: 7}) == 1.0 and tuner.tuned and not tuner.due()
+
+
+def test_marconi_autotunes_during_a_replay():
+    rng = np.random.default_rng(3)
+    shared = rng.integers(0, 50_000, 4 * 32)
+    requests = [request(i, np.concatenate([shared, rng.integers(0, 50_000, 100)])) for i in range(12)]
+    record_, hits = run(requests, "marconi", budget(24, 4))
+    assert record_["alpha"] in AlphaTuner().grid
