@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from hybridcache.errors import InvalidArgumentError
+from hybridcache.errors import HybridCacheError, InvalidArgumentError
 from hybridcache.policies import (
     BRANCH,
     PROMPT_END,
@@ -61,7 +61,7 @@ def test_auto_plan_adds_grid_last_boundary_and_prompt_end():
 def test_turn_view_is_validated():
     with pytest.raises(InvalidArgumentError):
         TurnView(10, 5, 5, 0, 8)
-    with pytest.raises(Exception):
+    with pytest.raises(HybridCacheError):
         TurnView(0, -1, 5, 0, 8)
 
 

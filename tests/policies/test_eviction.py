@@ -98,5 +98,5 @@ def test_marconi_autotunes_during_a_replay():
     rng = np.random.default_rng(3)
     shared = rng.integers(0, 50_000, 4 * 32)
     requests = [request(i, np.concatenate([shared, rng.integers(0, 50_000, 100)])) for i in range(12)]
-    record_, hits = run(requests, "marconi", budget(24, 4))
+    record_, _ = run(requests, "marconi", budget(24, 4))
     assert record_["alpha"] in AlphaTuner().grid

@@ -6,14 +6,14 @@ eviction heaps, ``registry`` maps names to them, ``tuning`` autotunes Marconi's 
 """
 
 from hybridcache.policies.admission import (
-    AutoAdmission,
-    IntervalAdmission,
-    MarconiAdmission,
-    ReferenceAdmission,
     BRANCH,
     PROMPT_END,
     SPECULATIVE,
     TURN_END,
+    AutoAdmission,
+    IntervalAdmission,
+    MarconiAdmission,
+    ReferenceAdmission,
     TurnView,
     branch_step,
     first_end,
@@ -24,7 +24,14 @@ from hybridcache.policies.eviction import (
     LRUEviction,
     MarconiEviction,
 )
-from hybridcache.policies.registry import ADMISSIONS, DEFAULT_POLICY, EVICTIONS, POLICIES, Policy, resolve_policy
+from hybridcache.policies.registry import (
+    ADMISSIONS,
+    DEFAULT_POLICY,
+    EVICTIONS,
+    POLICIES,
+    Policy,
+    resolve_policy,
+)
 
 __all__ = [
     "ADMISSIONS", "BRANCH", "DEFAULT_POLICY", "EVICTIONS", "POLICIES", "PROMPT_END", "SPECULATIVE", "TURN_END",

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from hybridcache.errors import InvalidArgumentError
 from hybridcache.types import as_int
 
-
 SPECULATIVE, BRANCH, PROMPT_END, TURN_END = "speculative", "branch", "prompt_end", "turn_end"
 KINDS = (SPECULATIVE, BRANCH, PROMPT_END, TURN_END)
 

@@ -34,13 +34,12 @@ and hits the one saving more FLOPs per byte stays.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from hybridcache.errors import InvalidArgumentError, LifecycleError
 from hybridcache.policies.admission import BRANCH, KINDS, SPECULATIVE
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord, CheckpointState
 from hybridcache.profiles import ModelProfile
-
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,12 @@ from hybridcache.policies.admission import (
     MarconiAdmission,
     ReferenceAdmission,
 )
-from hybridcache.policies.eviction import AutoEviction, Eviction, LRUEviction, MarconiEviction
+from hybridcache.policies.eviction import (
+    AutoEviction,
+    Eviction,
+    LRUEviction,
+    MarconiEviction,
+)
 from hybridcache.types import as_int
 
 

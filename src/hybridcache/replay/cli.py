@@ -113,7 +113,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
             task = progress.add_task(f"{policy.name} @ {_budget_label(budget)}", total=len(requests))
             record = replay(
                 requests, profile, policy, budget, args.block_size,
-                prefill_chunk=args.prefill_chunk, progress=lambda: progress.advance(task),
+                prefill_chunk=args.prefill_chunk, progress=lambda task=task: progress.advance(task),
             )
             record = with_ttft({"trace": args.trace, **record, **context}, args.device_tflops)
             record["bound_fraction"] = record["token_hit_rate"] / bound.token_hit_rate if bound.token_hit_rate else 0.0
