@@ -55,7 +55,7 @@ def test_record_geometry_on_a_real_trie(step, anchor, tail):
     else:
         expected = int(trie.keyer.values_of(seq, np.array([anchor // B - 1]))[0])
         parent = int(nodes.parent[record.anchor])
-        assert expected == (int(nodes.sums[record.anchor]) - int(nodes.sums[parent])) % 2**64
+        assert expected == (int(nodes.key_sums[record.anchor]) - int(nodes.key_sums[parent])) % 2**64
     assert record.key == (step, expected) == (step, nodes.last_block_value(record.anchor))
     assert record.anchor_generation == int(nodes.generation[record.anchor])
     assert record.is_partial == (step % B != 0)

@@ -63,7 +63,7 @@ class Attacher:
         if depth >= end:
             state.fresh_range = _EMPTY_RANGE
             return
-        self.keyer.resume_at(seq, depth, int(self.nodes.sums[node]))
+        self.keyer.resume_at(seq, depth, int(self.nodes.key_sums[node]))
         found_node, found_depth = self._lookup.extend_verified(seq, end)
         keys = self.keyer.extend(seq)
         if found_depth > depth:
@@ -189,7 +189,7 @@ class Attacher:
         for first, last in nodes.clip_runs(runs, high, low):
             slots = np.arange(first, last + 1)
             own = nodes.block[slots] == table[nodes.depth[slots] - 1]
-            nodes.settle(slots[own])
+            nodes.mark_ready(slots[own])
         self.checkpoints.invalidate_searches()
 
     def discard_pending(self, seq: Sequence) -> int:

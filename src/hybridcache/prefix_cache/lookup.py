@@ -96,7 +96,7 @@ class PathLookup:
         if depth > limit:
             _, node = nodes.path_runs(node, limit)
             return node, limit
-        self.keyer.resume_at(seq, depth, int(nodes.sums[node]))
+        self.keyer.resume_at(seq, depth, int(nodes.key_sums[node]))
         keys = self.keyer.extend(seq)
         depth, node, _ = self.deepest_cached(seq, keys, node, depth, limit)
         state.verified, state.verified_generation = node, int(nodes.generation[node])
@@ -180,7 +180,7 @@ class PathLookup:
         if base_path.depth > 0 or seq.num_valid < self.block_size:
             return base_path.depth > 0
         nodes = self.nodes
-        first_key = self.keyer.key_after(seq, 0, int(nodes.sums[base_path.root]))
+        first_key = self.keyer.key_after(seq, 0, int(nodes.key_sums[base_path.root]))
         return any(
             nodes.parent[slot] == base_path.root and not (self.track_pending and nodes.pending[slot])
             for slot in nodes.candidates(first_key)
@@ -193,7 +193,7 @@ class PathLookup:
         limit = (seq.num_valid - 1) // self.block_size
         if limit <= path.depth or not seq.prefix_state.recompute_blocks:
             return path.depth
-        self.keyer.resume_at(seq, path.depth, int(self.nodes.sums[path.node]))
+        self.keyer.resume_at(seq, path.depth, int(self.nodes.key_sums[path.node]))
         keys = self.keyer.extend(seq)
         depth, _, runs = self.deepest_cached(seq, keys, path.node, path.depth, limit)
         if self.track_pending:

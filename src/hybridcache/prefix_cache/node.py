@@ -63,7 +63,7 @@ class NodeTable:
         self.depth = np.zeros(capacity, dtype=np.int32)
         self.block = np.zeros(capacity, dtype=np.int32)
         self.key = np.zeros(capacity, dtype=np.uint64)
-        self.sums = np.zeros(capacity, dtype=np.uint64)  # running key sum (keys resume from here)
+        self.key_sums = np.zeros(capacity, dtype=np.uint64)  # running key sum (keys resume from here)
         self.run_head = np.zeros(capacity, dtype=np.int32)
         self.generation = np.zeros(capacity, dtype=np.int32)
         self.num_children = np.zeros(capacity, dtype=np.int32)
@@ -97,7 +97,7 @@ class NodeTable:
 
     def _grow(self, needed: int) -> None:
         capacity = max(needed, 2 * self.capacity)
-        for name in ("parent", "depth", "block", "key", "sums", "run_head", "generation", "num_children",
+        for name in ("parent", "depth", "block", "key", "key_sums", "run_head", "generation", "num_children",
                      "attached", "is_root", "pending", "mm_count"):
             old = getattr(self, name)
             new = np.zeros(capacity, dtype=old.dtype)  # zeroed lazily by the OS: untouched rows cost nothing
@@ -126,7 +126,7 @@ class NodeTable:
         if slot is None:
             slot = int(self._take_slots(1)[0])
             self.key[slot] = key
-            self.sums[slot] = key
+            self.key_sums[slot] = key
             self.parent[slot] = NO_SLOT
             self.depth[slot] = 0
             self.block[slot] = NO_SLOT
@@ -195,7 +195,7 @@ class NodeTable:
         self.block[slots] = blocks
         self.key[slots] = keys
         if sums is not None:
-            self.sums[slots] = sums
+            self.key_sums[slots] = sums
         continues = (slots == parents + 1) & ~self.is_root[parents]
         heads = np.where(continues, -1, slots)
         if continues[0]:
@@ -239,7 +239,7 @@ class NodeTable:
         self.version += 1
         return parent
 
-    def settle(self, slots: np.ndarray) -> None:
+    def mark_ready(self, slots: np.ndarray) -> None:
         """Pending nodes whose blocks are now computed become matchable."""
         self.pending[slots] = False
         self.version += 1
@@ -326,8 +326,8 @@ class NodeTable:
         """The keyed value of a node's own block (its running sum minus its parent's); for a
         root, the namespace seed. Checkpoints anchored on the node are keyed by it."""
         if self.is_root[slot]:
-            return int(self.sums[slot])
-        return (int(self.sums[slot]) - int(self.sums[self.parent[slot]])) % 2**64
+            return int(self.key_sums[slot])
+        return (int(self.key_sums[slot]) - int(self.key_sums[self.parent[slot]])) % 2**64
 
     def first_pending_depth(self, runs: list[tuple[int, int]]) -> int | None:
         """Shallowest depth on a path (runs, deepest first) whose node is still pending."""
