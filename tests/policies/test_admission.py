@@ -58,6 +58,14 @@ def test_auto_plan_adds_grid_last_boundary_and_prompt_end():
     assert first_end(plan, view()) == 32
 
 
+def test_auto_fits_its_grid_to_scarce_state_slots():
+    auto = AutoAdmission(2048)
+    assert auto.fitted(100_000, 100) is auto  # 1,000 KV tokens per slot: the grid stays
+    sparse = auto.fitted(4_000_000, 250)  # 16,000 per slot: spaced out, speculative extras off
+    assert sparse.grid == 16_384 and sparse.sparse
+    assert sparse.save_steps(view(prompt=40_000, final=40_010, branch=0)) == (16_384, 32_768, 40_010)
+
+
 def test_turn_view_is_validated():
     with pytest.raises(InvalidArgumentError):
         TurnView(10, 5, 5, 0, 8)
@@ -100,7 +108,7 @@ def test_auto_first_reuse_of_a_shared_prefix_hits():
     shared = tokens(6 * 32 + 5)
     first = request(0, np.concatenate([shared, tokens(70)]))
     second = request(1, np.concatenate([shared, tokens(50)]))
-    _, hits = run([first, second], "auto:64", budget(64, 16))
+    _, hits = run([first, second], "auto:64", budget(64, 64))
     assert hits == [0, 192]  # the grid checkpoint at 192; Marconi finds none on a first reuse
     _, marconi_hits = run([first, second], "marconi", budget(64, 16))
     assert marconi_hits == [0, 0]

@@ -21,7 +21,8 @@ the token emitted last never runs), so the turn end checkpoint sits there.
   over one prefix writes the same positions and the first reuse finds a state at most G-1 tokens
   before the prefix ends), the last block boundary before the prompt end (an identical prompt
   sent again hits up to its last token), and the prompt end (a later prompt extending this one
-  without its output). Its eviction side (``eviction.AutoEviction``) drops the speculative ones
+  without its output). ``fitted`` spaces the grid to what the pools hold (sparse mode: grid,
+  branch point and turn end only) when checkpoint slots are scarce against the KV pool. Its eviction side (``eviction.AutoEviction``) drops the speculative ones
   that never served first.
 """
 
@@ -77,6 +78,9 @@ class ReferenceAdmission:
     def chunk_tokens(self) -> int:
         return self.prefill_chunk
 
+    def fitted(self, kv_tokens: int, checkpoint_slots: int) -> "ReferenceAdmission":
+        return self
+
     def checkpoint_spacing(self, mean_prompt: float) -> float:
         return mean_prompt / (math.ceil(mean_prompt / self.prefill_chunk) + 1)
 
@@ -95,6 +99,9 @@ class IntervalAdmission:
 
     def chunk_tokens(self) -> int:
         return self.interval
+
+    def fitted(self, kv_tokens: int, checkpoint_slots: int) -> "IntervalAdmission":
+        return self
 
     def checkpoint_spacing(self, mean_prompt: float) -> float:
         return float(self.interval)
@@ -139,22 +146,38 @@ class MarconiAdmission:
     def checkpoint_spacing(self, mean_prompt: float) -> float:
         return mean_prompt / 2  # at most two states per turn (branch point, turn end)
 
+    def fitted(self, kv_tokens: int, checkpoint_slots: int) -> "MarconiAdmission":
+        return self
+
 
 @dataclass(frozen=True)
 class AutoAdmission:
     grid: int = 2048
+    sparse: bool = False  # set by ``fitted`` when state slots are scarce against the KV pool
 
     @property
     def name(self) -> str:
         return "auto" if self.grid == AutoAdmission.grid else f"auto:{self.grid}"
+
+    def fitted(self, kv_tokens: int, checkpoint_slots: int) -> "AutoAdmission":
+        """The grid the pools can hold: when the KV pool holds more tokens per checkpoint slot
+        than the grid spacing, space the grid that far apart (rounded up to 512 tokens) and keep
+        only the branch point and the turn end besides it (sparse), so speculative states never
+        crowd out the ones that serve."""
+        spacing = as_int("kv_tokens", kv_tokens, 0) / max(1, as_int("checkpoint_slots", checkpoint_slots, 0))
+        if spacing <= self.grid:
+            return self
+        return AutoAdmission(int(math.ceil(spacing / 512) * 512), sparse=True)
 
     def save_steps(self, view: TurnView) -> tuple[int, ...]:
         steps = list(range(self.grid, view.prompt_length, self.grid))
         branch = branch_step(view)
         if branch is not None:
             steps.append(branch)
-        last_boundary = (view.prompt_length - 1) // view.block_size * view.block_size
-        steps += [last_boundary, view.prompt_length, view.final_end]
+        if not self.sparse:
+            last_boundary = (view.prompt_length - 1) // view.block_size * view.block_size
+            steps += [last_boundary, view.prompt_length]
+        steps.append(view.final_end)
         return view.inside(step for step in steps if step > 0)
 
     def chunk_tokens(self) -> int:

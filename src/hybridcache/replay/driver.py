@@ -18,19 +18,21 @@ checkpoint (interval: N; reference: mean prompt / (ceil(mean prompt / chunk) + 1
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
-from collections.abc import Callable, Sequence as SequenceLike
+from collections.abc import Callable
+from collections.abc import Sequence as SequenceLike
 from dataclasses import dataclass
 
 import numpy as np
 
 from hybridcache.errors import InvalidArgumentError, InvalidTypeError
-from hybridcache.types import as_int
-from hybridcache.profiles import ModelProfile
-from hybridcache.replay.adapter import CacheAdapter, PoolGeometry, Turn
 from hybridcache.policies import Policy, TurnView, first_end, kind_of_step
 from hybridcache.policies.eviction import MarconiState
 from hybridcache.policies.tuning import AlphaTuner
+from hybridcache.profiles import ModelProfile
+from hybridcache.replay.adapter import CacheAdapter, PoolGeometry, Turn
+from hybridcache.types import as_int
 from hybridcache.workloads.records import Request
 
 DEFAULT_BLOCK_SIZE = 32  # Marconi's vLLM+ block; interval:32 checkpoints stay block aligned
@@ -165,7 +167,10 @@ def replay(
     """Serve ``requests`` in order; returns the run's measurements (see ``_record``)."""
     _validate(requests, profile, policy, budget)
     prefill_chunk = as_int("prefill_chunk", prefill_chunk, 1)
-    adapter = CacheAdapter(pool_geometry(budget, profile, block_size), policy.eviction.new_state(profile))
+    geometry = pool_geometry(budget, profile, block_size)
+    adapter = CacheAdapter(geometry, policy.eviction.new_state(profile))
+    fitted = policy.admission.fitted(geometry.kv_blocks * block_size, geometry.checkpoint_slots)
+    policy = dataclasses.replace(policy, admission=fitted)
     counters = _Counters()
     tuning = _Tuning(adapter, policy, prefill_chunk)
     began = time.perf_counter()

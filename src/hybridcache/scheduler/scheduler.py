@@ -42,7 +42,6 @@ from hybridcache.sequence import Sequence
 from hybridcache.types import NO_SLOT
 
 
-
 class Phase(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -139,7 +138,8 @@ class Scheduler:
         self.pool = pool
         self.states = states
         self.trie = trie
-        self.admission = resolve_policy(config.checkpoint_policy, prefill_chunk=config.prefill_chunk).admission
+        admission = resolve_policy(config.checkpoint_policy, prefill_chunk=config.prefill_chunk).admission
+        self.admission = admission.fitted(pool.num_blocks * trie.block_size, max(1, states.num_slots - 2))
         self.eviction = eviction
         self.waiting: deque[ServingSequence] = deque()
         self.running: list[ServingSequence] = []
