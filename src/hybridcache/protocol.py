@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -68,8 +69,11 @@ class CacheProtocol:
     def prepare(self, seq: Sequence) -> None:
         self.trie.prepare(seq)
 
-    def admit(self, seq: Sequence, tokens: int) -> Admission:
-        """Admit ``seq`` for a first chunk of at most ``tokens`` tokens, or change nothing."""
+    def admit(self, seq: Sequence, tokens: int, stop_at: Callable[[int], int | None] | None = None) -> Admission:
+        """Admit ``seq`` for a first chunk of at most ``tokens`` tokens, or change nothing.
+        ``stop_at(start)``, called once the match fixed the resume point, may end the chunk
+        earlier (where an admission policy wants a checkpoint); None or a position outside the
+        chunk changes nothing."""
         tokens = as_int("tokens", tokens, 0)
         trie = self.trie
         txn = trie.match(seq)
@@ -81,12 +85,15 @@ class CacheProtocol:
                 return Admission(refused=Refusal.RESTORE_GONE)
         start = seq.num_computed
         end = min(seq.num_tokens, start + tokens)
+        hint = None if stop_at is None else stop_at(start)
+        if hint is not None and start < hint < end:
+            end = int(hint)
         refused = None
         if end <= start:
             refused = Refusal.NOTHING_TO_RUN
         elif not self._make_state_room():
             refused = Refusal.NO_STATE_SLOT
-        elif not self._make_block_room(self.blocks_needed(seq, end)):
+        elif not self.make_block_room(self.blocks_needed(seq, end)):
             refused = Refusal.NO_KV_BLOCKS
         if refused is not None:
             trie.rollback(txn)
@@ -97,13 +104,16 @@ class CacheProtocol:
         trie.commit(txn)
         return Admission(start, end, runtime_slot, seq.prefix_state.restore, txn.hit_tokens)
 
+    def swap_computed_duplicates(self, seq: Sequence) -> None:
+        """Swap a running sequence's private duplicates of blocks already computed for their
+        canonical trie blocks. That frees blocks: call it before deciding whether the next chunk
+        fits (or whom to preempt); deciding without it can livelock."""
+        self.trie.allocate(seq, upto=seq.num_computed)
+
     def extend(self, seq: Sequence, end: int) -> bool:
         """Give a running sequence the blocks of its next chunk (up to ``end`` tokens), evicting
         what pressure needs; False (and no block taken) when they cannot be had."""
-        # Swap private duplicates of blocks already computed for their canonical trie blocks
-        # first: that frees blocks, and deciding room (or preempting) without it can livelock.
-        self.trie.allocate(seq, upto=seq.num_computed)
-        if not self._make_block_room(self.blocks_needed(seq, end)):
+        if not self.make_block_room(self.blocks_needed(seq, end)):
             return False
         self.pool.grow_table(seq, end, self.block_size)
         self.trie.allocate(seq, upto=end)
@@ -113,7 +123,8 @@ class CacheProtocol:
         """Fresh blocks ``seq``'s table needs to cover ``tokens`` tokens."""
         return max(0, ceil_div(tokens, self.block_size) - seq.num_blocks)
 
-    def _make_block_room(self, needed: int) -> bool:
+    def make_block_room(self, needed: int) -> bool:
+        """Free KV blocks until ``needed`` are free (frozen checkpoints, then leaves); True when they are."""
         if self.pool.num_free < needed:
             self.trie.free_kv_blocks(needed - self.pool.num_free)
         return self.pool.num_free >= needed

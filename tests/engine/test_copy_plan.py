@@ -13,6 +13,8 @@ from hybridcache.memory.state_pool import StatePool
 from hybridcache.prefix_cache.trie import BlockTrie
 from hybridcache.scheduler import Scheduler, SchedulerConfig, ServingSequence
 from hybridcache.sequence import Sequence
+from hybridcache.cache import CacheComponents
+from hybridcache.protocol import CacheProtocol
 
 B = 8
 TOKEN = 7
@@ -24,7 +26,7 @@ class Rig:
         self.states = StatePool(8, checkpoint_budget=3)
         self.trie = BlockTrie(self.pool, B, state_pool=self.states if hybrid else None, track_pending=True)
         config = SchedulerConfig(max_batch_tokens=256, max_running=4, prefill_chunk=64, checkpoint_chunk_ends=False)
-        self.sched = Scheduler(config, self.pool, self.states, self.trie)
+        self.sched = Scheduler(config, CacheProtocol(CacheComponents(self.pool, self.states, self.trie)))
         self.ids = 0
 
     def add(self, tokens, max_new_tokens=1):
@@ -34,14 +36,9 @@ class Rig:
         return entry
 
     def run(self, batch):
-        checkpoints = self.trie.checkpoints
         for chunk in batch.chunks:
-            if checkpoints is not None:
-                checkpoints.publish_save(chunk.entry.seq, pin=True, in_flight=True)
-                checkpoints.unpin_restore(chunk.entry.seq)
+            self.sched.cache.forward_queued(chunk.entry.seq)
         for chunk in batch.chunks:
-            if checkpoints is not None:
-                checkpoints.unpin_save(chunk.entry.seq)
             self.sched.complete(chunk, TOKEN, None)
         self.trie.check_invariants(self.sched.live_sequences())
 

@@ -412,7 +412,6 @@ def test_inject_fault_refuses_unknown_stages():
 
 
 def test_forced_rejection_after_match_leaves_engine_and_cache_unchanged():
-    from hybridcache.scheduler.admission import try_admit
     from hybridcache.sequence import Sequence
 
     engine = Engine(config(num_kv_blocks=12, prefill_chunk=64, max_batch_tokens=64))
@@ -435,13 +434,13 @@ def test_forced_rejection_after_match_leaves_engine_and_cache_unchanged():
 
     before = image()
     for budget in (64, 0):
-        assert try_admit(seq, engine.trie, engine.pool, engine.states, budget, 64) is None
+        assert not engine.prefix_cache.admit(seq, budget).admitted
         assert image() == before
         engine.trie.check_invariants([seq, hog])
         engine.scheduler.check_invariants()
     engine.pool.release_table(hog)
-    admitted = try_admit(seq, engine.trie, engine.pool, engine.states, 64, 64)
-    assert admitted is not None and admitted.hit_tokens == 21 and admitted.restore is not None
+    admitted = engine.prefix_cache.admit(seq, 64)
+    assert admitted.admitted and admitted.hit_tokens == 21 and admitted.restore is not None
     engine.trie.checkpoints.unpin_restore(seq)
     engine.states.free_runtime(admitted.runtime_slot)
     engine.trie.free_sequence(seq)

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings, target
 from hypothesis import strategies as st
 
-import hybridcache.scheduler.scheduler as scheduler_module
+from hybridcache.protocol import CacheProtocol
 from hybridcache.engine import Engine, EngineConfig, MultimodalInput, Request, Result, TinyHybridConfig
 
 VOCAB = TinyHybridConfig().vocab_size
@@ -318,14 +318,14 @@ def _pressure_workload(pattern: str, block_size: int, async_depth: int) -> Workl
 @pytest.mark.parametrize("pattern, block_size", [("RARA", 8), ("AA", 16), ("R", 8)])
 def test_tiny_pools_reach_eviction_preemption_and_failed_admissions(monkeypatch, pattern, block_size, async_depth):
     outcomes = {"failed": 0, "admitted": 0}
-    real = scheduler_module.try_admit
+    real = CacheProtocol.admit
 
-    def counting(*args, **kwargs):
-        admitted = real(*args, **kwargs)
-        outcomes["admitted" if admitted is not None else "failed"] += 1
+    def counting(self, *args, **kwargs):
+        admitted = real(self, *args, **kwargs)
+        outcomes["admitted" if admitted.admitted else "failed"] += 1
         return admitted
 
-    monkeypatch.setattr(scheduler_module, "try_admit", counting)
+    monkeypatch.setattr(CacheProtocol, "admit", counting)
     stats = run_workload(_pressure_workload(pattern, block_size, async_depth))
     assert stats["hit_tokens"] > 0
     assert stats["preemptions"] > 0

@@ -277,12 +277,16 @@ def test_cancel_while_the_restore_is_pinned_unpins_it():
     """Between admission (restore pinned) and queueing, a cancel must drop the pin."""
     from hybridcache.memory import BlockPool, StatePool
     from hybridcache.prefix_cache import BlockTrie
+    from hybridcache.cache import CacheComponents
+    from hybridcache.protocol import CacheProtocol
     from hybridcache.scheduler import Scheduler, SchedulerConfig, ServingSequence
     from hybridcache.sequence import Sequence
 
     pool, states = BlockPool(64), StatePool(8, checkpoint_budget=4)
     trie = BlockTrie(pool, 8, state_pool=states, track_pending=True)
-    scheduler = Scheduler(SchedulerConfig(max_batch_tokens=64, prefill_chunk=64), pool, states, trie)
+    scheduler = Scheduler(
+        SchedulerConfig(max_batch_tokens=64, prefill_chunk=64), CacheProtocol(CacheComponents(pool, states, trie))
+    )
     producer = ServingSequence(0, Sequence(list(range(20))), max_new_tokens=1)
     scheduler.add(producer)
     (chunk,) = scheduler.schedule().chunks

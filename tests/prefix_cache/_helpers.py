@@ -1,6 +1,6 @@
 """Shared helpers of the prefix-cache tests: building tries, admitting sequences, deep snapshots.
 
-Admission has one helper, ``admit``, which runs the scheduler's own ``try_admit``. A test that
+Admission has one helper, ``admit``, which runs the production ``CacheProtocol.admit``. A test that
 stops inside an admission or takes its steps in another order on purpose says so with a
 helper named after what it does (``grow_attach_commit``, ``admit_leaving_restore_unpinned``).
 """
@@ -17,7 +17,8 @@ from hybridcache.memory.block_pool import BlockPool
 from hybridcache.memory.state_pool import StatePool
 from hybridcache.prefix_cache import BlockTrie, MatchTxn
 from hybridcache.prefix_state import NO_NODE
-from hybridcache.scheduler.admission import try_admit
+from hybridcache.cache import CacheComponents
+from hybridcache.protocol import CacheProtocol
 from hybridcache.sequence import Sequence
 
 B = 16
@@ -29,7 +30,7 @@ def make_trie(num_blocks: int = 64, block_size: int = B, **kwargs) -> tuple[Bloc
 
 
 def admit(trie: BlockTrie, seq: Sequence) -> None:
-    """Admit all of ``seq`` through the production admission (``try_admit``: match, pin the
+    """Admit all of ``seq`` through the production admission (``CacheProtocol.admit``: match, pin the
     selected restore, free blocks under pressure, grow the table, attach, commit); its forward
     has not run yet.
 
@@ -37,8 +38,8 @@ def admit(trie: BlockTrie, seq: Sequence) -> None:
     state, so the row comes from a one-row pool of its own and goes straight back: the trie's
     state pool keeps exactly the checkpoints a test put there, and nothing leaks."""
     runtime_rows = StatePool(2)
-    admitted = try_admit(seq, trie, trie.pool, runtime_rows, seq.num_tokens, seq.num_tokens)
-    assert admitted is not None, f"admission refused {seq}"
+    admitted = CacheProtocol(CacheComponents(trie.pool, runtime_rows, trie)).admit(seq, seq.num_tokens)
+    assert admitted.admitted, f"admission refused {seq}: {admitted.refused}"
     runtime_rows.free_runtime(admitted.runtime_slot)
 
 

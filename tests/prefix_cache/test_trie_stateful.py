@@ -171,7 +171,7 @@ class TrieMachine(RuleBasedStateMachine):
     def prefill_or_roll_back(self, seq: Sequence, data, *, resumed: bool) -> None:
         """match -> (rollback | grow -> allocate -> commit -> forward), checking each step against
         the model: the machine draws voluntary rollbacks and whether a short pool evicts, which
-        production admission (``try_admit``) never chooses."""
+        production admission (``CacheProtocol.admit``) never chooses."""
         before = (seq_state(seq), self.pool.refcounts(np.arange(POOL_BLOCKS)).tolist())
         self.evicted_now = []
         start = seq.num_computed

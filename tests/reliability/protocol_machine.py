@@ -353,7 +353,7 @@ class CacheProtocolMachine(RuleBasedStateMachine):
 
     def _finish_admission(self, entry: Entry, evict: bool, evict_checkpoints: bool) -> bool:
         """The rest of an admission after ``_match``: runtime slot, blocks, allocate, commit; or
-        reject and roll back (True when admitted). Production admission (``try_admit``) does
+        reject and roll back (True when admitted). Production admission (``CacheProtocol.admit``) does
         all of it in one call and always frees what pressure needs; the machine splits the match
         off as its own rule and draws whether pressure is relieved, to reach the states between
         the two and the refusals."""

@@ -14,6 +14,8 @@ from hybridcache.prefix_cache.trie import BlockTrie
 from hybridcache.scheduler import Phase, ScheduledBatch, Scheduler, SchedulerConfig, ServingSequence
 from hybridcache.scheduler.scheduler import NO_SLOT
 from hybridcache.sequence import Sequence
+from hybridcache.cache import CacheComponents
+from hybridcache.protocol import CacheProtocol
 
 B = 8
 TOKEN = 7  # every simulated forward "generates" this token
@@ -28,7 +30,7 @@ class World:
         self.trie = BlockTrie(
             self.pool, block_size, enabled=enabled, state_pool=self.states if hybrid else None, track_pending=True
         )
-        self.sched = Scheduler(SchedulerConfig(**config), self.pool, self.states, self.trie)
+        self.sched = Scheduler(SchedulerConfig(**config), CacheProtocol(CacheComponents(self.pool, self.states, self.trie)))
         self.ids = 0
 
     def add(self, prompt, max_new_tokens=4, **seq_kwargs) -> ServingSequence:
@@ -66,15 +68,10 @@ class World:
 
     def run(self, batch: ScheduledBatch) -> list[ServingSequence]:
         """Simulated forward of ``batch`` (the engine's queue/output protocol)."""
-        checkpoints = self.trie.checkpoints
         for chunk in batch.chunks:
-            if checkpoints is not None:
-                checkpoints.publish_save(chunk.entry.seq, pin=True, in_flight=True)
-                checkpoints.unpin_restore(chunk.entry.seq)
+            self.sched.cache.forward_queued(chunk.entry.seq)
         finished = []
         for chunk in batch.chunks:
-            if checkpoints is not None:
-                checkpoints.unpin_save(chunk.entry.seq)
             if self.sched.complete(chunk, TOKEN, None):
                 finished.append(chunk.entry)
         self.check()

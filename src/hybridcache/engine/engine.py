@@ -45,6 +45,7 @@ from hybridcache.errors import (
     RequestTooLargeError,
 )
 from hybridcache.cache import build_cache
+from hybridcache.protocol import CacheProtocol
 from hybridcache.config import CacheConfig
 from hybridcache.policies import DEFAULT_POLICY, resolve_policy
 from hybridcache.scheduler.scheduler import ScheduledBatch, ScheduledChunk, Scheduler, SchedulerConfig, ServingSequence
@@ -181,7 +182,8 @@ class Engine:
             config.cache_config(hybrid=self.model.layout.is_hybrid), track_pending=True, eviction=eviction
         )
         self.pool, self.states, self.trie = built.pool, built.states, built.trie
-        self.scheduler = Scheduler(config.scheduler_config(), self.pool, self.states, self.trie, built.eviction)
+        self.prefix_cache = CacheProtocol(built)  # the scheduler and the engine drive the cache only through it
+        self.scheduler = Scheduler(config.scheduler_config(), self.prefix_cache, built.eviction)
         self._entries: dict[int, ServingSequence] = {}
         self._ids = itertools.count()
         self._queue: deque[_QueuedForward] = deque()
@@ -306,11 +308,8 @@ class Engine:
         config = self.config
         plan = build_copy_plan(batch.chunks, self.trie, config.shared_write_guard)
         inputs = [self._forward_input(chunk) for chunk in batch.chunks]
-        checkpoints = self.trie.checkpoints
         for chunk in batch.chunks:
-            if checkpoints is not None:
-                checkpoints.publish_save(chunk.entry.seq, pin=True, in_flight=True)
-                checkpoints.unpin_restore(chunk.entry.seq)
+            self.prefix_cache.forward_queued(chunk.entry.seq)
         return _QueuedForward(batch, plan, inputs)
 
     def _forward_input(self, chunk: ScheduledChunk) -> ForwardChunk:
@@ -350,8 +349,6 @@ class Engine:
         self._counters["computed_tokens"] += queued.batch.num_tokens
         finished = []
         for chunk, output in zip(queued.batch.chunks, outputs):
-            if self.trie.checkpoints is not None:
-                self.trie.checkpoints.unpin_save(chunk.entry.seq)
             rows = output.routed_experts if chunk.entry.seq.want_routed_experts else None
             generated = chunk.entry.generated
             done = self.scheduler.complete(chunk, output.next_token, rows)

@@ -6,7 +6,7 @@ structures it drives (block pool, state pool, trie) own their own state.
 
 One ``schedule`` call builds the next forward under a token budget and a cap on running
 sequences: running sequences first (decode tokens and the next prefill chunks), then waiting
-sequences admitted through ``admission.try_admit``. A running sequence that cannot get a KV
+sequences admitted through ``CacheProtocol.admit``. A running sequence that cannot get a KV
 block preempts the most recently admitted idle sequence (recompute: it goes back to the front
 of the waiting queue with nothing cached on it). Checkpoint saves are reserved for each chunk
 where the admission policy (``hybridcache.policies``, ``checkpoint_policy``; the engine's
@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hybridcache.errors import HybridCacheError, InvalidConfigError
-from hybridcache.memory.block_pool import BlockPool
-from hybridcache.memory.state_pool import StatePool
 from hybridcache.policies import (
     IntervalAdmission,
     ReferenceAdmission,
@@ -36,8 +34,7 @@ from hybridcache.policies import (
     resolve_policy,
 )
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord
-from hybridcache.prefix_cache.trie import BlockTrie
-from hybridcache.scheduler.admission import blocks_needed, make_block_room, try_admit
+from hybridcache.protocol import CacheProtocol
 from hybridcache.sequence import Sequence
 from hybridcache.types import NO_SLOT
 
@@ -129,17 +126,15 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(
-        self, config: SchedulerConfig, pool: BlockPool, states: StatePool, trie: BlockTrie, eviction: object = None
-    ) -> None:
-        """``eviction``: the eviction policy state the trie was built with (``build_cache``),
-        told about every checkpoint reserved; None when the trie scores by recency."""
+    def __init__(self, config: SchedulerConfig, cache: CacheProtocol, eviction: object = None) -> None:
+        """``cache``: the prefix cache, driven only through its engine-facing protocol.
+        ``eviction``: the eviction policy state the trie was built with (``build_cache``), told
+        about every checkpoint reserved; None when the trie scores by recency."""
         self.config = config
-        self.pool = pool
-        self.states = states
-        self.trie = trie
+        self.cache = cache
+        self.trie = cache.trie  # read-only use: kind, block size, enabled, branch points
         admission = resolve_policy(config.checkpoint_policy, prefill_chunk=config.prefill_chunk).admission
-        self.admission = admission.fitted(pool.num_blocks * trie.block_size, max(1, states.num_slots - 2))
+        self.admission = admission.fitted(cache.pool.num_blocks * cache.block_size, max(1, cache.states.num_slots - 2))
         self.eviction = eviction
         self.waiting: deque[ServingSequence] = deque()
         self.running: list[ServingSequence] = []
@@ -211,11 +206,8 @@ class Scheduler:
         seq = entry.seq
         start = seq.num_computed
         end = self._planned_end(entry, start, min(seq.num_tokens, start + min(budget, self.config.prefill_chunk)))
-        # Swap private duplicates of blocks already computed for their canonical trie blocks
-        # first: that frees blocks, and deciding room (or preempting) without it can livelock.
-        self.trie.allocate(seq, upto=start)
-        needed = blocks_needed(seq, end, self.trie.block_size)
-        while not make_block_room(self.trie, self.pool, needed):
+        self.cache.swap_computed_duplicates(seq)
+        while not self.cache.extend(seq, end):
             victim = self._preemption_victim(exclude=entry)
             if victim is None:
                 if any(other is not entry and other.in_flight for other in self.running):
@@ -226,8 +218,6 @@ class Scheduler:
                 self.preempt(entry)
                 return None
             self.preempt(victim)
-        self.pool.grow_table(seq, end, self.trie.block_size)
-        self.trie.allocate(seq, upto=end)
         return ScheduledChunk(entry, start, end)
 
     def _admit(self, entry: ServingSequence, budget: int) -> ScheduledChunk | None:
@@ -239,8 +229,8 @@ class Scheduler:
             self._plan(entry, start, branch)
             return self._planned_end(entry, start, seq.num_tokens)
 
-        admitted = try_admit(seq, self.trie, self.pool, self.states, budget, self.config.prefill_chunk, stop_at)
-        if admitted is None:
+        admitted = self.cache.admit(seq, min(budget, self.config.prefill_chunk), stop_at)
+        if not admitted.admitted:
             return None
         entry.last_save_step = admitted.start
         if entry.admissions == 0:
@@ -280,7 +270,6 @@ class Scheduler:
         return end
 
     def _reserve_save(self, chunk: ScheduledChunk) -> CheckpointRecord | None:
-        checkpoints = self.trie.checkpoints
         if not self.trie.is_hybrid or not self.trie.enabled:
             return None
         seq, entry = chunk.entry.seq, chunk.entry
@@ -293,15 +282,14 @@ class Scheduler:
         if chunk.produces_token and entry.finishing and kind is None:
             kind = "turn_end" if not isinstance(self.admission, IntervalAdmission) else None
         if kind is not None:
-            slot = checkpoints.reserve_save(seq, chunk.end)
+            record = self.cache.reserve_save(seq, chunk.end)
         elif chunk.produces_token and self._decode_interval():
-            slot = checkpoints.reserve_decode_save(seq, self._decode_interval())
+            record = self.cache.reserve_decode_save(seq, self._decode_interval())
             kind = "speculative"
         else:
-            slot = -1
-        if slot < 0:
+            record = None
+        if record is None:
             return None
-        record = seq.prefix_state.pending_save
         if self.eviction is not None:
             self.eviction.note_save(record, entry.last_save_step, kind)
         entry.last_save_step = chunk.end
@@ -333,13 +321,11 @@ class Scheduler:
         entry, seq = chunk.entry, chunk.entry.seq
         entry.in_flight = False
         if entry.cancelled:
+            self.cache.forward_done(seq, chunk.start)  # its save is complete; nothing else counts
             self.cancel(entry)
             return False
         seq.set_computed(chunk.end)
-        if expert_rows is not None and seq.want_routed_experts and seq.num_routed_experts == chunk.start:
-            seq.append_routed_experts(expert_rows)
-        self.trie.mark_computed(seq, chunk.start)
-        self.trie.cache_routed_experts(seq)
+        self.cache.forward_done(seq, chunk.start, expert_rows)
         if not chunk.produces_token:
             return False
         seq.append_tokens([next_token])
@@ -357,9 +343,7 @@ class Scheduler:
         sequence back to recompute from scratch, or with ``retry=False`` end it (FAILED)."""
         entry, seq = chunk.entry, chunk.entry.seq
         entry.in_flight = False
-        if self.trie.checkpoints is not None:
-            self.trie.checkpoints.abandon_save(seq)
-        self.trie.discard_pending(seq)
+        self.cache.forward_failed(seq)
         if entry.cancelled:
             self.cancel(entry)
         elif retry:
@@ -384,10 +368,8 @@ class Scheduler:
     def _release(self, entry: ServingSequence) -> None:
         if entry in self.running:
             self.running.remove(entry)
-        self.trie.free_sequence(entry.seq)
-        if entry.runtime_slot != NO_SLOT:
-            self.states.free_runtime(entry.runtime_slot)
-            entry.runtime_slot = NO_SLOT
+        self.cache.free(entry.seq, entry.runtime_slot)
+        entry.runtime_slot = NO_SLOT
 
     def live_sequences(self) -> list[Sequence]:
         return [entry.seq for entry in (*self.running, *self.waiting)]
@@ -396,7 +378,7 @@ class Scheduler:
         running_slots = [e.runtime_slot for e in self.running]
         assert NO_SLOT not in running_slots, "a running sequence has no runtime slot"
         assert len(set(running_slots)) == len(running_slots), "two running sequences share a slot"
-        assert self.states.num_runtime == len(running_slots), "runtime slots leaked"
+        assert self.cache.states.num_runtime == len(running_slots), "runtime slots leaked"
         for entry in self.waiting:
             assert entry.runtime_slot == NO_SLOT and entry.seq.num_blocks == 0, "a waiting sequence holds resources"
             assert not entry.seq.prefix_state.restore_pinned, "a waiting sequence holds a restore pin"

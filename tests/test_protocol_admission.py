@@ -1,4 +1,4 @@
-"""Admission as a transaction (``scheduler.admission``) with the real cache components: a
+"""Admission as a transaction (``CacheProtocol.admit``) with the real cache components: a
 successful admission takes exactly what its first chunk needs; a failed one, whatever the
 reason, leaves the sequence, the pools, the pins, the trie and the match statistics as they
 were (evictions it performed are real and stay counted)."""
@@ -11,12 +11,24 @@ import pytest
 from hybridcache.memory.block_pool import BlockPool
 from hybridcache.memory.state_pool import StatePool
 from hybridcache.prefix_cache.trie import BlockTrie
-from hybridcache.scheduler.admission import Admitted, blocks_needed, make_block_room, try_admit
+from hybridcache.cache import CacheComponents
+from hybridcache.protocol import Admission, CacheProtocol
 from hybridcache.sequence import Sequence
 
-from .test_scheduler import TOKEN, World, prompt
+from tests.scheduler.test_scheduler import TOKEN, World, prompt
 
 B = 8
+
+
+def protocol_of(w) -> CacheProtocol:
+    return CacheProtocol(CacheComponents(w.pool, w.states, w.trie))
+
+
+def admit_within(seq, trie, pool, states, token_budget, chunk_limit):
+    """The protocol's admission for a budget and a chunk limit: the Admission, or None when it
+    changed nothing."""
+    admitted = CacheProtocol(CacheComponents(pool, states, trie)).admit(seq, min(token_budget, chunk_limit))
+    return admitted if admitted.admitted else None
 # the protocol fields of ``prefix_state`` a rollback restores (not the caches of facts about the
 # tokens: block keys, the verified node and its path)
 RESTORED_FIELDS = (
@@ -118,11 +130,12 @@ def check(w: World, *seqs: Sequence) -> None:
 
 def test_blocks_needed_counts_only_missing_blocks():
     seq = Sequence(prompt(20))
-    assert blocks_needed(seq, 20, B) == 3
-    assert blocks_needed(seq, 0, B) == 0
     pool = BlockPool(4)
+    cache = CacheProtocol(CacheComponents(pool, StatePool(2), BlockTrie(pool, B)))
+    assert cache.blocks_needed(seq, 20) == 3
+    assert cache.blocks_needed(seq, 0) == 0
     pool.grow_table(seq, 9, B)
-    assert blocks_needed(seq, 9, B) == 0 and blocks_needed(seq, 17, B) == 1 and blocks_needed(seq, 20, B) == 1
+    assert cache.blocks_needed(seq, 9) == 0 and cache.blocks_needed(seq, 17) == 1 and cache.blocks_needed(seq, 20) == 1
     pool.release_table(seq)
 
 
@@ -131,10 +144,10 @@ def test_make_block_room_evicts_cached_leaves_only_as_needed():
     w.add(prompt(33), max_new_tokens=1)
     w.drain()
     assert w.pool.num_free == 2 and w.trie.nodes.num_attached == 4
-    assert make_block_room(w.trie, w.pool, 2) and w.pool.num_free == 2  # nothing evicted
-    assert make_block_room(w.trie, w.pool, 3) and w.pool.num_free == 3
+    assert protocol_of(w).make_block_room(2) and w.pool.num_free == 2  # nothing evicted
+    assert protocol_of(w).make_block_room(3) and w.pool.num_free == 3
     assert w.trie.stats.evicted_blocks == 1
-    assert not make_block_room(w.trie, w.pool, 7)
+    assert not protocol_of(w).make_block_room(7)
     assert w.pool.num_free == 6 and w.trie.nodes.num_attached == 0
     check(w)
 
@@ -146,8 +159,8 @@ def test_admit_fresh_sequence_takes_its_first_chunk():
     w = World(num_blocks=16)
     seq = Sequence(prompt(30))
     free = w.pool.num_free
-    admitted = try_admit(seq, w.trie, w.pool, w.states, token_budget=100, chunk_limit=20)
-    assert isinstance(admitted, Admitted)
+    admitted = admit_within(seq, w.trie, w.pool, w.states, token_budget=100, chunk_limit=20)
+    assert isinstance(admitted, Admission)
     assert (admitted.start, admitted.end, admitted.hit_tokens, admitted.restore) == (0, 20, 0, None)
     assert w.states.role_of(admitted.runtime_slot).name == "RUNTIME"
     assert seq.num_blocks == 3 and w.pool.num_free == free - 3
@@ -161,7 +174,7 @@ def test_admit_fresh_sequence_takes_its_first_chunk():
 def test_admit_with_hit_pins_the_restore():
     w = cached_world()
     seq = follow_up()
-    admitted = try_admit(seq, w.trie, w.pool, w.states, token_budget=100, chunk_limit=100)
+    admitted = admit_within(seq, w.trie, w.pool, w.states, token_budget=100, chunk_limit=100)
     assert admitted is not None
     record = admitted.restore
     assert record is not None and record.step == 13 and record.restore_pins == 1
@@ -174,7 +187,7 @@ def test_admit_with_hit_pins_the_restore():
 def test_attention_only_hit_is_block_aligned():
     w = cached_world(prompt_len=19, hybrid=False)
     seq = follow_up(prompt_len=19)
-    admitted = try_admit(seq, w.trie, w.pool, w.states, token_budget=100, chunk_limit=100)
+    admitted = admit_within(seq, w.trie, w.pool, w.states, token_budget=100, chunk_limit=100)
     assert admitted is not None and admitted.restore is None
     assert admitted.hit_tokens == 16 and admitted.start == 16
     check(w, seq)
@@ -186,7 +199,7 @@ def test_attention_only_hit_is_block_aligned():
 def _fail_exactly(w: World, seq: Sequence, *others: Sequence, **limits):
     before = world_image(w.pool, w.states, w.trie, seq)
     stats = w.trie.stats.snapshot()
-    assert try_admit(seq, w.trie, w.pool, w.states, **limits) is None
+    assert admit_within(seq, w.trie, w.pool, w.states, **limits) is None
     assert world_image(w.pool, w.states, w.trie, seq) == before
     assert w.trie.stats.snapshot() == stats
     assert not seq.prefix_state.restore_pinned and seq.prefix_state.restore is None
@@ -238,11 +251,11 @@ def test_failed_admissions_never_leak_and_a_later_admission_hits():
     hog = take_all_free(w.pool)
     before = world_image(w.pool, w.states, w.trie, seq)
     for budget in (100, 0, 50, 0, 100) * 4:
-        assert try_admit(seq, w.trie, w.pool, w.states, token_budget=budget, chunk_limit=64) is None
+        assert admit_within(seq, w.trie, w.pool, w.states, token_budget=budget, chunk_limit=64) is None
     assert world_image(w.pool, w.states, w.trie, seq) == before
     check(w, seq, hog)
     w.pool.release_table(hog)
-    admitted = try_admit(seq, w.trie, w.pool, w.states, token_budget=100, chunk_limit=64)
+    admitted = admit_within(seq, w.trie, w.pool, w.states, token_budget=100, chunk_limit=64)
     assert admitted is not None and admitted.hit_tokens == 19 and admitted.restore.step == 19
     assert w.trie.stats.match.matches == 2 and w.trie.stats.match.hits == 1  # the failures left no trace
     check(w, seq)
@@ -257,12 +270,12 @@ def test_evictions_during_a_failed_admission_stay_done():
     seq = Sequence(prompt(17) + [TOKEN] + list(range(500, 530)))
     image = seq_image(seq)
     stats = w.trie.stats.snapshot()
-    assert try_admit(seq, w.trie, w.pool, w.states, token_budget=100, chunk_limit=100) is None
+    assert admit_within(seq, w.trie, w.pool, w.states, token_budget=100, chunk_limit=100) is None
     assert seq_image(seq) == image and w.trie.stats.snapshot() == stats  # the match is undone
     assert w.trie.stats.evicted_blocks == 1 and w.pool.num_free == 1  # the eviction is not
     check(w, seq, hog)
     w.pool.release_table(hog)
-    admitted = try_admit(seq, w.trie, w.pool, w.states, token_budget=100, chunk_limit=100)
+    admitted = admit_within(seq, w.trie, w.pool, w.states, token_budget=100, chunk_limit=100)
     assert admitted is not None and admitted.hit_tokens == 16  # the path it matched survived
     check(w, seq)
 
