@@ -25,7 +25,7 @@ def holdings(cache: CacheProtocol, seq: Sequence) -> tuple:
     pins = sorted((r.record_id, r.pin_count) for r in cache.checkpoints.live_records() if r.pin_count)
     return (
         cache.states.num_runtime, pins, seq.block_table.tolist(), seq.num_computed,
-        state.restore, state.restore_pinned, state.borrowed_depth, state.cursor, state.pending_save,
+        state.checkpoints.restore, state.checkpoints.restore_pinned, state.borrow.depth, state.trie.cursor, state.checkpoints.pending_save,
     )
 
 

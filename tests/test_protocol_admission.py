@@ -29,22 +29,30 @@ def admit_within(seq, trie, pool, states, token_budget, chunk_limit):
     changed nothing."""
     admitted = CacheProtocol(CacheComponents(pool, states, trie)).admit(seq, min(token_budget, chunk_limit))
     return admitted if admitted.admitted else None
+
+
 # the protocol fields of ``prefix_state`` a rollback restores (not the caches of facts about the
 # tokens: block keys, the verified node and its path)
 RESTORED_FIELDS = (
-    "cursor",
-    "cursor_generation",
-    "fresh_range",
-    "trie_block_map",
-    "experts_cached_blocks",
+    "trie.cursor",
+    "trie.cursor_generation",
+    "trie.experts_cached_blocks",
+    "overlap.fresh_range",
+    "overlap.trie_block_map",
     "suppress_stats",
-    "restore",
-    "restore_pinned",
-    "pending_save",
-    "producer_pin",
-    "decode_checkpoint",
-    "records_missing_experts",
+    "checkpoints.restore",
+    "checkpoints.restore_pinned",
+    "checkpoints.pending_save",
+    "checkpoints.producer_pin",
+    "checkpoints.decode_checkpoint",
+    "checkpoints.records_missing_experts",
 )
+
+
+def _field(state, dotted: str):
+    for name in dotted.split("."):
+        state = getattr(state, name)
+    return state
 
 
 def _plain(value):
@@ -61,7 +69,7 @@ def _plain(value):
 
 def seq_image(seq: Sequence):
     """Everything a rollback restores on a sequence (not the cached keys of its tokens)."""
-    state = {k: _plain(getattr(seq.prefix_state, k, None)) for k in RESTORED_FIELDS}
+    state = {k: _plain(_field(seq.prefix_state, k)) for k in RESTORED_FIELDS}
     experts = seq.routed_experts
     return (
         seq.tokens.tolist(),
@@ -179,7 +187,7 @@ def test_admit_with_hit_pins_the_restore():
     record = admitted.restore
     assert record is not None and record.step == 13 and record.restore_pins == 1
     assert (admitted.start, admitted.end, admitted.hit_tokens) == (13, 20, 13)
-    assert seq.prefix_state.restore_pinned and seq.num_computed == 13
+    assert seq.prefix_state.checkpoints.restore_pinned and seq.num_computed == 13
     assert w.trie.stats.match.hits == 1
     check(w, seq)
 
@@ -202,7 +210,7 @@ def _fail_exactly(w: World, seq: Sequence, *others: Sequence, **limits):
     assert admit_within(seq, w.trie, w.pool, w.states, **limits) is None
     assert world_image(w.pool, w.states, w.trie, seq) == before
     assert w.trie.stats.snapshot() == stats
-    assert not seq.prefix_state.restore_pinned and seq.prefix_state.restore is None
+    assert not seq.prefix_state.checkpoints.restore_pinned and seq.prefix_state.checkpoints.restore is None
     assert seq.num_computed == 0 and seq.num_blocks == 0
     check(w, seq, *others)
     return True

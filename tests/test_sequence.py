@@ -209,8 +209,8 @@ def test_seq_ids_are_unique_unless_given():
 
 def test_each_sequence_gets_its_own_prefix_state():
     a, b = Sequence([1]), Sequence([1])
-    a.prefix_state.trie_block_map[0] = 7
-    assert b.prefix_state.trie_block_map == {}
+    a.prefix_state.overlap.trie_block_map[0] = 7
+    assert b.prefix_state.overlap.trie_block_map == {}
     assert a.prefix_state is not b.prefix_state
 
 

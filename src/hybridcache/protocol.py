@@ -77,10 +77,10 @@ class CacheProtocol:
         tokens = as_int("tokens", tokens, 0)
         trie = self.trie
         txn = trie.match(seq)
-        if seq.prefix_state.restore is not None and not self.checkpoints.pin_restore(seq):
+        if seq.prefix_state.checkpoints.restore is not None and not self.checkpoints.pin_restore(seq):
             trie.rollback(txn)  # the checkpoint vanished since the match; retry once without it
             txn = trie.match(seq)
-            if seq.prefix_state.restore is not None and not self.checkpoints.pin_restore(seq):
+            if seq.prefix_state.checkpoints.restore is not None and not self.checkpoints.pin_restore(seq):
                 trie.rollback(txn)
                 return Admission(refused=Refusal.RESTORE_GONE)
         start = seq.num_computed
@@ -102,7 +102,7 @@ class CacheProtocol:
         runtime_slot = self.states.allocate_runtime()
         trie.allocate(seq, upto=end)
         trie.commit(txn)
-        return Admission(start, end, runtime_slot, seq.prefix_state.restore, txn.hit_tokens)
+        return Admission(start, end, runtime_slot, seq.prefix_state.checkpoints.restore, txn.hit_tokens)
 
     def swap_computed_duplicates(self, seq: Sequence) -> None:
         """Swap a running sequence's private duplicates of blocks already computed for their
@@ -141,13 +141,13 @@ class CacheProtocol:
         (None when none can be had now; a hybrid trie only)."""
         if not self.trie.enabled or self.checkpoints.reserve_save(seq, step) == NO_SAVE:
             return None
-        return seq.prefix_state.pending_save
+        return seq.prefix_state.checkpoints.pending_save
 
     def reserve_decode_save(self, seq: Sequence, interval: int) -> CheckpointRecord | None:
         """Before a decode forward: the periodic decode checkpoint, at multiples of ``interval``."""
         if not self.trie.enabled or self.checkpoints.reserve_decode_save(seq, interval) == NO_SAVE:
             return None
-        return seq.prefix_state.pending_save
+        return seq.prefix_state.checkpoints.pending_save
 
     def forward_queued(self, seq: Sequence) -> None:
         """Right after the forward carrying ``seq`` (with its restore and save copies) is

@@ -429,7 +429,7 @@ def test_forced_rejection_after_match_leaves_engine_and_cache_unchanged():
             [(r.record_id, r.state.value, r.restore_pins, r.producer_pins) for r in engine.trie.checkpoints.live_records()],
             seq.num_computed,
             seq.block_table.tolist(),
-            (state.cursor, state.restore, state.restore_pinned, state.fresh_range, dict(state.trie_block_map)),
+            (state.trie.cursor, state.checkpoints.restore, state.checkpoints.restore_pinned, state.overlap.fresh_range, dict(state.overlap.trie_block_map)),
         )
 
     before = image()

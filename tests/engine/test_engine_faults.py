@@ -125,8 +125,8 @@ class FailureWatch:
     def _pending_path(self, seq):
         nodes, state = self.engine.trie.nodes, seq.prefix_state
         found = []
-        node = state.cursor
-        if node < 0 or not nodes.is_valid(node, state.cursor_generation):
+        node = state.trie.cursor
+        if node < 0 or not nodes.is_valid(node, state.trie.cursor_generation):
             return found
         while not nodes.is_root[node]:
             if nodes.pending[node]:
@@ -295,11 +295,11 @@ def test_cancel_while_the_restore_is_pinned_unpins_it():
     consumer = ServingSequence(1, Sequence(list(range(20)) + [7, 1, 2]), max_new_tokens=1)
     scheduler.add(consumer)
     batch = scheduler.schedule()
-    record = consumer.seq.prefix_state.restore
-    assert record is not None and consumer.seq.prefix_state.restore_pinned and record.restore_pins == 1
+    record = consumer.seq.prefix_state.checkpoints.restore
+    assert record is not None and consumer.seq.prefix_state.checkpoints.restore_pinned and record.restore_pins == 1
     consumer.in_flight = False  # cancelled before the forward was queued
     scheduler.cancel(consumer)
-    assert consumer.seq.prefix_state.restore is None and not consumer.seq.prefix_state.restore_pinned
+    assert consumer.seq.prefix_state.checkpoints.restore is None and not consumer.seq.prefix_state.checkpoints.restore_pinned
     assert record.restore_pins == 0 and record.is_published
     assert batch.chunks and scheduler.running == []
     trie.check_invariants(scheduler.live_sequences())

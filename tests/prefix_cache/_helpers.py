@@ -16,7 +16,7 @@ import numpy as np
 from hybridcache.memory.block_pool import BlockPool
 from hybridcache.memory.state_pool import StatePool
 from hybridcache.prefix_cache import BlockTrie, MatchTxn
-from hybridcache.prefix_state import NO_NODE
+from hybridcache.types import NO_NODE
 from hybridcache.cache import CacheComponents
 from hybridcache.protocol import CacheProtocol
 from hybridcache.sequence import Sequence
@@ -47,7 +47,7 @@ def forward(trie: BlockTrie, seq: Sequence) -> None:
     """The forward over every token ran: all tokens are computed, and the restore copy (if
     any) is queued, so the restore pin goes."""
     seq.set_computed(seq.num_tokens)
-    if seq.prefix_state.restore_pinned:
+    if seq.prefix_state.checkpoints.restore_pinned:
         trie.checkpoints.unpin_restore(seq)
 
 
@@ -97,16 +97,16 @@ def refs(pool: BlockPool, seq: Sequence) -> list[int]:
 def cursor_depth(trie: BlockTrie, seq: Sequence) -> int | None:
     """Depth of the sequence's cursor, or None when it has no valid cursor."""
     state = seq.prefix_state
-    if state.cursor == NO_NODE or not trie.nodes.is_valid(state.cursor, state.cursor_generation):
+    if state.trie.cursor == NO_NODE or not trie.nodes.is_valid(state.trie.cursor, state.trie.cursor_generation):
         return None
-    return int(trie.nodes.depth[state.cursor])
+    return int(trie.nodes.depth[state.trie.cursor])
 
 
 def path_blocks(trie: BlockTrie, seq: Sequence) -> list[int]:
     """Canonical block ids of the path from the root to the sequence's cursor, in table order."""
     if cursor_depth(trie, seq) is None:
         return []
-    nodes, slot, ids = trie.nodes, seq.prefix_state.cursor, []
+    nodes, slot, ids = trie.nodes, seq.prefix_state.trie.cursor, []
     while not nodes.is_root[slot]:
         ids.append(int(nodes.block[slot]))
         slot = int(nodes.parent[slot])
@@ -176,17 +176,19 @@ def snapshot(*objects):
     return tuple(freeze(o) for o in objects)
 
 
-# caches of facts about the tokens (kept by a rollback): the block keys, the verified node and its path
-KEY_CACHE_FIELDS = (
-    "block_keys", "block_sums", "num_keys", "keys_from", "key_sum", "keyer_id", "mm_blocks", "verified", "verified_generation", "path",
-    "found", "owner",
-)
+# caches of facts about the tokens (kept by a rollback): the block keys, the verified node and
+# its path, the remembered search and the trie they belong to
+KEY_CACHE_FIELDS = {"verified", "verified_generation", "verified_path", "last_search", "owner"}
 
 
 def seq_state(seq: Sequence):
     """What a rollback must restore on a sequence: everything but the cached block keys (a pure
     function of the tokens, extended by any match)."""
-    state = {k: v for k, v in vars(seq.prefix_state).items() if k not in KEY_CACHE_FIELDS}
+    prefix_state = seq.prefix_state
+    position = {f.name: getattr(prefix_state.trie, f.name) for f in dataclasses.fields(prefix_state.trie)}
+    position = {k: v for k, v in position.items() if k not in KEY_CACHE_FIELDS}
+    groups = {f.name: getattr(prefix_state, f.name) for f in dataclasses.fields(prefix_state)}
+    state = {**{k: v for k, v in groups.items() if k not in ("keys", "trie")}, "trie": position}
     experts = seq.routed_experts
     return freeze(
         {

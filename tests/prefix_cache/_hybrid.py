@@ -32,7 +32,7 @@ def produce(
     admit(trie, seq)
     slot = trie.checkpoints.reserve_save(seq, step)
     assert slot > 0, f"reserve_save refused step {step}"
-    record = seq.prefix_state.pending_save
+    record = seq.prefix_state.checkpoints.pending_save
     assert record is not None and record.slot == slot
     forward(trie, seq)
     assert trie.checkpoints.publish_save(seq, pin=pin)

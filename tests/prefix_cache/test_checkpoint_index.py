@@ -13,7 +13,7 @@ from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord, Checkpo
 from hybridcache.prefix_cache.node import NodePath, NodeTable
 from hybridcache.prefix_cache.routed_experts import RoutedExpertStore
 from hybridcache.prefix_cache.stats import MissReason
-from hybridcache.prefix_state import NO_NODE
+from hybridcache.types import NO_NODE
 from hybridcache.sequence import MultimodalSpan, Namespace, Sequence
 
 from ._helpers import B, admit, forward, tokens
@@ -207,7 +207,7 @@ def test_verify_stale_checkpoint_reserved_and_released(hybrid):
     producer = Sequence(PROMPT)
     admit(trie, producer)
     assert trie.checkpoints.reserve_save(producer, 32) > 0
-    reserved = producer.prefix_state.pending_save
+    reserved = producer.prefix_state.checkpoints.pending_save
     request = Sequence(PROMPT + [1])
     verdict = verify(trie, reserved, request)
     assert verdict.status is VerifyStatus.STALE_CHECKPOINT and "reserved" in verdict.reason
@@ -312,10 +312,10 @@ def test_prefix_before_the_anchor_differs(hybrid):
     assert request_key(trie, request, 37) == record.key
     assert verify(trie, record, request).status is VerifyStatus.HIT
     assert path_to(trie, record, request) is None
-    assert request.prefix_state.verified == NO_NODE  # a rejected anchor is not verified
+    assert request.prefix_state.trie.verified == NO_NODE  # a rejected anchor is not verified
     trie.stats.reset()
     txn = trie.match(request)
-    assert txn.hit_tokens == 0 and request.prefix_state.restore is None
+    assert txn.hit_tokens == 0 and request.prefix_state.checkpoints.restore is None
     assert trie.stats.match.misses == {MissReason.NO_CACHED_PREFIX.value: 1}
     assert record.is_published and indexed(trie, record)
     trie.rollback(txn)
@@ -333,7 +333,7 @@ def test_prefix_multimodal_identity_differs(hybrid):
         assert verify(trie, record, request).status is VerifyStatus.HIT
         assert path_to(trie, record, request) is None
         txn = trie.match(request)
-        assert txn.hit_tokens == 0 and request.prefix_state.restore is None
+        assert txn.hit_tokens == 0 and request.prefix_state.checkpoints.restore is None
         trie.rollback(txn)
     # the producer's own identity matches
     _, with_image = produce(trie, PROMPT, 40, multimodal=[MultimodalSpan(2, 6, "image", "x")])
@@ -356,7 +356,7 @@ def test_prefix_lacks_routed_experts(hybrid):
     assert path_to(trie, record, request) is None
     assert path_to(trie, record, Sequence(PROMPT + [1])) is not None  # without experts it fits
     txn = trie.match(request)
-    assert txn.hit_tokens == 0 and request.prefix_state.restore is None
+    assert txn.hit_tokens == 0 and request.prefix_state.checkpoints.restore is None
     trie.rollback(txn)
     # a routed-expert run of the prompt gives the cached blocks their rows
     enricher = Sequence(PROMPT, want_routed_experts=True)
@@ -369,7 +369,7 @@ def test_prefix_lacks_routed_experts(hybrid):
     request = Sequence(PROMPT + [1], want_routed_experts=True)
     assert_usable(trie, record, request)
     txn = trie.match(request)
-    assert request.prefix_state.restore is record and request.num_computed == 32
+    assert request.prefix_state.checkpoints.restore is record and request.num_computed == 32
     np.testing.assert_array_equal(request.routed_experts, rows[:32])
     trie.rollback(txn)
     trie.check_invariants([request])
@@ -384,7 +384,7 @@ def test_prefix_beyond_the_requests_cached_path(hybrid):
     assert path_to(trie, record, request) is None
     assert request_key(trie, request, 32) != record.key  # and a match never probes it
     txn = trie.match(request)
-    assert txn.hit_tokens == 0 and request.prefix_state.restore is None
+    assert txn.hit_tokens == 0 and request.prefix_state.checkpoints.restore is None
     trie.rollback(txn)
     trie.check_invariants([request])
 
@@ -409,17 +409,17 @@ def test_path_to_anchor_compares_only_beyond_the_verified_node(hybrid, monkeypat
     path = path_to(trie, shallow, request)
     assert path is not None and path.node == shallow.anchor and compared == [[1]]
     state = request.prefix_state
-    assert (state.verified, state.verified_generation) == (shallow.anchor, shallow.anchor_generation)
+    assert (state.trie.verified, state.trie.verified_generation) == (shallow.anchor, shallow.anchor_generation)
     path = path_to(trie, deep, request)
     assert path is not None and path.node == deep.anchor and compared == [[1], [2, 3]]
-    assert state.verified == deep.anchor
+    assert state.trie.verified == deep.anchor
     path = path_to(trie, shallow, request)  # on the verified path: nothing compared
     assert path is not None and (path.node, path.depth) == (shallow.anchor, 1)
     assert path_to(trie, foreign, request) is None  # not on the verified path
-    assert compared == [[1], [2, 3]] and state.verified == deep.anchor
+    assert compared == [[1], [2, 3]] and state.trie.verified == deep.anchor
     fresh = Sequence(PROMPT + [1])
     assert path_to(trie, foreign, fresh) is None and compared[-1] == [1]
-    assert fresh.prefix_state.verified == NO_NODE
+    assert fresh.prefix_state.trie.verified == NO_NODE
 
 
 def test_verify_simulated_key_collision(hybrid):
@@ -444,7 +444,7 @@ def test_verify_simulated_key_collision(hybrid):
         assert path_to(trie, record, request) is None
     trie.stats.reset()
     txn = trie.match(request)
-    assert txn.hit_tokens == 0 and request.prefix_state.restore is None
+    assert txn.hit_tokens == 0 and request.prefix_state.checkpoints.restore is None
     assert trie.stats.match.misses == {MissReason.NO_CHECKPOINT.value: 1}
     for record in (foreign, other):  # a mismatch changes nothing
         assert record.is_published and indexed(trie, record)
@@ -462,7 +462,7 @@ def test_request_mismatch_leaves_the_record_intact(hybrid):
     for request in (Sequence(PROMPT[:39] + [0, 1]), Sequence([0] + PROMPT[1:] + [1])):
         txn = trie.match(request)
         assert txn.hit_tokens == 0 and request.num_computed == 0
-        assert request.prefix_state.restore is None
+        assert request.prefix_state.checkpoints.restore is None
         trie.commit(txn)
         trie.free_sequence(request)
     assert record.is_published and indexed(trie, record)
@@ -483,7 +483,7 @@ def test_stale_index_key_is_dropped_and_the_match_goes_on(hybrid):
     assert trie.index.candidate_steps(NS, 0, 64) == [48, 32]
     free_slots = states.num_free
     txn = trie.match(request)
-    assert request.prefix_state.restore is record and request.num_computed == 32
+    assert request.prefix_state.checkpoints.restore is record and request.num_computed == 32
     assert trie.index.bucket(NS, stale_key) == ()
     assert trie.index.bucket(NS, record.key) == (record,)
     assert trie.index.candidate_steps(NS, 0, 64) == [32]
@@ -502,7 +502,7 @@ def test_stale_index_key_alone_is_a_miss(hybrid):
     trie.index.add(record, stale_key)
     trie.stats.reset()
     txn = trie.match(request)
-    assert txn.hit_tokens == 0 and request.prefix_state.restore is None
+    assert txn.hit_tokens == 0 and request.prefix_state.checkpoints.restore is None
     assert trie.stats.match.misses == {MissReason.NO_CHECKPOINT.value: 1}
     assert trie.index.bucket(NS, stale_key) == () and indexed(trie, record)
     assert trie.index.candidate_steps(NS, 0, 64) == [32]
@@ -518,7 +518,7 @@ def test_detached_anchor_is_released_by_the_match(hybrid):
     free_slots, free_blocks = states.num_free, pool.num_free
     request = Sequence(tokens(41))
     txn = trie.match(request)
-    assert txn.hit_tokens == 0 and request.prefix_state.restore is None
+    assert txn.hit_tokens == 0 and request.prefix_state.checkpoints.restore is None
     assert record.state is CheckpointState.RELEASED
     assert trie.index.num_steps(NS) == 0 and len(trie.index) == 0
     assert states.num_free == free_slots + 1 and pool.num_free == free_blocks + 1  # slot and frozen block
@@ -550,18 +550,18 @@ def test_unpublished_reservation_indexed_by_hand_is_released(hybrid):
     producer = Sequence(tokens(48))
     admit(trie, producer)
     slot = trie.checkpoints.reserve_save(producer, 32)
-    reserved = producer.prefix_state.pending_save
+    reserved = producer.prefix_state.checkpoints.pending_save
     trie.index.add(reserved)
     free_slots = states.num_free
     request = Sequence(tokens(49))
     txn = trie.match(request)
-    assert txn.hit_tokens == 0 and request.prefix_state.restore is None
+    assert txn.hit_tokens == 0 and request.prefix_state.checkpoints.restore is None
     assert reserved.state is CheckpointState.RELEASED and len(trie.index) == 0
     assert states.num_free == free_slots + 1
     # the producer's publish now fails cleanly
     forward(trie, producer)
     assert trie.checkpoints.publish_save(producer) is False
-    assert producer.prefix_state.pending_save is None and states.num_free == free_slots + 1
+    assert producer.prefix_state.checkpoints.pending_save is None and states.num_free == free_slots + 1
     assert slot not in [r.slot for r in trie.checkpoints.live_records()]
     trie.rollback(txn)
     trie.check_invariants([request, producer])

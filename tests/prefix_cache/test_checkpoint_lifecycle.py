@@ -48,7 +48,7 @@ def hits(trie, prompt, **kwargs):
     """Match a request of ``prompt`` (rolled back at once); return (hit step, restore)."""
     request = Sequence(prompt, **kwargs)
     txn = trie.match(request)
-    result = (request.num_computed, request.prefix_state.restore)
+    result = (request.num_computed, request.prefix_state.checkpoints.restore)
     trie.rollback(txn)
     return result
 
@@ -63,7 +63,7 @@ def test_reserve_then_publish():
     admit(trie, seq)
     slot = cp.reserve_save(seq, 32)
     assert slot > 0 and states.role_of(slot) is SlotRole.CHECKPOINT
-    record = seq.prefix_state.pending_save
+    record = seq.prefix_state.checkpoints.pending_save
     assert record.state is CheckpointState.RESERVED and record.slot == slot
     # keyed by its step and the value of its anchor's own block: what a request probes
     assert record.key == (32, trie.nodes.last_block_value(record.anchor))
@@ -73,9 +73,9 @@ def test_reserve_then_publish():
     assert hits(trie, tokens(49)) == (0, None)  # a reservation is not matchable
     forward(trie, seq)
     assert cp.publish_save(seq) is True
-    assert record.state is CheckpointState.PUBLISHED and seq.prefix_state.pending_save is None
+    assert record.state is CheckpointState.PUBLISHED and seq.prefix_state.checkpoints.pending_save is None
     assert indexed(trie, record) and trie.index.candidate_steps(NS, 0, 100) == [32]
-    assert record.producer_pins == 0 and seq.prefix_state.producer_pin is None
+    assert record.producer_pins == 0 and seq.prefix_state.checkpoints.producer_pin is None
     assert hits(trie, tokens(49)) == (32, record)
     trie.check_invariants([seq])
     trie.free_sequence(seq)
@@ -97,14 +97,14 @@ def test_partial_reserve_consumes_one_block_and_one_slot_and_discard_returns_bot
     admit(trie, seq)
     free_blocks, free_slots = pool.num_free, states.num_free
     slot = cp.reserve_save(seq)
-    record = seq.prefix_state.pending_save
+    record = seq.prefix_state.checkpoints.pending_save
     assert slot > 0 and record.step == 33 and record.is_partial
     assert pool.num_free == free_blocks - 1 and states.num_free == free_slots - 1
     assert record.frozen_block not in seq.block_table.tolist()
     assert pool.refcount_of(record.frozen_block) == 1
     trie.check_invariants([seq])
     assert cp.discard_save(seq) is True
-    assert seq.prefix_state.pending_save is None and record.state is CheckpointState.RELEASED
+    assert seq.prefix_state.checkpoints.pending_save is None and record.state is CheckpointState.RELEASED
     assert cp.live_records() == [] and cp.records_at(record.anchor) == ()
     assert pool.num_free == free_blocks and states.num_free == free_slots
     assert cp.discard_save(seq) is False
@@ -132,14 +132,14 @@ def test_a_new_reserve_discards_the_previous_one():
     admit(trie, seq)
     free_slots = states.num_free
     cp.reserve_save(seq, 33)
-    first = seq.prefix_state.pending_save
+    first = seq.prefix_state.checkpoints.pending_save
     cp.reserve_save(seq, 40)
-    second = seq.prefix_state.pending_save
+    second = seq.prefix_state.checkpoints.pending_save
     assert first.state is CheckpointState.RELEASED and second.state is CheckpointState.RESERVED
     assert states.num_free == free_slots - 1 and cp.live_records() == [second]
     with pytest.raises(InvalidStepError):  # bad input changes nothing: the reservation stays
         cp.reserve_save(seq, 0)
-    assert seq.prefix_state.pending_save is second and second.state is CheckpointState.RESERVED
+    assert seq.prefix_state.checkpoints.pending_save is second and second.state is CheckpointState.RESERVED
     assert cp.reserve_save(seq, 41, is_decode=True) == NO_SAVE  # a refused reserve drops the previous one
     assert second.state is CheckpointState.RELEASED and states.num_free == free_slots
     trie.check_invariants([seq])
@@ -151,7 +151,7 @@ def test_a_step_inside_a_span_is_refused_without_a_save():
     admit(trie, seq)
     before = (pool.num_free, states.num_free)
     assert trie.checkpoints.reserve_save(seq, 18) == NO_SAVE
-    assert seq.prefix_state.pending_save is None and trie.checkpoints.live_records() == []
+    assert seq.prefix_state.checkpoints.pending_save is None and trie.checkpoints.live_records() == []
     assert (pool.num_free, states.num_free) == before
 
 
@@ -161,11 +161,11 @@ def test_an_out_of_range_step_raises_and_keeps_the_reservation(step):
     seq = Sequence(tokens(48))
     admit(trie, seq)
     trie.checkpoints.reserve_save(seq, 33)
-    held = seq.prefix_state.pending_save
+    held = seq.prefix_state.checkpoints.pending_save
     before = (pool.num_free, states.num_free)
     with pytest.raises(InvalidStepError):
         trie.checkpoints.reserve_save(seq, step)
-    assert seq.prefix_state.pending_save is held and held.state is CheckpointState.RESERVED
+    assert seq.prefix_state.checkpoints.pending_save is held and held.state is CheckpointState.RESERVED
     assert (pool.num_free, states.num_free) == before
     trie.check_invariants([seq])
 
@@ -191,7 +191,7 @@ def test_decode_save_must_be_aligned():
     admit(trie, seq)
     assert trie.checkpoints.reserve_save(seq, 40, is_decode=True) == NO_SAVE
     assert trie.checkpoints.reserve_save(seq, 32, is_decode=True) > 0
-    assert seq.prefix_state.pending_save.is_decode
+    assert seq.prefix_state.checkpoints.pending_save.is_decode
 
 
 def test_explicit_chunk_step():
@@ -217,14 +217,14 @@ def test_two_identical_prompts_share_the_anchor():
     assert slot > 0
     free = (pool.num_free, states.num_free)
     assert cp.reserve_save(second) == NO_SAVE  # an equal save is pending at the anchor
-    assert second.prefix_state.pending_save is None and (pool.num_free, states.num_free) == free
+    assert second.prefix_state.checkpoints.pending_save is None and (pool.num_free, states.num_free) == free
     forward(trie, first)
     forward(trie, second)
     assert cp.publish_save(first) and cp.publish_save(second) is False
     assert cp.reserve_save(second) == NO_SAVE  # an equal save is published there
     third = Sequence(tokens(41))
     txn = trie.match(third)
-    assert third.num_computed == 40 and third.prefix_state.restore.slot == slot
+    assert third.num_computed == 40 and third.prefix_state.checkpoints.restore.slot == slot
     trie.rollback(txn)
     # a different step on the same anchor is not equal
     assert cp.reserve_save(second, 39) > 0
@@ -238,7 +238,7 @@ def test_equal_step_with_a_different_tail_is_not_equal():
     admit(trie, first)
     admit(trie, second)
     assert cp.reserve_save(first) > 0 and cp.reserve_save(second) > 0
-    assert first.prefix_state.pending_save.anchor == second.prefix_state.pending_save.anchor
+    assert first.prefix_state.checkpoints.pending_save.anchor == second.prefix_state.checkpoints.pending_save.anchor
     trie.check_invariants([first, second])
 
 
@@ -251,17 +251,17 @@ def test_restore_pin_survives_tail_allocation():
     _, record = produce(trie, tokens(32), 32)
     seq = Sequence(tokens(50))
     txn = trie.match(seq)
-    assert seq.prefix_state.restore is record and not seq.prefix_state.restore_pinned
+    assert seq.prefix_state.checkpoints.restore is record and not seq.prefix_state.checkpoints.restore_pinned
     assert record.restore_pins == 0  # selected, not pinned
     assert cp.pin_restore(seq) and record.restore_pins == 1 and record.hits == 1
     assert cp.pin_restore(seq) is False  # already pinned
     grow_attach_commit(trie, seq, txn)
     assert cursor_depth(trie, seq) == 3 and int(trie.nodes.depth[record.anchor]) == 2
-    assert seq.prefix_state.restore is record and record.restore_pins == 1
+    assert seq.prefix_state.checkpoints.restore is record and record.restore_pins == 1
     trie.check_invariants([seq])
     assert cp.unpin_restore(seq) is True
-    assert record.restore_pins == 0 and seq.prefix_state.restore is None
-    assert not seq.prefix_state.restore_pinned
+    assert record.restore_pins == 0 and seq.prefix_state.checkpoints.restore is None
+    assert not seq.prefix_state.checkpoints.restore_pinned
     assert cp.unpin_restore(seq) is False
     trie.check_invariants([seq])
 
@@ -272,11 +272,11 @@ def test_pin_restore_refuses_a_released_checkpoint():
     _, record = produce(trie, tokens(32), 32)
     seq = Sequence(tokens(33))
     txn = trie.match(seq)
-    assert seq.prefix_state.restore is record
+    assert seq.prefix_state.checkpoints.restore is record
     assert trie.free_state_slots(1) == 1  # gone between match and admission
-    assert cp.pin_restore(seq) is False and not seq.prefix_state.restore_pinned
+    assert cp.pin_restore(seq) is False and not seq.prefix_state.checkpoints.restore_pinned
     trie.rollback(txn)
-    assert seq.prefix_state.restore is None and seq.num_computed == 0
+    assert seq.prefix_state.checkpoints.restore is None and seq.num_computed == 0
     trie.check_invariants([seq])
 
 
@@ -286,9 +286,9 @@ def test_free_sequence_discards_the_pending_save():
     admit(trie, seq)
     free_blocks, free_slots = pool.num_free, states.num_free
     assert trie.checkpoints.reserve_save(seq) > 0
-    record = seq.prefix_state.pending_save
+    record = seq.prefix_state.checkpoints.pending_save
     trie.free_sequence(seq)
-    assert record.state is CheckpointState.RELEASED and seq.prefix_state.pending_save is None
+    assert record.state is CheckpointState.RELEASED and seq.prefix_state.checkpoints.pending_save is None
     assert states.num_free == free_slots and pool.num_free == free_blocks + 1  # + the unattached block 2
     assert trie.checkpoints.live_records() == []
     trie.check_invariants([seq])
@@ -308,9 +308,9 @@ def test_free_sequence_clears_an_unpinned_selected_restore():
     _, record = produce(trie, tokens(32), 32)
     seq = Sequence(tokens(40))
     admit_leaving_restore_unpinned(trie, seq)
-    assert seq.prefix_state.restore is record and record.restore_pins == 0
+    assert seq.prefix_state.checkpoints.restore is record and record.restore_pins == 0
     trie.free_sequence(seq)
-    assert seq.prefix_state.restore is None and record.restore_pins == 0 and record.is_published
+    assert seq.prefix_state.checkpoints.restore is None and record.restore_pins == 0 and record.is_published
     trie.check_invariants([seq])
 
 
@@ -324,12 +324,12 @@ def test_free_sequence_unpins_the_restore_but_keeps_the_producer_pin():
     assert cp.reserve_save(seq) > 0
     seq.set_computed(seq.num_tokens)  # the restore copy is not unpinned yet
     assert cp.publish_save(seq, pin=True)
-    saved = seq.prefix_state.producer_pin
+    saved = seq.prefix_state.checkpoints.producer_pin
     trie.free_sequence(seq)
-    assert restored.restore_pins == 0 and seq.prefix_state.restore is None
-    assert saved.producer_pins == 1 and seq.prefix_state.producer_pin is saved
+    assert restored.restore_pins == 0 and seq.prefix_state.checkpoints.restore is None
+    assert saved.producer_pins == 1 and seq.prefix_state.checkpoints.producer_pin is saved
     trie.check_invariants([seq])
-    assert cp.unpin_save(seq) and saved.producer_pins == 0 and seq.prefix_state.producer_pin is None
+    assert cp.unpin_save(seq) and saved.producer_pins == 0 and seq.prefix_state.checkpoints.producer_pin is None
     assert cp.unpin_save(seq) is False
     trie.check_invariants([seq])
 
@@ -403,15 +403,15 @@ def test_publish_with_a_producer_pin_already_held_raises_before_publishing():
     seq, first = produce(trie, tokens(32), 32, pin=True, free=False)
     extend(trie, seq, tokens(16, start=500))
     assert cp.reserve_save(seq) > 0
-    pending = seq.prefix_state.pending_save
+    pending = seq.prefix_state.checkpoints.pending_save
     forward(trie, seq)
     before = world(pool, states, trie, seq)
     with pytest.raises(LifecycleError, match="producer pin"):
         cp.publish_save(seq, pin=True)
     assert world(pool, states, trie, seq) == before
-    assert pending.state is CheckpointState.RESERVED and seq.prefix_state.pending_save is pending
+    assert pending.state is CheckpointState.RESERVED and seq.prefix_state.checkpoints.pending_save is pending
     assert cp.unpin_save(seq)
-    assert cp.publish_save(seq, pin=True) and seq.prefix_state.producer_pin is pending
+    assert cp.publish_save(seq, pin=True) and seq.prefix_state.checkpoints.producer_pin is pending
     assert first.is_published and first.producer_pins == 0
     trie.check_invariants([seq])
 
@@ -427,9 +427,9 @@ def test_reserve_with_a_bad_step_type_changes_nothing():
         with pytest.raises(InvalidTypeError):
             cp.reserve_save(seq, bad)
         assert world(pool, states, trie, seq) == before
-    assert seq.prefix_state.pending_save.state is CheckpointState.RESERVED
+    assert seq.prefix_state.checkpoints.pending_save.state is CheckpointState.RESERVED
     assert cp.reserve_save(seq, np.int64(34)) > 0  # numpy ints are ints
-    assert seq.prefix_state.pending_save.step == 34
+    assert seq.prefix_state.checkpoints.pending_save.step == 34
 
 
 def test_bad_counts_and_intervals_change_nothing():
@@ -480,12 +480,12 @@ def test_decode_save_published_after_the_sequence_advanced():
     forward(trie, seq)
     extend(trie, seq, [500])  # 32 tokens: block 1 completes and is attached
     assert cp.reserve_decode_save(seq, B) > 0
-    record = seq.prefix_state.pending_save
+    record = seq.prefix_state.checkpoints.pending_save
     assert record.is_decode and record.step == 32
     seq.set_computed(32)
     seq.append_tokens([501])  # the next decode token arrives before the output boundary
     assert cp.publish_save(seq)
-    assert seq.prefix_state.decode_checkpoint is record and record.is_published
+    assert seq.prefix_state.checkpoints.decode_checkpoint is record and record.is_published
     trie.check_invariants([seq])
 
 
@@ -497,7 +497,7 @@ def test_reserve_decode_save_refusals():
     forward(trie, seq)
     with pytest.raises(InvalidArgumentError):
         cp.reserve_decode_save(seq, 8)  # the interval must be a multiple of the block size
-    assert seq.prefix_state.pending_save is None
+    assert seq.prefix_state.checkpoints.pending_save is None
     extend(trie, seq, tokens(8, start=300))
     assert cp.reserve_decode_save(seq, 0) == NO_SAVE  # no decode saves
     assert cp.reserve_decode_save(seq, 32) == NO_SAVE  # 48 is not a multiple of 32
@@ -506,7 +506,7 @@ def test_reserve_decode_save_refusals():
     assert cp.reserve_decode_save(seq, B) == NO_SAVE  # the same step is already published
     extend(trie, seq, [1])
     assert cp.reserve_decode_save(seq, B) == NO_SAVE  # 49: not a multiple
-    assert seq.prefix_state.pending_save is None and len(cp.live_records()) == 1
+    assert seq.prefix_state.checkpoints.pending_save is None and len(cp.live_records()) == 1
 
 
 def _decode_checkpoint_at_32(trie):
@@ -515,7 +515,7 @@ def _decode_checkpoint_at_32(trie):
     admit(trie, seq)
     forward(trie, seq)
     assert cp.reserve_decode_save(seq, B) > 0 and cp.publish_save(seq)
-    old = seq.prefix_state.decode_checkpoint
+    old = seq.prefix_state.checkpoints.decode_checkpoint
     extend(trie, seq, tokens(16, start=900))
     return seq, old
 
@@ -525,14 +525,14 @@ def test_decode_checkpoint_is_replaced_only_after_the_new_one_publishes():
     cp = trie.checkpoints
     seq, old = _decode_checkpoint_at_32(trie)
     assert cp.reserve_decode_save(seq, B) > 0
-    new = seq.prefix_state.pending_save
+    new = seq.prefix_state.checkpoints.pending_save
     assert new.step == 48 and new is not old
     # while the new save is in flight the old one is still published and matchable
-    assert old.is_published and seq.prefix_state.decode_checkpoint is old
+    assert old.is_published and seq.prefix_state.checkpoints.decode_checkpoint is old
     assert hits(trie, tokens(33)) == (32, old)
     forward(trie, seq)
     assert cp.publish_save(seq)
-    assert old.state is CheckpointState.RELEASED and seq.prefix_state.decode_checkpoint is new
+    assert old.state is CheckpointState.RELEASED and seq.prefix_state.checkpoints.decode_checkpoint is new
     assert hits(trie, tokens(32) + tokens(16, start=900) + [1]) == (48, new)
     trie.check_invariants([seq])
 
@@ -544,7 +544,7 @@ def test_abandoned_decode_save_keeps_the_old_checkpoint():
     free_slots = states.num_free
     assert cp.reserve_decode_save(seq, B) > 0
     assert cp.discard_save(seq)
-    assert old.is_published and seq.prefix_state.decode_checkpoint is old
+    assert old.is_published and seq.prefix_state.checkpoints.decode_checkpoint is old
     assert states.num_free == free_slots and hits(trie, tokens(33)) == (32, old)
     trie.check_invariants([seq])
 
@@ -559,7 +559,7 @@ def test_pinned_old_decode_checkpoint_is_kept():
     assert cp.reserve_decode_save(seq, B) > 0
     forward(trie, seq)
     assert cp.publish_save(seq)
-    new = seq.prefix_state.decode_checkpoint
+    new = seq.prefix_state.checkpoints.decode_checkpoint
     assert new.step == 48 and old.is_published and old.restore_pins == 1
     assert cp.unpin_restore(reader) and old.is_published  # now an ordinary LRU checkpoint
     trie.check_invariants([seq, reader])
@@ -573,8 +573,8 @@ def test_decode_save_refused_when_the_anchor_has_an_equal_pending_save():
     admit(trie, other)
     assert cp.reserve_save(other, 48) > 0
     assert cp.reserve_decode_save(seq, B) == NO_SAVE
-    assert old.is_published and seq.prefix_state.decode_checkpoint is old
-    assert seq.prefix_state.pending_save is None
+    assert old.is_published and seq.prefix_state.checkpoints.decode_checkpoint is old
+    assert seq.prefix_state.checkpoints.pending_save is None
     trie.check_invariants([seq, other])
 
 
@@ -585,11 +585,11 @@ def test_decode_save_refused_before_the_block_is_attached():
     admit(trie, seq)
     forward(trie, seq)
     assert cp.reserve_decode_save(seq, B) > 0 and cp.publish_save(seq)
-    old = seq.prefix_state.decode_checkpoint
+    old = seq.prefix_state.checkpoints.decode_checkpoint
     seq.append_tokens(tokens(16, start=900))
     pool.grow_table(seq, seq.num_tokens, B)  # no trie.allocate
     assert cp.reserve_decode_save(seq, B) == NO_SAVE
-    assert old.is_published and seq.prefix_state.decode_checkpoint is old
+    assert old.is_published and seq.prefix_state.checkpoints.decode_checkpoint is old
 
 
 # --- eviction and pressure ------------------------------------------------------------------
@@ -604,16 +604,16 @@ def test_reservation_whose_anchor_is_evicted_before_publish():
     _, shallow = produce(trie, prompt, 16)
     seq = Sequence(prompt + [7])
     admit(trie, seq)
-    assert seq.num_computed == 16 and seq.prefix_state.trie_block_map  # private blocks 1, 2
+    assert seq.num_computed == 16 and seq.prefix_state.overlap.trie_block_map  # private blocks 1, 2
     free_blocks, free_slots = pool.num_free, states.num_free
     assert cp.reserve_save(seq, 49) > 0  # mid-block, anchored on the leaf at depth 3
-    record = seq.prefix_state.pending_save
+    record = seq.prefix_state.checkpoints.pending_save
     assert leaves(trie) == [record.anchor] and pool.refcount_of(int(trie.nodes.block[record.anchor])) == 1
     assert trie.free_kv_blocks(1) == 2  # the leaf and the reservation's frozen block
     assert record.state is CheckpointState.RELEASED
     forward(trie, seq)
     assert cp.publish_save(seq) is False
-    assert seq.prefix_state.pending_save is None
+    assert seq.prefix_state.checkpoints.pending_save is None
     # the evicted leaf's block is freed; the frozen block and the slot are back
     assert pool.num_free == free_blocks + 1 and states.num_free == free_slots
     assert cp.live_records() == [shallow] and shallow.restore_pins == 0
@@ -638,7 +638,7 @@ def test_one_usable_row_producer_pinned_checkpoint_survives():
     seq = Sequence(tokens(32, start=100))
     admit(trie, seq)
     assert cp.reserve_save(seq) == NO_SAVE
-    assert a.is_published and a.producer_pins == 1 and seq.prefix_state.pending_save is None
+    assert a.is_published and a.producer_pins == 1 and seq.prefix_state.checkpoints.pending_save is None
     assert cp.unpin_save(producer)
     slot = cp.reserve_save(seq)
     assert slot == a.slot and a.state is CheckpointState.RELEASED
@@ -658,7 +658,7 @@ def test_two_usable_rows_restore_pinned_checkpoint_survives():
     slot = cp.reserve_save(seq)
     assert slot == b.slot and b.state is CheckpointState.RELEASED
     assert a.is_published and a.restore_pins == 1
-    assert cp.unpin_restore(reader) and reader.prefix_state.restore is None and a.restore_pins == 0
+    assert cp.unpin_restore(reader) and reader.prefix_state.checkpoints.restore is None and a.restore_pins == 0
     trie.check_invariants([reader, seq])
 
 
@@ -835,7 +835,7 @@ def test_in_flight_save_is_unusable_until_its_producer_pin_is_released():
     seq = Sequence(tokens(48))
     admit(trie, seq)
     assert cp.reserve_save(seq, 40) > 0
-    record = seq.prefix_state.pending_save
+    record = seq.prefix_state.checkpoints.pending_save
     forward(trie, seq)
     assert cp.publish_save(seq, pin=True, in_flight=True)
     assert record.is_published and indexed(trie, record) and not record.ready
@@ -853,9 +853,9 @@ def test_abandon_save_drops_the_pending_reservation():
     admit(trie, seq)
     free_blocks, free_slots = pool.num_free, states.num_free
     assert cp.reserve_save(seq) > 0
-    record = seq.prefix_state.pending_save
+    record = seq.prefix_state.checkpoints.pending_save
     cp.abandon_save(seq)
-    assert record.state is CheckpointState.RELEASED and seq.prefix_state.pending_save is None
+    assert record.state is CheckpointState.RELEASED and seq.prefix_state.checkpoints.pending_save is None
     assert (pool.num_free, states.num_free) == (free_blocks, free_slots)
     trie.check_invariants([seq])
 
@@ -867,12 +867,12 @@ def test_abandon_save_releases_the_in_flight_record():
     admit(trie, seq)
     free_blocks, free_slots = pool.num_free, states.num_free
     assert cp.reserve_save(seq) > 0
-    record = seq.prefix_state.pending_save
+    record = seq.prefix_state.checkpoints.pending_save
     forward(trie, seq)
     assert cp.publish_save(seq, pin=True, in_flight=True)
     cp.abandon_save(seq)
     assert record.state is CheckpointState.RELEASED and not indexed(trie, record)
-    assert seq.prefix_state.producer_pin is None and len(trie.index) == 0
+    assert seq.prefix_state.checkpoints.producer_pin is None and len(trie.index) == 0
     assert (pool.num_free, states.num_free) == (free_blocks, free_slots)
     assert hits(trie, tokens(41)) == (0, None)
     trie.check_invariants([seq])
@@ -886,14 +886,14 @@ def test_abandoned_in_flight_decode_save_keeps_the_previous_decode_checkpoint():
     admit(trie, seq)
     forward(trie, seq)
     assert cp.reserve_decode_save(seq, B) > 0 and cp.publish_save(seq)
-    old = seq.prefix_state.decode_checkpoint
+    old = seq.prefix_state.checkpoints.decode_checkpoint
     extend(trie, seq, tokens(16, start=900))
     assert cp.reserve_decode_save(seq, B) > 0
     forward(trie, seq)
     assert cp.publish_save(seq, pin=True, in_flight=True)
     cp.abandon_save(seq)  # the forward carrying the save copy failed
     assert old.is_published and hits(trie, tokens(33)) == (32, old)
-    assert seq.prefix_state.decode_checkpoint is old
+    assert seq.prefix_state.checkpoints.decode_checkpoint is old
 
 
 def test_completed_in_flight_decode_save_retires_the_previous_one():
@@ -903,12 +903,12 @@ def test_completed_in_flight_decode_save_retires_the_previous_one():
     admit(trie, seq)
     forward(trie, seq)
     assert cp.reserve_decode_save(seq, B) > 0 and cp.publish_save(seq)
-    old = seq.prefix_state.decode_checkpoint
+    old = seq.prefix_state.checkpoints.decode_checkpoint
     extend(trie, seq, tokens(16, start=900))
     assert cp.reserve_decode_save(seq, B) > 0
     forward(trie, seq)
     assert cp.publish_save(seq, pin=True, in_flight=True)
     assert old.is_published  # still serving while the new save is in flight
     assert cp.unpin_save(seq)
-    assert not old.is_published and seq.prefix_state.decode_checkpoint is not old
+    assert not old.is_published and seq.prefix_state.checkpoints.decode_checkpoint is not old
     trie.check_invariants([seq])

@@ -54,7 +54,7 @@ def produce_with_experts(trie, prompt, step):
     seq = Sequence(prompt, want_routed_experts=True)
     admit(trie, seq)
     assert cp.reserve_save(seq, step) > 0
-    record = seq.prefix_state.pending_save
+    record = seq.prefix_state.checkpoints.pending_save
     forward(trie, seq)
     assert cp.publish_save(seq, pin=True)
     seq.append_routed_experts(expert_rows(len(prompt)))
@@ -81,13 +81,13 @@ def test_kv_without_a_checkpoint_is_a_miss_then_a_published_checkpoint_hits():
     admit(trie, producer)
     assert cursor_depth(trie, producer) == 2
     slot = cp.reserve_save(producer, 32)
-    record = producer.prefix_state.pending_save
+    record = producer.prefix_state.checkpoints.pending_save
     forward(trie, producer)
     assert cp.publish_save(producer)
     assert int(trie.nodes.depth[record.anchor]) == 2 and record.slot == slot
     txn, misses, _ = match(trie, request)
     assert request.num_computed == 32 and request.num_blocks == 2 and misses == {}
-    assert request.prefix_state.restore.slot == slot
+    assert request.prefix_state.checkpoints.restore.slot == slot
     assert request.block_table.tolist() == path_blocks(trie, request)
     trie.commit(txn)
     trie.check_invariants([request, producer])
@@ -98,8 +98,8 @@ def test_the_deepest_published_step_wins_not_the_deepest_kv():
     _, record = produce(trie, tokens(48), 32)  # KV for 3 blocks, checkpoint on the leaf's parent
     request = Sequence(tokens(49))
     txn, _, _ = match(trie, request)
-    assert request.num_computed == 32 and request.prefix_state.restore is record
-    assert request.num_blocks == 2 and request.prefix_state.fresh_range == (2, 2)  # no MTP: no KV looked up
+    assert request.num_computed == 32 and request.prefix_state.checkpoints.restore is record
+    assert request.num_blocks == 2 and request.prefix_state.overlap.fresh_range == (2, 2)  # no MTP: no KV looked up
     trie.commit(txn)
     assert cursor_depth(trie, request) == 2  # the anchor
     trie.check_invariants([request])
@@ -134,9 +134,9 @@ def test_partial_checkpoint_hit(full, rest):
     request = Sequence(prompt + [999])
     txn, misses, _ = match(trie, request)
     assert misses == {} and request.num_computed == step
-    assert request.prefix_state.restore is record and record.slot > 0
-    assert request.num_blocks == full and request.prefix_state.fresh_range == (full, full + 1)
-    assert request.prefix_state.cursor == record.anchor
+    assert request.prefix_state.checkpoints.restore is record and record.slot > 0
+    assert request.num_blocks == full and request.prefix_state.overlap.fresh_range == (full, full + 1)
+    assert request.prefix_state.trie.cursor == record.anchor
     assert trie.checkpoints.pin_restore(request)
     grow_and_allocate(trie, request)
     trie.commit(txn)
@@ -159,7 +159,7 @@ def test_partial_checkpoint_requests_differing_in_prefix_or_tail_miss():
     slot, free_slots = record.slot, states.num_free
     for request in (Sequence([0] + prompt[1:] + [5]), Sequence(prompt[:17] + [0, prompt[18], 5])):
         txn, misses, _ = match(trie, request)
-        assert txn.hit_tokens == 0 and request.prefix_state.restore is None
+        assert txn.hit_tokens == 0 and request.prefix_state.checkpoints.restore is None
         trie.rollback(txn)
     assert record.is_published and record.slot == slot and indexed(trie, record)
     assert states.num_free == free_slots
@@ -202,7 +202,7 @@ def test_collision_bucket_bad_record_first_then_the_good_one_hits():
     assert trie.index.bucket(NS, good.key) == (bad, good)
     request = Sequence(tokens(33))
     txn, misses, _ = match(trie, request)
-    assert request.prefix_state.restore is good and request.num_computed == 32 and misses == {}
+    assert request.prefix_state.checkpoints.restore is good and request.num_computed == 32 and misses == {}
     assert trie.index.bucket(NS, good.key) == (bad, good) and bad.is_published
     trie.rollback(txn)
     # a simulated hash collision (another anchor block filed under the same key, ahead of the
@@ -216,7 +216,7 @@ def test_collision_bucket_bad_record_first_then_the_good_one_hits():
     assert trie.index.bucket(NS, good.key) == (bad, other, good)
     request = Sequence(tokens(33))  # a fresh request: nothing verified for it yet
     txn, misses, _ = match(trie, request)
-    assert request.prefix_state.restore is good and request.num_computed == 32 and misses == {}
+    assert request.prefix_state.checkpoints.restore is good and request.num_computed == 32 and misses == {}
     assert trie.index.bucket(NS, good.key) == (bad, other, good) and other.is_published
     trie.rollback(txn)
     trie.check_invariants([request])
@@ -230,13 +230,13 @@ def test_namespaces_never_share_a_checkpoint():
         for prompt in (tokens(41), tokens(6)):
             request = Sequence(prompt, **kwargs)
             txn, _, _ = match(trie, request)
-            assert txn.hit_tokens == 0 and request.prefix_state.restore is None
+            assert txn.hit_tokens == 0 and request.prefix_state.checkpoints.restore is None
             trie.rollback(txn)
     _, lora = produce(trie, tokens(40), 40, adapter="lora")
     assert lora.anchor != base.anchor
     request = Sequence(tokens(41), adapter="lora")
     txn, _, _ = match(trie, request)
-    assert request.prefix_state.restore is lora
+    assert request.prefix_state.checkpoints.restore is lora
     trie.rollback(txn)
     assert trie.index.candidate_steps(Namespace(adapter="lora"), 0, 100) == [40]
     assert sorted(trie.index.candidate_steps(NS, 0, 100)) == [5, 40]
@@ -251,8 +251,8 @@ def test_rollback_after_a_hybrid_hit_unpins_and_clears_the_selection():
     txn = trie.match(request)
     assert trie.checkpoints.pin_restore(request) and record.restore_pins == 1
     trie.rollback(txn)
-    assert record.restore_pins == 0 and request.prefix_state.restore is None
-    assert not request.prefix_state.restore_pinned
+    assert record.restore_pins == 0 and request.prefix_state.checkpoints.restore is None
+    assert not request.prefix_state.checkpoints.restore_pinned
     assert seq_state(request) == before and trie.stats.snapshot() == stats
     trie.check_invariants([request])
 
@@ -262,12 +262,12 @@ def test_rematch_after_a_deeper_checkpoint_appends_only_the_suffix_blocks():
     _, shallow = produce(trie, tokens(64), 16)
     request = Sequence(tokens(65))
     txn = trie.match(request)
-    assert request.num_computed == 16 and request.prefix_state.restore is shallow
+    assert request.num_computed == 16 and request.prefix_state.checkpoints.restore is shallow
     trie.commit(txn)
     first_block = int(request.block_table[0])
     _, deep = produce(trie, tokens(64), 48)
     txn = trie.match(request)
-    assert request.num_computed == 48 and request.prefix_state.restore is deep
+    assert request.num_computed == 48 and request.prefix_state.checkpoints.restore is deep
     assert request.num_blocks == 3 and int(request.block_table[0]) == first_block
     assert txn.table_start == 1 and txn.taken.size == 2 and txn.displaced.size == 0
     assert request.block_table.tolist() == path_blocks(trie, request)
@@ -293,7 +293,7 @@ def count_calls(monkeypatch, obj, name):
 
 def hit_of(seq):
     state = seq.prefix_state
-    return seq.num_computed, seq.block_table.tolist(), state.fresh_range, state.restore, state.cursor
+    return seq.num_computed, seq.block_table.tolist(), state.overlap.fresh_range, state.checkpoints.restore, state.trie.cursor
 
 
 def test_prepare_verifies_the_checkpoint_once_and_match_reuses_it(monkeypatch):
@@ -303,13 +303,13 @@ def test_prepare_verifies_the_checkpoint_once_and_match_reuses_it(monkeypatch):
     request = Sequence(tokens(49))
     path = trie.prepare(request)
     assert (path.node, path.depth) == (record.anchor, 2)
-    assert request.prefix_state.found.record is record
-    assert request.prefix_state.verified == record.anchor
+    assert request.prefix_state.trie.last_search.record is record
+    assert request.prefix_state.trie.verified == record.anchor
     assert request.num_computed == 0 and request.num_blocks == 0  # ingest takes nothing
     verifies = count_calls(monkeypatch, trie.index, "verify")
     paths = count_calls(monkeypatch, trie.matcher, "_path_to_anchor")
     txn, misses, _ = match(trie, request)
-    assert misses == {} and request.prefix_state.restore is record and request.num_computed == 32
+    assert misses == {} and request.prefix_state.checkpoints.restore is record and request.num_computed == 32
     assert verifies == [] and paths == []  # nothing deeper than 32 to probe, nothing re-verified
     reused = hit_of(request)
     trie.rollback(txn)
@@ -318,7 +318,7 @@ def test_prepare_verifies_the_checkpoint_once_and_match_reuses_it(monkeypatch):
     trie.rollback(txn)
     fresh = Sequence(tokens(49))  # the same match without ingest
     txn, _, _ = match(trie, fresh)
-    assert hit_of(fresh)[:4] == reused[:4] and fresh.prefix_state.cursor == record.anchor
+    assert hit_of(fresh)[:4] == reused[:4] and fresh.prefix_state.trie.cursor == record.anchor
     trie.rollback(txn)
     assert shallow.is_published
     trie.check_invariants([request, fresh])
@@ -334,12 +334,12 @@ def test_a_deeper_checkpoint_published_after_prepare_wins(monkeypatch):
     _, deepest = produce(trie, prompt, 64)
     verifies = count_calls(monkeypatch, trie.index, "verify")
     txn, misses, _ = match(trie, request)
-    assert misses == {} and request.prefix_state.restore is deepest and request.num_computed == 64
+    assert misses == {} and request.prefix_state.checkpoints.restore is deepest and request.num_computed == 64
     assert [args[0] for args in verifies] == [deepest]  # only steps deeper than the ingested one
     trie.rollback(txn)
     trie.checkpoints.release(deepest)
     txn, _, _ = match(trie, request)
-    assert request.prefix_state.restore is deep and request.num_computed == 40
+    assert request.prefix_state.checkpoints.restore is deep and request.num_computed == 40
     trie.rollback(txn)
     trie.check_invariants([request])
 
@@ -351,20 +351,20 @@ def test_a_checkpoint_released_or_detached_after_prepare_is_not_used():
     _, deep = produce(trie, prompt, 40)
     request = Sequence(prompt + [1])
     trie.prepare(request)
-    assert request.prefix_state.found.record is deep
+    assert request.prefix_state.trie.last_search.record is deep
     trie.checkpoints.release(deep)
     txn, misses, _ = match(trie, request)
-    assert misses == {} and request.prefix_state.restore is shallow and request.num_computed == 16
+    assert misses == {} and request.prefix_state.checkpoints.restore is shallow and request.num_computed == 16
     trie.rollback(txn)
     # the anchor of the ingested checkpoint is detached behind the lifecycle's back
     _, again = produce(trie, prompt, 48)
     other = Sequence(prompt + [1])
     trie.prepare(other)
-    assert other.prefix_state.found.record is again
+    assert other.prefix_state.trie.last_search.record is again
     evicted = trie.kv.evict(2)  # the leaf at depth 4, then the anchor at depth 3
     assert len(evicted) == 2 and evicted[1] == again.anchor
     txn, _, _ = match(trie, other)
-    assert other.prefix_state.restore is shallow and other.num_computed == 16
+    assert other.prefix_state.checkpoints.restore is shallow and other.num_computed == 16
     assert again.state is CheckpointState.RELEASED  # the match cleaned the stale record
     trie.rollback(txn)
     trie.check_invariants([request, other])
@@ -379,16 +379,16 @@ def test_prepare_of_a_grown_or_computed_request_searches_again():
     _, shallow = produce(trie, prompt, 16)
     request = Sequence(prompt[:20])
     trie.prepare(request)
-    assert request.prefix_state.found.record is shallow
+    assert request.prefix_state.trie.last_search.record is shallow
     _, deep = produce(trie, prompt, 40)  # not reachable before the request grows past 40
     request.append_tokens(prompt[20:])
     txn, _, _ = match(trie, request)
-    assert request.prefix_state.restore is deep and request.num_computed == 40
+    assert request.prefix_state.checkpoints.restore is deep and request.num_computed == 40
     trie.rollback(txn)
     # the request runs its first 20 tokens (restoring at 16), then asks again
     late = Sequence(prompt[:20])
     trie.prepare(late)
-    assert late.prefix_state.found.record is shallow
+    assert late.prefix_state.trie.last_search.record is shallow
     trie.checkpoints.release(deep)
     admit(trie, late)
     assert late.num_computed == 16
@@ -396,7 +396,7 @@ def test_prepare_of_a_grown_or_computed_request_searches_again():
     assert late.num_computed == 20
     late.append_tokens(prompt[20:24])
     txn, misses, _ = match(trie, late)
-    assert txn.hit_tokens == 0 and late.num_computed == 20 and late.prefix_state.restore is None
+    assert txn.hit_tokens == 0 and late.num_computed == 20 and late.prefix_state.checkpoints.restore is None
     trie.rollback(txn)
     trie.check_invariants([request, late])
 
@@ -406,7 +406,7 @@ def test_prepare_of_a_hybrid_miss_returns_the_verified_path():
     store_kv(trie, tokens(48))
     request = Sequence(tokens(49))
     path = trie.prepare(request)
-    assert request.prefix_state.found.record is None and path.node == trie.nodes.find_root(NS)
+    assert request.prefix_state.trie.last_search.record is None and path.node == trie.nodes.find_root(NS)
     txn, misses, _ = match(trie, request)
     assert txn.hit_tokens == 0 and misses == {MissReason.NO_CHECKPOINT.value: 1}
     trie.rollback(txn)
@@ -426,7 +426,7 @@ def test_a_remembered_miss_is_searched_again_once_something_is_published():
     _, record = produce(trie, tokens(48), 32)
     calls.clear()
     txn = trie.match(request)
-    assert calls == [1] and txn.hit_tokens == 32 and request.prefix_state.restore is record
+    assert calls == [1] and txn.hit_tokens == 32 and request.prefix_state.checkpoints.restore is record
     trie.rollback(txn)
 
 
@@ -436,11 +436,11 @@ def test_overlap_is_checked_again_when_kv_is_evicted_after_prepare():
     pool, states, trie = make_hybrid()
     _, record = produce(trie, tokens(48), 32)
     request = Sequence(tokens(48) + [1] * 17)
-    request.prefix_state.recompute_blocks = 1
+    request.prefix_state.overlap.recompute_blocks = 1
     assert trie.prepare(request).node == record.anchor
     assert trie.kv.evict(1) != []  # the leaf at depth 3, after the anchor
     fresh = Sequence(tokens(48) + [1] * 17)
-    fresh.prefix_state.recompute_blocks = 1
+    fresh.prefix_state.overlap.recompute_blocks = 1
     txn, misses, _ = match(trie, fresh)
     assert txn.hit_tokens == 0 and misses == {MissReason.RECOMPUTE_OVERLAP.value: 1}
     trie.rollback(txn)
@@ -461,14 +461,14 @@ def test_partial_checkpoint_at_an_image_end():
     admit(trie, producer)
     assert cp.reserve_save(producer, 18) == NO_SAVE  # inside the image
     assert cp.reserve_save(producer, 20) > 0
-    record = producer.prefix_state.pending_save
+    record = producer.prefix_state.checkpoints.pending_save
     forward(trie, producer)
     assert cp.publish_save(producer)
     trie.free_sequence(producer)
     assert record.tail_identity == (image,)
     same = Sequence(prompt[:20] + [7], multimodal=[MultimodalSpan(16, 20, "image", "img-a")])
     txn, _, _ = match(trie, same)
-    assert same.num_computed == 20 and same.prefix_state.restore is record
+    assert same.num_computed == 20 and same.prefix_state.checkpoints.restore is record
     trie.rollback(txn)
     other = Sequence(prompt[:20] + [7], multimodal=[MultimodalSpan(16, 20, "image", "img-b")])
     txn, _, _ = match(trie, other)
@@ -486,7 +486,7 @@ def test_image_in_an_earlier_block_is_part_of_the_identity():
     _, record = produce(trie, prompt, 48, multimodal=[MultimodalSpan(20, 28, "image", "img-a")])
     same = Sequence(prompt + [1], multimodal=[MultimodalSpan(20, 28, "image", "img-a")])
     txn, _, _ = match(trie, same)
-    assert same.num_computed == 48 and same.prefix_state.restore is record
+    assert same.num_computed == 48 and same.prefix_state.checkpoints.restore is record
     trie.rollback(txn)
     other = Sequence(prompt + [1], multimodal=[MultimodalSpan(20, 28, "image", "img-b")])
     txn, misses, _ = match(trie, other)
@@ -505,7 +505,7 @@ def test_a_request_whose_span_covers_the_step_cannot_restore_there():
     request = Sequence(tokens(48) + [1], multimodal=[MultimodalSpan(36, 44, "image", "x")])
     txn, _, _ = match(trie, request)
     # the image changes block 2's identity, so only the shallow checkpoint is reachable
-    assert request.num_computed == 16 and request.prefix_state.restore is shallow
+    assert request.num_computed == 16 and request.prefix_state.checkpoints.restore is shallow
     trie.rollback(txn)
 
 
@@ -517,11 +517,11 @@ def test_worked_example_b_aligned_checkpoint_with_overlap():
     prompt = tokens(64)
     _, record = produce(trie, prompt, 32)  # KV: A B C D
     request = Sequence(prompt + [1])
-    request.prefix_state.recompute_blocks = 1
+    request.prefix_state.overlap.recompute_blocks = 1
     txn, misses, _ = match(trie, request)
-    assert misses == {} and request.num_computed == 32 and request.prefix_state.restore is record
+    assert misses == {} and request.num_computed == 32 and request.prefix_state.checkpoints.restore is record
     a, b = request.block_table.tolist()
-    assert request.prefix_state.fresh_range == (2, 4)
+    assert request.prefix_state.overlap.fresh_range == (2, 4)
     assert trie.checkpoints.pin_restore(request)
     grow_and_allocate(trie, request)
     trie.commit(txn)
@@ -530,7 +530,7 @@ def test_worked_example_b_aligned_checkpoint_with_overlap():
     c, d = canonical[2:]
     private = request.block_table.tolist()
     assert len(private) == 5 and private[2] != c and private[3] != d
-    assert request.prefix_state.trie_block_map == {2: c, 3: d}
+    assert request.prefix_state.overlap.trie_block_map == {2: c, 3: d}
     assert pool.refcounts([c, d]).tolist() == [1, 1]  # only the trie: the forward cannot reach them
     trie.check_invariants([request])
 
@@ -540,14 +540,14 @@ def test_worked_example_b_overlap_bound():
     pool, states, trie = make_hybrid()
     _, record = produce(trie, tokens(48), 32)  # KV to 48 = 32 + 16
     request = Sequence(tokens(48) + [1] * 17)
-    request.prefix_state.recompute_blocks = 1
+    request.prefix_state.overlap.recompute_blocks = 1
     txn, _, _ = match(trie, request)
-    assert request.num_computed == 32 and request.prefix_state.fresh_range == (2, 3)
+    assert request.num_computed == 32 and request.prefix_state.overlap.fresh_range == (2, 3)
     trie.rollback(txn)
     pool, states, trie = make_hybrid()
     produce(trie, tokens(32), 32)  # KV to 32 only
     request = Sequence(tokens(32) + [1] * 33)
-    request.prefix_state.recompute_blocks = 1
+    request.prefix_state.overlap.recompute_blocks = 1
     txn, misses, _ = match(trie, request)
     assert txn.hit_tokens == 0 and misses == {MissReason.RECOMPUTE_OVERLAP.value: 1}
     trie.rollback(txn)
@@ -559,14 +559,14 @@ def test_overlap_falls_back_to_a_shallower_checkpoint():
     _, at48 = produce(trie, prompt, 48)
     _, at64 = produce(trie, prompt, 64)
     request = Sequence(prompt + [1])
-    request.prefix_state.recompute_blocks = 1
+    request.prefix_state.overlap.recompute_blocks = 1
     txn, misses, _ = match(trie, request)
-    assert request.num_computed == 48 and request.prefix_state.restore is at48
-    assert request.prefix_state.fresh_range == (3, 4)
+    assert request.num_computed == 48 and request.prefix_state.checkpoints.restore is at48
+    assert request.prefix_state.overlap.fresh_range == (3, 4)
     trie.rollback(txn)
     plain = Sequence(prompt + [1])  # without MTP the deepest one is used
     txn, _, _ = match(trie, plain)
-    assert plain.prefix_state.restore is at64 and plain.num_computed == 64
+    assert plain.prefix_state.checkpoints.restore is at64 and plain.num_computed == 64
     trie.rollback(txn)
 
 
@@ -576,11 +576,11 @@ def test_worked_example_c_partial_checkpoint(recompute):
     prompt = tokens(64)
     _, record = produce(trie, prompt, 33)  # anchor B (depth 2), frozen copy of block 2
     request = Sequence(prompt + [9])
-    request.prefix_state.recompute_blocks = recompute
+    request.prefix_state.overlap.recompute_blocks = recompute
     txn, misses, _ = match(trie, request)
-    assert misses == {} and request.num_computed == 33 and request.prefix_state.restore is record
+    assert misses == {} and request.num_computed == 33 and request.prefix_state.checkpoints.restore is record
     # with MTP the range reaches the cached KV the overlap needs; without, the partial block
-    assert request.num_blocks == 2 and request.prefix_state.fresh_range == ((2, 4) if recompute else (2, 3))
+    assert request.num_blocks == 2 and request.prefix_state.overlap.fresh_range == ((2, 4) if recompute else (2, 3))
     assert trie.checkpoints.pin_restore(request)
     grow_and_allocate(trie, request)
     trie.commit(txn)
@@ -589,7 +589,7 @@ def test_worked_example_c_partial_checkpoint(recompute):
     assert cursor_depth(trie, request) == 4 and table[:2] == canonical[:2]
     assert table[2] != canonical[2] and table[3] != canonical[3]  # kept private
     assert record.frozen_block not in table
-    assert request.prefix_state.trie_block_map == {2: canonical[2], 3: canonical[3]}
+    assert request.prefix_state.overlap.trie_block_map == {2: canonical[2], 3: canonical[3]}
     trie.check_invariants([request])
 
 
@@ -602,7 +602,7 @@ def test_routed_experts_replay_through_an_aligned_checkpoint():
     record = produce_with_experts(trie, prompt, 32)
     request = Sequence(prompt + [1], want_routed_experts=True)
     txn, _, _ = match(trie, request)
-    assert request.prefix_state.restore is record and request.num_computed == 32
+    assert request.prefix_state.checkpoints.restore is record and request.num_computed == 32
     np.testing.assert_array_equal(request.routed_experts, expert_rows(32))
     trie.rollback(txn)
     assert request.num_routed_experts == 0
@@ -646,7 +646,7 @@ def test_aligned_hit_keeps_the_cached_continuation_private():
     _, record = produce(trie, prompt, 32)
     reader = Sequence(prompt + [1])  # another sequence reading C and D
     txn = trie.match(reader)
-    assert reader.prefix_state.fresh_range == (2, 2)
+    assert reader.prefix_state.overlap.fresh_range == (2, 2)
     assert trie.checkpoints.pin_restore(reader)
     grow_and_allocate(trie, reader)
     trie.commit(txn)
@@ -655,12 +655,12 @@ def test_aligned_hit_keeps_the_cached_continuation_private():
     table = reader.block_table.tolist()
     assert table[2] != c and table[3] != d  # the forward writes 32..65 into private blocks
     assert pool.refcounts([c, d]).tolist() == [1, 1]  # nobody but the trie holds C and D
-    assert reader.prefix_state.trie_block_map == {2: c, 3: d}
+    assert reader.prefix_state.overlap.trie_block_map == {2: c, 3: d}
     trie.check_invariants([reader])
     forward(trie, reader)
     reader.append_tokens([2])
     grow_and_allocate(trie, reader)  # the next allocate settles the computed duplicates
-    assert reader.block_table.tolist()[:4] == canonical and reader.prefix_state.trie_block_map == {}
+    assert reader.block_table.tolist()[:4] == canonical and reader.prefix_state.overlap.trie_block_map == {}
     assert pool.refcounts([c, d]).tolist() == [2, 2]
     trie.check_invariants([reader])
 
@@ -675,7 +675,7 @@ def test_prompt_end_is_saved_in_the_same_forward_after_a_partial_hit():
     prompt = tokens(40) + tokens(30, start=500)
     seq = Sequence(prompt)
     txn = trie.match(seq)
-    assert seq.num_computed == 40 and seq.prefix_state.restore is first
+    assert seq.num_computed == 40 and seq.prefix_state.checkpoints.restore is first
     assert cp.pin_restore(seq)
     grow_and_allocate(trie, seq)
     trie.commit(txn)
@@ -689,7 +689,7 @@ def test_prompt_end_is_saved_in_the_same_forward_after_a_partial_hit():
     trie.check_invariants([seq])
     follow_up = Sequence(prompt + [1])
     txn = trie.match(follow_up)
-    assert follow_up.num_computed == 70 and follow_up.prefix_state.restore is saved
+    assert follow_up.num_computed == 70 and follow_up.prefix_state.checkpoints.restore is saved
     trie.rollback(txn)
 
 
@@ -707,11 +707,11 @@ def test_records_share_an_anchor_and_a_new_save_replaces_nothing():
     seq = Sequence(prompt)
     admit(trie, seq)
     assert cp.reserve_save(seq, 40) > 0
-    pending = seq.prefix_state.pending_save
+    pending = seq.prefix_state.checkpoints.pending_save
     assert pending.anchor == aligned.anchor and aligned.is_published
     diverging = Sequence(prompt[:35] + [0] * 10)
     txn = trie.match(diverging)
-    assert diverging.prefix_state.restore is aligned and diverging.num_computed == 32
+    assert diverging.prefix_state.checkpoints.restore is aligned and diverging.num_computed == 32
     trie.rollback(txn)
     assert cp.discard_save(seq)
     assert aligned.is_published and indexed(trie, aligned)
@@ -723,7 +723,7 @@ def test_records_share_an_anchor_and_a_new_save_replaces_nothing():
     assert partial.step == 40 and cp.records_at(aligned.anchor) == (aligned, partial)
     for request, expected in ((Sequence(prompt[:35] + [0] * 10), aligned), (Sequence(prompt[:41]), partial)):
         txn = trie.match(request)
-        assert request.prefix_state.restore is expected and request.num_computed == expected.step
+        assert request.prefix_state.checkpoints.restore is expected and request.num_computed == expected.step
         assert cp.pin_restore(request)  # a hit touches its record
         trie.rollback(txn)
     # the cap (2): a third save releases the least recently used one (the partial), neither
@@ -761,7 +761,7 @@ def test_no_frozen_block_is_checked_before_evicting_a_checkpoint():
     assert useful.is_published and indexed(trie, useful)
     request = Sequence(tokens(33))
     txn = trie.match(request)
-    assert request.prefix_state.restore is useful
+    assert request.prefix_state.checkpoints.restore is useful
     trie.rollback(txn)
     assert cp.reserve_save(seq, 16) == useful.slot  # an aligned save may evict for its row
     assert useful.state is CheckpointState.RELEASED
@@ -779,13 +779,13 @@ def test_partial_checkpoint_replays_tail_expert_rows():
     assert not record.tail_experts.flags.writeable
     request = Sequence(prompt + [1], want_routed_experts=True)
     txn, misses, _ = match(trie, request)
-    assert misses == {} and request.prefix_state.restore is record and request.num_computed == 37
+    assert misses == {} and request.prefix_state.checkpoints.restore is record and request.num_computed == 37
     np.testing.assert_array_equal(request.routed_experts, expert_rows(37))
     trie.rollback(txn)
     root = produce_with_experts(trie, tokens(5, start=700), 5)  # root-anchored: tail rows only
     request = Sequence(tokens(6, start=700), want_routed_experts=True)
     txn, _, _ = match(trie, request)
-    assert request.prefix_state.restore is root
+    assert request.prefix_state.checkpoints.restore is root
     np.testing.assert_array_equal(request.routed_experts, expert_rows(5))
     trie.rollback(txn)
 
@@ -800,16 +800,16 @@ def test_tail_rows_arriving_without_a_new_complete_block_are_attached():
     admit(trie, seq)
     for end in (32, 40):
         assert cp.reserve_save(seq, end) > 0
-        record = seq.prefix_state.pending_save
+        record = seq.prefix_state.checkpoints.pending_save
         seq.set_computed(end)
         assert cp.publish_save(seq)
         seq.append_routed_experts(expert_rows(end - seq.num_routed_experts, seq.num_routed_experts))
         trie.cache_routed_experts(seq)
-    assert record.step == 40 and seq.prefix_state.records_missing_experts == []
+    assert record.step == 40 and seq.prefix_state.checkpoints.records_missing_experts == []
     np.testing.assert_array_equal(record.tail_experts, expert_rows(8, 32))
     request = Sequence(prompt + [1], want_routed_experts=True)
     txn = trie.match(request)
-    assert request.prefix_state.restore is record and request.num_computed == 40
+    assert request.prefix_state.checkpoints.restore is record and request.num_computed == 40
     np.testing.assert_array_equal(request.routed_experts, expert_rows(40))
     trie.rollback(txn)
 
@@ -824,11 +824,11 @@ def test_prompt_end_checkpoint_on_pending_nodes_becomes_matchable_after_the_forw
     admit(trie, producer)
     assert trie.nodes.pending[trie.nodes.attached_slots()].all()  # blocks 0-1, not computed yet
     assert cp.reserve_save(producer) > 0  # the anchor is the producer's own pending node
-    record = producer.prefix_state.pending_save
+    record = producer.prefix_state.checkpoints.pending_save
     assert cp.publish_save(producer, pin=True, in_flight=True)
     request = Sequence(tokens(41))
     txn, misses, _ = match(trie, request)
-    assert txn.hit_tokens == 0 and request.prefix_state.restore is None and len(misses) == 1
+    assert txn.hit_tokens == 0 and request.prefix_state.checkpoints.restore is None and len(misses) == 1
     trie.rollback(txn)
     start = producer.num_computed
     producer.set_computed(producer.num_tokens)
@@ -839,7 +839,7 @@ def test_prompt_end_checkpoint_on_pending_nodes_becomes_matchable_after_the_forw
     trie.rollback(txn)
     assert cp.unpin_save(producer)
     txn, _, _ = match(trie, request)
-    assert request.num_computed == 40 and request.prefix_state.restore is record
+    assert request.num_computed == 40 and request.prefix_state.checkpoints.restore is record
     trie.rollback(txn)
     trie.check_invariants([producer, request])
 
@@ -851,7 +851,7 @@ def test_a_hit_on_computed_nodes_shares_the_record_path_with_track_pending():
     producer = Sequence(tokens(40))
     admit(trie, producer)
     trie.checkpoints.reserve_save(producer)
-    record = producer.prefix_state.pending_save
+    record = producer.prefix_state.checkpoints.pending_save
     start = producer.num_computed
     producer.set_computed(producer.num_tokens)
     trie.mark_computed(producer, start)
@@ -893,7 +893,7 @@ def test_a_checkpoint_below_pending_nodes_the_request_verified_does_not_hit():
     forward(trie, producer)
     trie.mark_computed(producer, start)
     assert cp.reserve_save(producer, 48) > 0
-    record = producer.prefix_state.pending_save
+    record = producer.prefix_state.checkpoints.pending_save
     assert cp.publish_save(producer)
     parent = int(trie.nodes.parent[record.anchor])
     assert not trie.nodes.pending[record.anchor] and trie.nodes.pending[parent]
@@ -903,11 +903,11 @@ def test_a_checkpoint_below_pending_nodes_the_request_verified_does_not_hit():
     trie.rollback(txn)
     request = Sequence(prompt[:40])
     admit(trie, request)  # its verified node is now the owner's pending node at depth 2
-    assert trie.nodes.pending[request.prefix_state.verified]
+    assert trie.nodes.pending[request.prefix_state.trie.verified]
     trie.free_sequence(request)
     request.append_tokens(prompt[40:48] + [1])
     txn, _, _ = match(trie, request)
-    assert txn.hit_tokens == 0 and request.prefix_state.restore is None and request.num_blocks == 0
+    assert txn.hit_tokens == 0 and request.prefix_state.checkpoints.restore is None and request.num_blocks == 0
     trie.rollback(txn)
     trie.check_invariants([owner, producer, request])
 
@@ -928,7 +928,7 @@ def test_pending_blocks_after_the_anchor_do_not_count_for_the_overlap():
     admit_leaving_restore_unpinned(trie, other)  # attaches block 2, pending until its forward
     assert [bool(trie.nodes.pending[s]) for s in slots_at_depth(trie, 3)] == [True]
     request = Sequence(tokens(48) + [1] * 17)
-    request.prefix_state.recompute_blocks = 1
+    request.prefix_state.overlap.recompute_blocks = 1
     txn, misses, _ = match(trie, request)
     assert txn.hit_tokens == 0 and misses == {MissReason.RECOMPUTE_OVERLAP.value: 1}
     trie.rollback(txn)
@@ -936,7 +936,7 @@ def test_pending_blocks_after_the_anchor_do_not_count_for_the_overlap():
     forward(trie, other)
     trie.mark_computed(other, start)
     request = Sequence(tokens(48) + [1] * 17)
-    request.prefix_state.recompute_blocks = 1
+    request.prefix_state.overlap.recompute_blocks = 1
     txn, misses, _ = match(trie, request)
     assert misses == {} and request.num_computed == 32
     trie.rollback(txn)
@@ -949,7 +949,7 @@ def test_failed_forward_discards_its_pending_nodes_and_their_checkpoints():
     producer = Sequence(tokens(40))
     admit(trie, producer)
     assert cp.reserve_save(producer, 32) > 0
-    record = producer.prefix_state.pending_save
+    record = producer.prefix_state.checkpoints.pending_save
     assert cp.publish_save(producer, pin=True, in_flight=True)
     cp.abandon_save(producer)
     assert trie.discard_pending(producer) == 2
@@ -969,7 +969,7 @@ def test_a_remembered_miss_takes_its_path_afresh_after_evictions():
     assert trie.prepare(request).depth == 2  # a hit: the anchor became the verified node
     assert trie.free_state_slots(8) == 1
     missed = trie.prepare(request)
-    assert request.prefix_state.found.record is None and missed.depth == 2
+    assert request.prefix_state.trie.last_search.record is None and missed.depth == 2
     trie.clear()
     store_kv(trie, [7] * 16, adapter="x")  # a new root and one node reuse the freed slots
     path = trie.prepare(request)
@@ -989,7 +989,7 @@ def test_an_overlap_chosen_after_ingest_is_applied_at_match():
     produce(trie, tokens(32), 32)
     request = Sequence(tokens(32) + [1] * 33)
     trie.prepare(request)
-    request.prefix_state.recompute_blocks = 1
+    request.prefix_state.overlap.recompute_blocks = 1
     txn, misses, _ = match(trie, request)
     assert txn.hit_tokens == 0 and misses == {MissReason.RECOMPUTE_OVERLAP.value: 1}
     trie.rollback(txn)
@@ -1001,7 +1001,7 @@ def test_a_remembered_overlap_miss_ends_when_the_kv_arrives():
     pool, states, trie = make_hybrid()
     produce(trie, tokens(32), 32)
     request = Sequence(tokens(48) + [1] * 17)
-    request.prefix_state.recompute_blocks = 1
+    request.prefix_state.overlap.recompute_blocks = 1
     txn, _, _ = match(trie, request)
     assert txn.hit_tokens == 0
     trie.rollback(txn)
@@ -1021,7 +1021,7 @@ def test_a_search_remembered_by_another_trie_is_not_reused():
     assert second.nodes.version == first.nodes.version
     request = Sequence(tokens(64) + [1])
     first.prepare(request)
-    assert request.prefix_state.found.record is not None
+    assert request.prefix_state.trie.last_search.record is not None
     txn, misses, _ = match(second, request)
-    assert txn.hit_tokens == 0 and request.prefix_state.restore is None
+    assert txn.hit_tokens == 0 and request.prefix_state.checkpoints.restore is None
     second.rollback(txn)

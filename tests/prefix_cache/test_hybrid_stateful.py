@@ -152,7 +152,7 @@ class HybridMachine(RuleBasedStateMachine):
         self._add(self._new_sequence(source), recompute)
 
     def _add(self, seq: Sequence, recompute: int) -> None:
-        seq.prefix_state.recompute_blocks = recompute
+        seq.prefix_state.overlap.recompute_blocks = recompute
         self.entries.append(Entry(seq))
 
     def _match(self, entry: Entry) -> None:
@@ -160,10 +160,10 @@ class HybridMachine(RuleBasedStateMachine):
         assert seq.num_computed == 0 and seq.num_blocks == 0
         exact = [s.record.step for s in self.model.values() if self._exact_for(seq, s)]
         txn = self.trie.match(seq)
-        record = seq.prefix_state.restore
+        record = seq.prefix_state.checkpoints.restore
         if record is None:
             assert seq.num_computed == 0 and seq.num_blocks == 0
-            if seq.prefix_state.recompute_blocks == 0:
+            if seq.prefix_state.overlap.recompute_blocks == 0:
                 assert not exact, f"missed an exact published checkpoint at {exact}"
         else:
             saved = self.model.get(record.record_id)
@@ -171,9 +171,9 @@ class HybridMachine(RuleBasedStateMachine):
             assert self._exact_for(seq, saved), "a hit on a checkpoint of other tokens"
             assert seq.num_computed == record.step and seq.is_boundary_safe(record.step)
             assert seq.num_blocks == record.step // B
-            fresh_start, fresh_end = seq.prefix_state.fresh_range
+            fresh_start, fresh_end = seq.prefix_state.overlap.fresh_range
             assert fresh_start == record.step // B and fresh_end >= -(-record.step // B)
-            if seq.prefix_state.recompute_blocks == 0:
+            if seq.prefix_state.overlap.recompute_blocks == 0:
                 assert record.step == max(exact), "not the deepest exact checkpoint"
             assert self.cp.pin_restore(seq)
             self.hits += 1
@@ -193,7 +193,7 @@ class HybridMachine(RuleBasedStateMachine):
             slot = int(nodes.parent[slot])
         assert slot == path.root
         assert [t for row in reversed(rows) for t in row] == seq.token_view(0, path.depth * B).tolist()
-        found = seq.prefix_state.found
+        found = seq.prefix_state.trie.last_search
         if found is not None and found.record is not None:
             saved = self.model.get(found.record.record_id)
             assert saved is not None and self._exact_for(seq, saved), "ingest found a checkpoint of other tokens"
@@ -204,7 +204,7 @@ class HybridMachine(RuleBasedStateMachine):
         self.trie.rollback(entry.txn)
         seq = entry.seq
         assert seq.num_computed == 0 and seq.num_blocks == 0
-        assert seq.prefix_state.restore is None and not seq.prefix_state.restore_pinned
+        assert seq.prefix_state.checkpoints.restore is None and not seq.prefix_state.checkpoints.restore_pinned
         entry.txn, entry.phase = None, "idle"
 
     def _finish_admission(self, entry: Entry) -> bool:
@@ -231,15 +231,15 @@ class HybridMachine(RuleBasedStateMachine):
         else:
             step = seq.num_computed + 1 + choice % (seq.num_tokens - seq.num_computed)
         if not 0 < step <= seq.num_valid:  # bad input raises and changes nothing
-            held = seq.prefix_state.pending_save
+            held = seq.prefix_state.checkpoints.pending_save
             try:
                 self.cp.reserve_save(seq, step)
             except InvalidStepError:
-                assert seq.prefix_state.pending_save is held, "a refused step changed the reservation"
+                assert seq.prefix_state.checkpoints.pending_save is held, "a refused step changed the reservation"
                 return
             raise AssertionError("a save at an impossible step was not refused")
         slot = self.cp.reserve_save(seq, None if choice is None else step)
-        record = seq.prefix_state.pending_save
+        record = seq.prefix_state.checkpoints.pending_save
         if slot < 0:
             assert record is None
         else:
@@ -251,25 +251,25 @@ class HybridMachine(RuleBasedStateMachine):
     def _forward(self, entry: Entry) -> None:
         seq = entry.seq
         seq.set_computed(seq.num_tokens)
-        pinned = seq.prefix_state.restore_pinned
+        pinned = seq.prefix_state.checkpoints.restore_pinned
         assert self.cp.unpin_restore(seq) == pinned
-        assert seq.prefix_state.restore is None
+        assert seq.prefix_state.checkpoints.restore is None
         entry.phase = "running"
 
     def _publish(self, entry: Entry, pin: bool, in_flight: bool = False) -> None:
         seq = entry.seq
-        record = seq.prefix_state.pending_save
-        pin = pin and seq.prefix_state.producer_pin is None
+        record = seq.prefix_state.checkpoints.pending_save
+        pin = pin and seq.prefix_state.checkpoints.producer_pin is None
         in_flight = in_flight and pin
         reserved = record.state is CheckpointState.RESERVED
         ok = self.cp.publish_save(seq, pin=pin, in_flight=in_flight)
         assert ok == reserved, "a live reservation must publish; a released one must not"
-        assert seq.prefix_state.pending_save is None
+        assert seq.prefix_state.checkpoints.pending_save is None
         if ok:
             assert record.is_published
             self._record_publish(seq, record, trimmed=not in_flight)
             if pin:
-                assert seq.prefix_state.producer_pin is record and record.producer_pins == 1
+                assert seq.prefix_state.checkpoints.producer_pin is record and record.producer_pins == 1
             assert record.ready == (not in_flight)
         else:
             assert record.state is CheckpointState.RELEASED
@@ -306,10 +306,10 @@ class HybridMachine(RuleBasedStateMachine):
     def forward(self, index):
         self._forward(self._pick(("admitted",), index))
 
-    @precondition(lambda self: self._has("running", where=lambda e: e.seq.prefix_state.pending_save is not None))
+    @precondition(lambda self: self._has("running", where=lambda e: e.seq.prefix_state.checkpoints.pending_save is not None))
     @rule(index=st.integers(0, 99), pin=st.booleans(), in_flight=st.booleans())
     def publish(self, index, pin, in_flight):
-        entry = self._pick(("running",), index, lambda e: e.seq.prefix_state.pending_save is not None)
+        entry = self._pick(("running",), index, lambda e: e.seq.prefix_state.checkpoints.pending_save is not None)
         self._publish(entry, pin, in_flight)
 
     # --- a whole prefill in one rule (so runs reach hits), stopping at a random stage ----------
@@ -348,51 +348,51 @@ class HybridMachine(RuleBasedStateMachine):
         if stop == "admitted":
             return
         self._forward(entry)
-        if stop == "published" and entry.seq.prefix_state.pending_save is not None:
+        if stop == "published" and entry.seq.prefix_state.checkpoints.pending_save is not None:
             self._publish(entry, pin, in_flight)
 
-    @precondition(lambda self: self._has("admitted", "running", where=lambda e: e.seq.prefix_state.pending_save))
+    @precondition(lambda self: self._has("admitted", "running", where=lambda e: e.seq.prefix_state.checkpoints.pending_save))
     @rule(index=st.integers(0, 99))
     def discard(self, index):
-        seq = self._pick(("admitted", "running"), index, lambda e: e.seq.prefix_state.pending_save).seq
-        record = seq.prefix_state.pending_save
+        seq = self._pick(("admitted", "running"), index, lambda e: e.seq.prefix_state.checkpoints.pending_save).seq
+        record = seq.prefix_state.checkpoints.pending_save
         reserved = record.state is CheckpointState.RESERVED
         assert self.cp.discard_save(seq) == reserved
-        assert record.state is CheckpointState.RELEASED and seq.prefix_state.pending_save is None
+        assert record.state is CheckpointState.RELEASED and seq.prefix_state.checkpoints.pending_save is None
 
-    @precondition(lambda self: self._has("idle", "matched", "admitted", "running", where=lambda e: e.seq.prefix_state.producer_pin))
+    @precondition(lambda self: self._has("idle", "matched", "admitted", "running", where=lambda e: e.seq.prefix_state.checkpoints.producer_pin))
     @rule(index=st.integers(0, 99))
     def unpin_save(self, index):
         phases = ("idle", "matched", "admitted", "running")
-        seq = self._pick(phases, index, lambda e: e.seq.prefix_state.producer_pin).seq
-        record = seq.prefix_state.producer_pin
+        seq = self._pick(phases, index, lambda e: e.seq.prefix_state.checkpoints.producer_pin).seq
+        record = seq.prefix_state.checkpoints.producer_pin
         assert self.cp.unpin_save(seq)
-        assert record.producer_pins == 0 and seq.prefix_state.producer_pin is None
+        assert record.producer_pins == 0 and seq.prefix_state.checkpoints.producer_pin is None
         assert record.ready  # the save copy completed: usable from now on
         if record.is_published:
             self._check_anchor_cap(record)  # a save published in flight is trimmed now
 
     @precondition(
         lambda self: self._has(
-            "admitted", "running", where=lambda e: e.seq.prefix_state.producer_pin or e.seq.prefix_state.pending_save
+            "admitted", "running", where=lambda e: e.seq.prefix_state.checkpoints.producer_pin or e.seq.prefix_state.checkpoints.pending_save
         )
     )
     @rule(index=st.integers(0, 99))
     def abandon(self, index):
         """The forward carrying the save failed: its reservation or in-flight record goes."""
         state_of = lambda e: e.seq.prefix_state  # noqa: E731
-        entry = self._pick(("admitted", "running"), index, lambda e: state_of(e).producer_pin or state_of(e).pending_save)
+        entry = self._pick(("admitted", "running"), index, lambda e: state_of(e).checkpoints.producer_pin or state_of(e).checkpoints.pending_save)
         state = entry.seq.prefix_state
-        dropped = [r for r in (state.producer_pin, state.pending_save) if r is not None]
+        dropped = [r for r in (state.checkpoints.producer_pin, state.checkpoints.pending_save) if r is not None]
         self.cp.abandon_save(entry.seq)
-        assert state.producer_pin is None and state.pending_save is None
+        assert state.checkpoints.producer_pin is None and state.checkpoints.pending_save is None
         for record in dropped:
             assert record.state is CheckpointState.RELEASED or record.pin_count > 0
 
-    @precondition(lambda self: self._has("running", where=lambda e: e.seq.prefix_state.pending_save is None))
+    @precondition(lambda self: self._has("running", where=lambda e: e.seq.prefix_state.checkpoints.pending_save is None))
     @rule(index=st.integers(0, 99), count=st.integers(1, B + 1), token=st.integers(0, 3))
     def decode(self, index, count, token):
-        seq = self._pick(("running",), index, lambda e: e.seq.prefix_state.pending_save is None).seq
+        seq = self._pick(("running",), index, lambda e: e.seq.prefix_state.checkpoints.pending_save is None).seq
         if seq.num_tokens > 60 or not self._make_room(seq, seq.num_tokens + count):
             return
         seq.append_tokens([token] * count)
@@ -401,10 +401,10 @@ class HybridMachine(RuleBasedStateMachine):
         slot = self.cp.reserve_decode_save(seq, DECODE_INTERVAL)
         seq.set_computed(seq.num_tokens)
         if slot > 0:
-            record = seq.prefix_state.pending_save
+            record = seq.prefix_state.checkpoints.pending_save
             assert record.is_decode and record.step == seq.num_tokens
             assert self.cp.publish_save(seq)
-            assert seq.prefix_state.decode_checkpoint is record
+            assert seq.prefix_state.checkpoints.decode_checkpoint is record
             self._record_publish(seq, record)
 
     @rule(count=st.integers(1, 6), checkpoints=st.booleans())
@@ -424,12 +424,12 @@ class HybridMachine(RuleBasedStateMachine):
     def free(self, index):
         entry = self._pick(("idle", "admitted", "running"), index)
         seq = entry.seq
-        producer_pin = seq.prefix_state.producer_pin
+        producer_pin = seq.prefix_state.checkpoints.producer_pin
         self.trie.free_sequence(seq)
         assert seq.num_blocks == 0 and seq.num_computed == 0
-        assert seq.prefix_state.pending_save is None and seq.prefix_state.restore is None
-        assert not seq.prefix_state.restore_pinned
-        assert seq.prefix_state.producer_pin is producer_pin  # kept until the output boundary
+        assert seq.prefix_state.checkpoints.pending_save is None and seq.prefix_state.checkpoints.restore is None
+        assert not seq.prefix_state.checkpoints.restore_pinned
+        assert seq.prefix_state.checkpoints.producer_pin is producer_pin  # kept until the output boundary
         entry.phase = "idle"
 
     # --- invariants ----------------------------------------------------------------------------

@@ -151,7 +151,7 @@ def test_multimodal_blocks_map_spans_to_the_blocks_they_overlap():
     seq = Sequence(tokens(4 * B), multimodal=spans)
     keyer = BlockKeyer(B)
     keyer.extend(seq)
-    blocks = seq.prefix_state.mm_blocks
+    blocks = seq.prefix_state.keys.mm_blocks
     assert sorted(blocks) == [0, 1, 2, 3]
     assert blocks[0] == blocks[1] == (spans[0],)
     assert blocks[2] == (spans[1],)
@@ -179,16 +179,16 @@ def test_incremental_extension_equals_one_shot():
     assert pos == len(toks)
     assert keyer.extend(grown).tolist() == keys_of(keyer, toks)
     assert keyer.extend(grown_mm).tolist() == keys_of(keyer, toks, multimodal=[span])
-    assert grown.prefix_state.num_keys == 7
+    assert grown.prefix_state.keys.num_keys == 7
 
 
 def test_switching_keyer_recomputes_keys():
     first, second = BlockKeyer(B), BlockKeyer.deterministic(B)
     seq = Sequence(tokens(3 * B))
     a = first.extend(seq).tolist()
-    assert seq.prefix_state.keyer_id == first.keyer_id
+    assert seq.prefix_state.keys.keyer_id == first.keyer_id
     b = second.extend(seq).tolist()
-    assert seq.prefix_state.keyer_id == second.keyer_id
+    assert seq.prefix_state.keys.keyer_id == second.keyer_id
     assert b == keys_of(second, tokens(3 * B)) and a != b
 
 
@@ -211,7 +211,7 @@ def test_block_values_make_the_prefix_keys():
     assert keyer.values_of(seq, np.array([0])).tolist() == values[:1].tolist()
     keys = keyer.extend(seq)
     sums = np.cumsum(values, dtype=np.uint64) + np.uint64(keyer.namespace_seed(seq.namespace))
-    assert seq.prefix_state.block_sums[:5].tolist() == sums.tolist()
+    assert seq.prefix_state.keys.block_sums[:5].tolist() == sums.tolist()
     assert keys.tolist() == [keyer.finalize(int(total)) for total in sums]
     # a block's value depends on its own tokens, position and spans, not on earlier blocks
     other = Sequence(
@@ -231,19 +231,19 @@ def test_resume_at_continues_keys_without_hashing_the_prefix():
     donor = Sequence(toks[: 2 * B])
     keyer.extend(donor)
     resumed = Sequence(toks)
-    keyer.resume_at(resumed, 2, int(donor.prefix_state.block_sums[1]))
+    keyer.resume_at(resumed, 2, int(donor.prefix_state.keys.block_sums[1]))
     state = resumed.prefix_state
-    assert (state.keys_from, state.num_keys) == (2, 2)
+    assert (state.keys.keys_from, state.keys.num_keys) == (2, 2)
     keys = keyer.extend(resumed)
     assert keys.size == 6 and keys[2:].tolist() == full[2:]
-    assert state.num_keys == 6 and state.keys_from == 2
+    assert state.keys.num_keys == 6 and state.keys.keys_from == 2
     # keys already cover depths 2..6: resuming there is a no-op
-    before = (state.keys_from, state.num_keys, state.key_sum)
+    before = (state.keys.keys_from, state.keys.num_keys, state.keys.key_sum)
     keyer.resume_at(resumed, 4, 12345)
-    assert (state.keys_from, state.num_keys, state.key_sum) == before
+    assert (state.keys.keys_from, state.keys.num_keys, state.keys.key_sum) == before
     # a depth outside them restarts from that node
-    keyer.resume_at(resumed, 1, int(donor.prefix_state.block_sums[0]))
-    assert (state.keys_from, state.num_keys) == (1, 1)
+    keyer.resume_at(resumed, 1, int(donor.prefix_state.keys.block_sums[0]))
+    assert (state.keys.keys_from, state.keys.num_keys) == (1, 1)
     assert keyer.extend(resumed)[1:].tolist() == full[1:]
 
 
@@ -263,7 +263,7 @@ def test_finalize_is_the_key_of_a_running_sum():
     keyer = BlockKeyer(B)
     seq = Sequence(tokens(3 * B))
     keys = keyer.extend(seq)
-    assert [keyer.finalize(int(total)) for total in seq.prefix_state.block_sums[:3]] == keys.tolist()
+    assert [keyer.finalize(int(total)) for total in seq.prefix_state.keys.block_sums[:3]] == keys.tolist()
 
 
 def test_key_after_continues_a_running_sum_by_one_block():
@@ -272,5 +272,5 @@ def test_key_after_continues_a_running_sum_by_one_block():
     keyer = BlockKeyer(B)
     for seq in (Sequence(tokens(4 * B)), Sequence(tokens(4 * B), adapter="lora")):
         keys = keyer.extend(seq).tolist()
-        sums = [keyer.namespace_seed(seq.namespace)] + [int(s) for s in seq.prefix_state.block_sums[:3]]
+        sums = [keyer.namespace_seed(seq.namespace)] + [int(s) for s in seq.prefix_state.keys.block_sums[:3]]
         assert [keyer.key_after(seq, index, sums[index]) for index in range(4)] == keys

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hybridcache.errors import LifecycleError, RefcountUnderflowError
-from hybridcache.prefix_state import NO_NODE
+from hybridcache.types import NO_NODE
 from hybridcache.sequence import Sequence
 
 from . import _hybrid
@@ -33,7 +33,7 @@ def all_refcounts(pool) -> list[int]:
 def borrow(seq: Sequence) -> tuple[int, int]:
     """The sequence's borrow: (pinned slot, borrowed depth)."""
     state = seq.prefix_state
-    return state.borrowed, state.borrowed_depth
+    return state.borrow.node, state.borrow.depth
 
 
 def block_of(trie, slot: int) -> int:
@@ -265,7 +265,7 @@ def test_a_checkpoint_hit_borrows_the_path_to_its_anchor():
     _, record = _hybrid.produce(trie, tokens(3 * B), 2 * B)
     request = Sequence(tokens(3 * B + 1))
     txn = trie.match(request)
-    assert request.prefix_state.restore is record
+    assert request.prefix_state.checkpoints.restore is record
     assert txn.borrowed and borrow(request) == (record.anchor, 2)
     assert trie.kv.pins() == {record.anchor: 1} and refs(pool, request) == [1, 1]
     trie.check_invariants([request])
@@ -317,5 +317,5 @@ def test_the_pool_refuses_to_release_a_borrowing_table():
     before = refs(pool, seq)
     with pytest.raises(LifecycleError):
         pool.release_table(seq)
-    assert refs(pool, seq) == before and seq.prefix_state.borrowed_depth == 2
+    assert refs(pool, seq) == before and seq.prefix_state.borrow.depth == 2
     trie.check_invariants([seq])

@@ -69,13 +69,13 @@ def test_miss_reasons_recorded_by_the_trie():
     assert trie.stats.match.misses["no_cached_prefix"] == 1
     # overlap shortens a hit
     seq = Sequence(tokens(3 * B + 1))
-    seq.prefix_state.recompute_blocks = 1
+    seq.prefix_state.overlap.recompute_blocks = 1
     trie.commit(trie.match(seq))
     assert trie.stats.match.shortened["recompute_overlap"] == 1
     trie.free_sequence(seq)
     # overlap removes the whole hit: a miss because of the overlap
     seq = Sequence(tokens(B + 1))
-    seq.prefix_state.recompute_blocks = 1
+    seq.prefix_state.overlap.recompute_blocks = 1
     trie.commit(trie.match(seq))
     assert trie.stats.match.misses["recompute_overlap"] == 1
     trie.free_sequence(seq)

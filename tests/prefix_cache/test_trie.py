@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from hybridcache.prefix_cache import BlockKeyer, BlockTrie
-from hybridcache.prefix_state import NO_NODE
+from hybridcache.types import NO_NODE
 from hybridcache.sequence import MultimodalSpan, Sequence
 
 from tests.keyers import CONSTANT, ConstantKeyer
@@ -55,7 +55,7 @@ def test_allocate_partial_prompt_then_decode():
     grow_attach_commit(trie, seq, txn)
     assert seq.num_blocks == 3 and refs(pool, seq) == [2, 2, 1]
     assert cursor_depth(trie, seq) == 2
-    cursor = seq.prefix_state.cursor
+    cursor = seq.prefix_state.trie.cursor
     assert node_tokens(trie, cursor) == tokens(B, start=B + 1)
     assert leaves(trie) == [cursor]
     trie.check_invariants([seq])
@@ -92,7 +92,7 @@ def test_branching_match_shares_the_common_block():
     assert txn.hit_tokens == B and other.num_computed == B
     assert other.block_table.tolist() == owner.block_table[:1].tolist()
     assert pool.refcounts(other.block_table).tolist() == [2]
-    assert trie.kv.pins() == {other.prefix_state.borrowed: 1} and other.prefix_state.borrowed_depth == 1
+    assert trie.kv.pins() == {other.prefix_state.borrow.node: 1} and other.prefix_state.borrow.depth == 1
     assert cursor_depth(trie, other) == 1
     grow_attach_commit(trie, other, txn)
     assert len(leaves(trie)) == 2
@@ -101,7 +101,7 @@ def test_branching_match_shares_the_common_block():
     prefill(trie, third)
     assert third.block_table[:2].tolist() == other.block_table[:2].tolist()
     assert refs(pool, third)[:2] == [2, 2]  # owner + trie, other + trie; the matchers hold pins
-    assert sorted(trie.kv.pins().values()) == [1, 1] and third.prefix_state.borrowed_depth == 2
+    assert sorted(trie.kv.pins().values()) == [1, 1] and third.prefix_state.borrow.depth == 2
     trie.check_invariants([owner, other, third])
 
 
@@ -113,7 +113,7 @@ def test_free_then_rematch():
     prefill(trie, seq)
     trie.free_sequence(seq)
     assert seq.num_computed == 0 and seq.num_blocks == 0
-    assert seq.prefix_state.cursor == NO_NODE and seq.prefix_state.trie_block_map == {}
+    assert seq.prefix_state.trie.cursor == NO_NODE and seq.prefix_state.overlap.trie_block_map == {}
     assert pool.num_free == 16 - 2
     trie.check_invariants([seq])
     txn = trie.match(seq)
@@ -142,17 +142,17 @@ def test_exact_block_count_prompt_keeps_last_block_private():
     canonical = path_blocks_of_tokens(trie, tokens(3 * B))
     seq = Sequence(tokens(3 * B))
     txn = trie.match(seq)
-    assert seq.num_computed == 2 * B and seq.prefix_state.fresh_range == (0, 0)
+    assert seq.num_computed == 2 * B and seq.prefix_state.overlap.fresh_range == (0, 0)
     grow_attach_commit(trie, seq, txn)
     private = int(seq.block_table[2])
     assert private != canonical[2]
-    assert seq.prefix_state.trie_block_map == {2: canonical[2]}
+    assert seq.prefix_state.overlap.trie_block_map == {2: canonical[2]}
     assert pool.refcount_of(private) == 1 and cursor_depth(trie, seq) == 3
     trie.check_invariants([seq])
     seq.set_computed(seq.num_tokens)
     decode(trie, seq, [7])  # the next allocate swaps the computed private block for the canonical one
     assert seq.block_table[:3].tolist() == canonical
-    assert seq.prefix_state.trie_block_map == {}
+    assert seq.prefix_state.overlap.trie_block_map == {}
     assert pool.refcount_of(private) == 0
     trie.check_invariants([seq])
 
@@ -177,7 +177,7 @@ def test_duplicate_computed_block_is_deduplicated_by_allocate():
     trie.allocate(second)  # nothing computed yet: private blocks kept, mapped
     trie.commit(t1)
     trie.commit(t2)
-    assert second.prefix_state.trie_block_map == {0: int(first.block_table[0]), 1: int(first.block_table[1])}
+    assert second.prefix_state.overlap.trie_block_map == {0: int(first.block_table[0]), 1: int(first.block_table[1])}
     trie.check_invariants([first, second])
     for seq in (first, second):
         seq.set_computed(seq.num_tokens)
@@ -200,11 +200,11 @@ def test_recompute_overlap_worked_example():
     prefill(trie, owner)
     a, b, c = owner.block_table[:3].tolist()
     seq = Sequence(tokens(3 * B + 1))
-    seq.prefix_state.recompute_blocks = 1
+    seq.prefix_state.overlap.recompute_blocks = 1
     before = trie.stats.snapshot()
     txn = trie.match(seq)
     assert seq.num_computed == 2 * B and seq.block_table.tolist() == [a, b]
-    assert seq.prefix_state.fresh_range == (2, 3)
+    assert seq.prefix_state.overlap.fresh_range == (2, 3)
     assert cursor_depth(trie, seq) == 2
     stats = trie.stats.match
     assert stats.query_tokens - before.query_tokens == 49 and stats.hit_tokens - before.hit_tokens == 32
@@ -213,8 +213,8 @@ def test_recompute_overlap_worked_example():
     private = int(seq.block_table[2])
     assert private != c and pool.refcount_of(private) == 1
     assert pool.refcount_of(c) == 2  # trie + owner
-    assert seq.prefix_state.trie_block_map == {2: c}
-    assert seq.prefix_state.fresh_range == (0, 0)
+    assert seq.prefix_state.overlap.trie_block_map == {2: c}
+    assert seq.prefix_state.overlap.fresh_range == (0, 0)
     assert cursor_depth(trie, seq) == 3
     trie.check_invariants([owner, seq])
     # once the owner is gone the canonical block is held by the trie only
@@ -229,9 +229,9 @@ def test_evicted_overlap_node_resets_the_cursor():
     pool, trie = make_trie(16)
     produce(trie, tokens(3 * B + 1))
     seq = Sequence(tokens(3 * B + 1))
-    seq.prefix_state.recompute_blocks = 1
+    seq.prefix_state.overlap.recompute_blocks = 1
     prefill(trie, seq)
-    old_c = seq.prefix_state.trie_block_map[2]
+    old_c = seq.prefix_state.overlap.trie_block_map[2]
     (overlap_node,) = slots_at_depth(trie, 3)
     assert trie.free_kv_blocks(1) == 1
     assert not trie.nodes.attached[overlap_node]
@@ -241,11 +241,11 @@ def test_evicted_overlap_node_resets_the_cursor():
     decode(trie, seq, tokens(15, start=900))
     assert seq.num_tokens == 4 * B
     assert cursor_depth(trie, seq) == 4
-    assert seq.prefix_state.trie_block_map == {}
+    assert seq.prefix_state.overlap.trie_block_map == {}
     assert path_blocks(trie, seq) == seq.block_table.tolist()
-    assert seq.prefix_state.borrowed_depth == 2  # the first two blocks are borrowed by a path pin
+    assert seq.prefix_state.borrow.depth == 2  # the first two blocks are borrowed by a path pin
     assert refs(pool, seq) == [1, 1, 2, 2]
-    new_parent = int(trie.nodes.parent[seq.prefix_state.cursor])
+    new_parent = int(trie.nodes.parent[seq.prefix_state.trie.cursor])
     assert new_parent != overlap_node or trie.nodes.generation[new_parent] > 0
     assert int(trie.nodes.block[new_parent]) == int(seq.block_table[2])
     trie.check_invariants([seq])
@@ -259,14 +259,14 @@ def test_recompute_overlap_drops_one_block(raw):
     owner = Sequence(tokens(raw * B + 1))
     prefill(trie, owner)
     seq = Sequence(tokens(raw * B + 1))
-    seq.prefix_state.recompute_blocks = 1
+    seq.prefix_state.overlap.recompute_blocks = 1
     txn = trie.match(seq)
     assert seq.num_computed == (raw - 1) * B
-    assert seq.prefix_state.fresh_range == (raw - 1, raw)
+    assert seq.prefix_state.overlap.fresh_range == (raw - 1, raw)
     grow_attach_commit(trie, seq, txn)
     assert seq.block_table[raw - 1] != owner.block_table[raw - 1]
     assert seq.block_table[: raw - 1].tolist() == owner.block_table[: raw - 1].tolist()
-    assert seq.prefix_state.fresh_range == (0, 0)
+    assert seq.prefix_state.overlap.fresh_range == (0, 0)
     assert cursor_depth(trie, seq) == raw
     trie.check_invariants([owner, seq])
 
@@ -276,7 +276,7 @@ def test_no_recompute_overlap_is_a_full_hit():
     produce(trie, tokens(3 * B + 1))
     seq = Sequence(tokens(3 * B + 1))
     txn = trie.match(seq)
-    assert seq.num_computed == 3 * B and seq.prefix_state.fresh_range == (0, 0)
+    assert seq.num_computed == 3 * B and seq.prefix_state.overlap.fresh_range == (0, 0)
     assert txn.hit_tokens == 3 * B
     trie.commit(txn)
 
@@ -290,12 +290,12 @@ def test_recompute_overlap_with_image():
     produce(trie, tokens(4 * B + 1), multimodal=span)
     canonical = path_blocks_of_tokens_mm(trie, tokens(4 * B + 1), span)
     seq = Sequence(tokens(4 * B + 1), multimodal=span)
-    seq.prefix_state.recompute_blocks = 1
+    seq.prefix_state.overlap.recompute_blocks = 1
     txn = trie.match(seq)
     assert seq.num_computed == 2 * B
-    assert seq.prefix_state.fresh_range == (2, 4)
+    assert seq.prefix_state.overlap.fresh_range == (2, 4)
     grow_attach_commit(trie, seq, txn)
-    assert seq.prefix_state.trie_block_map == {2: canonical[2], 3: canonical[3]}
+    assert seq.prefix_state.overlap.trie_block_map == {2: canonical[2], 3: canonical[3]}
     assert all(pool.refcount_of(int(seq.block_table[i])) == 1 for i in (2, 3, 4))
     assert cursor_depth(trie, seq) == 4
     trie.check_invariants([seq])
@@ -315,18 +315,18 @@ def test_fresh_range_blocks_stay_private_until_computed_then_settle():
     pool, trie = make_trie(32)
     produce(trie, tokens(4 * B + 1))
     seq = Sequence(tokens(4 * B + 1))
-    seq.prefix_state.recompute_blocks = 2
+    seq.prefix_state.overlap.recompute_blocks = 2
     admit(trie, seq)
     assert seq.num_computed == 2 * B
-    mapped = dict(seq.prefix_state.trie_block_map)
+    mapped = dict(seq.prefix_state.overlap.trie_block_map)
     assert sorted(mapped) == [2, 3]
     # allocate again before the forward ran: nothing settles
     trie.allocate(seq)
-    assert seq.prefix_state.trie_block_map == mapped
+    assert seq.prefix_state.overlap.trie_block_map == mapped
     trie.check_invariants([seq])
     seq.set_computed(seq.num_tokens)
     decode(trie, seq, [5])
-    assert seq.prefix_state.trie_block_map == {}
+    assert seq.prefix_state.overlap.trie_block_map == {}
     assert seq.block_table[2:4].tolist() == [mapped[2], mapped[3]]
     trie.check_invariants([seq])
 
@@ -339,24 +339,24 @@ def test_computed_block_in_the_fresh_range_stays_private():
     prefill(trie, producer)
     a, b, c, d = producer.block_table[:4].tolist()
     seq = Sequence(tokens(4 * B + 1))
-    seq.prefix_state.recompute_blocks = 2
+    seq.prefix_state.overlap.recompute_blocks = 2
     prefill(trie, seq)  # hit [a, b], private c', d' mapped to c, d, then the forward runs
-    assert seq.prefix_state.trie_block_map == {2: c, 3: d}
+    assert seq.prefix_state.overlap.trie_block_map == {2: c, 3: d}
     private_c = int(seq.block_table[2])
     trie.free_sequence(producer)
     assert trie.free_kv_blocks(1) == 1  # node D (held by the trie only) goes: the cursor is gone
     assert cursor_depth(trie, seq) is None
     seq.append_tokens([77])
     txn = trie.match(seq)  # from the root: raw A B C, R=2 -> accepted 2 -> no hit, fresh [2, 3)
-    assert txn.hit_tokens == 0 and seq.prefix_state.fresh_range == (2, 3)
+    assert txn.hit_tokens == 0 and seq.prefix_state.overlap.fresh_range == (2, 3)
     grow_attach_commit(trie, seq, txn)
     assert int(seq.block_table[2]) == private_c  # computed, but in the fresh range: kept
-    assert seq.prefix_state.trie_block_map == {2: c}
+    assert seq.prefix_state.overlap.trie_block_map == {2: c}
     assert cursor_depth(trie, seq) == 4  # d' became the new node at depth 4
     trie.check_invariants([seq])
     seq.set_computed(seq.num_tokens)
     trie.allocate(seq)  # no fresh range any more: the computed duplicate is settled
-    assert int(seq.block_table[2]) == c and seq.prefix_state.trie_block_map == {}
+    assert int(seq.block_table[2]) == c and seq.prefix_state.overlap.trie_block_map == {}
     assert pool.refcount_of(private_c) == 0
     trie.check_invariants([seq])
 
@@ -514,8 +514,8 @@ def test_image_clamp_to_zero_keeps_refs():
     seq = Sequence(changed, multimodal=span)
     txn = trie.match(seq)
     assert seq.num_computed == 0 and seq.num_blocks == 0
-    assert seq.prefix_state.cursor == trie.nodes.root(seq.namespace)
-    assert seq.prefix_state.fresh_range == (0, 1)
+    assert seq.prefix_state.trie.cursor == trie.nodes.root(seq.namespace)
+    assert seq.prefix_state.overlap.fresh_range == (0, 1)
     assert pool.refcount_of(int(owner.block_table[0])) == ref0
     assert trie.stats.match.misses["multimodal_boundary"] == 1
     trie.commit(txn)
@@ -651,7 +651,7 @@ def test_enrichment_by_a_later_sequence():
     txn = trie.match(wants)
     assert txn.hit_tokens == 0
     assert trie.stats.match.misses["routed_experts"] == 1
-    assert wants.prefix_state.fresh_range == (0, 3)
+    assert wants.prefix_state.overlap.fresh_range == (0, 3)
     trie.commit(txn)
     # it computes everything (into private blocks) and records its experts
     pool.grow_table(wants, wants.num_tokens, B)
@@ -675,7 +675,7 @@ def test_experts_only_for_block_zero():
     txn = trie.match(seq)
     assert txn.hit_tokens == B
     assert np.array_equal(seq.routed_experts, expert_rows(B))
-    assert seq.prefix_state.fresh_range == (1, 2)
+    assert seq.prefix_state.overlap.fresh_range == (1, 2)
     assert trie.stats.match.shortened["routed_experts"] == 1
 
 
@@ -716,12 +716,12 @@ def test_cache_routed_experts_is_incremental():
     prefill(trie, seq)
     seq.append_routed_experts(expert_rows(B + 1))
     trie.cache_routed_experts(seq)
-    assert seq.prefix_state.experts_cached_blocks == 1
+    assert seq.prefix_state.trie.experts_cached_blocks == 1
     for i in range(B):
         decode(trie, seq, [3])
         seq.append_routed_experts(expert_rows(1, start=B + 1 + i))
         trie.cache_routed_experts(seq)
-    assert seq.prefix_state.experts_cached_blocks == 2
+    assert seq.prefix_state.trie.experts_cached_blocks == 2
     assert trie.experts.has_rows[trie.nodes.attached_slots()].all()
     (leaf,) = leaves(trie)
     assert np.array_equal(trie.experts.gather([(leaf, leaf)]), expert_rows(B, start=B))
@@ -734,7 +734,7 @@ def test_rollback_restores_everything_exactly():
     pool, trie = make_trie(32)
     produce(trie, tokens(4 * B + 1))
     seq = Sequence(tokens(4 * B + 1))
-    seq.prefix_state.recompute_blocks = 1
+    seq.prefix_state.overlap.recompute_blocks = 1
     trie.match(seq)  # a first match, rolled back below, to give the state a history
     before = (seq_state(seq), snapshot(trie.stats.match))
     refcounts = pool.refcounts(np.arange(32)).tolist()
@@ -785,7 +785,7 @@ def test_disabled_trie_caches_nothing():
     seq = Sequence(tokens(3 * B + 1), multimodal=[MultimodalSpan(0, 4, "image", "i")])
     prefill(trie, seq)
     assert trie.nodes.num_attached == 0 and refs(pool, seq) == [1, 1, 1, 1]
-    assert seq.prefix_state.num_keys == 0  # no key was ever computed
+    assert seq.prefix_state.keys.num_keys == 0  # no key was ever computed
     trie.free_sequence(seq)
     assert pool.num_free == 32
     seq = Sequence(tokens(3 * B + 1))

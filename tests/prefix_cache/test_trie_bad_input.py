@@ -254,7 +254,7 @@ def test_a_sequence_holding_blocks_of_another_trie_is_refused():
         assert snapshot(pool, trie, other_pool, other, seq) == before
     trie.free_sequence(seq)
     txn = other.match(seq)
-    assert txn.hit_tokens == 0 and seq.num_computed == 0 and seq.prefix_state.owner == other.trie_id
+    assert txn.hit_tokens == 0 and seq.num_computed == 0 and seq.prefix_state.trie.owner == other.trie_id
     other.rollback(txn)
     trie.check_invariants()
     other.check_invariants([seq])

@@ -129,7 +129,7 @@ class TrieMachine(RuleBasedStateMachine):
         assert computed < seq.num_tokens, "a hit must end before the last token"
         if txn.hit_tokens:
             assert computed % BS == 0 and seq.is_boundary_safe(computed)
-            overlap = seq.prefix_state.recompute_blocks
+            overlap = seq.prefix_state.overlap.recompute_blocks
             assert computed // BS <= (seq.num_valid - 1) // BS - overlap, "the hit leaves no recompute overlap"
         table = seq.block_table
         for index in range(txn.table_start, computed // BS):
@@ -193,7 +193,7 @@ class TrieMachine(RuleBasedStateMachine):
                 self.idle.append(seq)
             return
         self.trie.allocate(seq)
-        assert seq.prefix_state.fresh_range == (0, 0)
+        assert seq.prefix_state.overlap.fresh_range == (0, 0)
         self.trie.commit(txn)
         self.sweep()
         self.forward(seq)
@@ -242,7 +242,7 @@ class TrieMachine(RuleBasedStateMachine):
             spans = [s for s in old_spans if s.end <= len(toks)]
         self.history.append((list(toks), namespace, tuple(spans)))
         seq = Sequence(toks, adapter=namespace[0], cache_salt=namespace[1], multimodal=spans, want_routed_experts=experts)
-        seq.prefix_state.recompute_blocks = recompute
+        seq.prefix_state.overlap.recompute_blocks = recompute
         # optionally a second request is matched first and rolled back after this admission:
         # transactions of several sequences are open at once
         other = other_txn = None

@@ -264,7 +264,7 @@ class CacheProtocolMachine(RuleBasedStateMachine):
         return seq
 
     def _add(self, seq: Sequence, recompute: int) -> Entry:
-        seq.prefix_state.recompute_blocks = recompute
+        seq.prefix_state.overlap.recompute_blocks = recompute
         entry = Entry(seq)
         self.entries.append(entry)
         return entry
@@ -299,13 +299,13 @@ class CacheProtocolMachine(RuleBasedStateMachine):
         entry.txn, entry.phase = txn, "matched"
         hit = seq.num_computed - start
         assert txn.hit_tokens == hit >= 0, "hit tokens disagree with the step"
-        record = state.restore
+        record = state.checkpoints.restore
         if hit == 0:
             assert record is None, "a restore selected without a hit"
             assert seq.num_blocks == entry.before_match[1].size and np.array_equal(
                 seq.block_table, entry.before_match[1]
             ), "a miss changed the block table"
-            if self.hybrid and state.recompute_blocks == 0:
+            if self.hybrid and state.overlap.recompute_blocks == 0:
                 assert not expected, f"missed exact published checkpoints at {expected}"
             return
         step = seq.num_computed
@@ -319,7 +319,7 @@ class CacheProtocolMachine(RuleBasedStateMachine):
         if not self.hybrid:
             assert step % B == 0
             assert self.prefix_id(seq, step) in self.kv_prefixes, "a hit on a prefix nobody computed"
-            limit = (seq.num_valid - 1) // B - state.recompute_blocks
+            limit = (seq.num_valid - 1) // B - state.overlap.recompute_blocks
             assert step // B <= max(limit, start // B), "the hit leaves no recompute overlap"
             return
         assert record is not None, "a hybrid hit without a checkpoint"
@@ -334,7 +334,7 @@ class CacheProtocolMachine(RuleBasedStateMachine):
             )
         assert seq.num_blocks >= step // B
         assert step in expected, f"hit at {step}, which the model does not allow ({expected})"
-        if state.recompute_blocks == 0:
+        if state.overlap.recompute_blocks == 0:
             assert step == max(expected), f"hit at {step}, not the deepest exact checkpoint of {expected}"
         assert self.cp.pin_restore(seq), "could not pin a checkpoint the match selected"
         assert not self.cp.pin_restore(seq), "pinned twice"
@@ -345,7 +345,7 @@ class CacheProtocolMachine(RuleBasedStateMachine):
         self.trie.rollback(entry.txn)
         step, table = entry.before_match
         assert seq.num_computed == step and np.array_equal(seq.block_table, table), "rollback did not restore the sequence"
-        assert seq.prefix_state.restore is None and not seq.prefix_state.restore_pinned
+        assert seq.prefix_state.checkpoints.restore is None and not seq.prefix_state.checkpoints.restore_pinned
         entry.txn, entry.before_match = None, None
         if entry.runtime_slot is not None:  # a resumed session that cannot run: preempt it
             self._free(entry)
@@ -377,7 +377,7 @@ class CacheProtocolMachine(RuleBasedStateMachine):
             entry.runtime_slot = self.states.allocate_runtime()
             self.state[entry.runtime_slot] = None  # zeroed
         self.trie.allocate(seq)
-        assert seq.prefix_state.fresh_range == (0, 0)
+        assert seq.prefix_state.overlap.fresh_range == (0, 0)
         self.trie.commit(entry.txn)
         entry.txn, entry.before_match, entry.phase = None, None, "admitted"
         return True
@@ -391,15 +391,15 @@ class CacheProtocolMachine(RuleBasedStateMachine):
         else:
             step = seq.num_computed + 1 + choice % (seq.num_tokens - seq.num_computed)
         if not 0 < step <= seq.num_valid:  # bad input raises and changes nothing
-            held = seq.prefix_state.pending_save
+            held = seq.prefix_state.checkpoints.pending_save
             try:
                 self.cp.reserve_save(seq, step)
             except InvalidStepError:
-                assert seq.prefix_state.pending_save is held, "a refused step changed the reservation"
+                assert seq.prefix_state.checkpoints.pending_save is held, "a refused step changed the reservation"
                 return
             raise AssertionError("a save at an impossible step was not refused")
         slot = self.cp.reserve_save(seq, None if choice is None else step)
-        record = seq.prefix_state.pending_save
+        record = seq.prefix_state.checkpoints.pending_save
         if slot < 0:
             assert record is None
         else:
@@ -421,9 +421,9 @@ class CacheProtocolMachine(RuleBasedStateMachine):
         slot = entry.runtime_slot
         start, end = seq.num_computed, seq.num_tokens
         table = seq.block_table
-        record = state.restore
+        record = state.checkpoints.restore
         if record is not None:
-            assert self.hybrid and state.restore_pinned and record.is_published and record.step == start
+            assert self.hybrid and state.checkpoints.restore_pinned and record.is_published and record.step == start
             if record.is_partial:
                 index = record.step // B
                 destination = int(table[index])
@@ -461,17 +461,17 @@ class CacheProtocolMachine(RuleBasedStateMachine):
         for depth in range(1, end // B + 1):
             self.kv_prefixes.setdefault(self.prefix_id(seq, depth * B), seq.seq_id)
         if self.hybrid:
-            pinned = state.restore_pinned
+            pinned = state.checkpoints.restore_pinned
             assert self.cp.unpin_restore(seq) == pinned
             assert not self.cp.unpin_restore(seq)
-        assert state.restore is None
+        assert state.checkpoints.restore is None
         entry.phase = "running"
 
     def _publish(self, entry: Entry, pin: bool, in_flight: bool) -> None:
         seq = entry.seq
         state = seq.prefix_state
-        record = state.pending_save
-        pin = pin and state.producer_pin is None
+        record = state.checkpoints.pending_save
+        pin = pin and state.checkpoints.producer_pin is None
         in_flight = in_flight and pin
         reserved = record.state is CheckpointState.RESERVED
         if reserved:  # the save copy: runtime state and, mid-block, the producer's partial block
@@ -488,13 +488,13 @@ class CacheProtocolMachine(RuleBasedStateMachine):
                 self.content[record.frozen_block] = row
         ok = self.cp.publish_save(seq, pin=pin, in_flight=in_flight)
         assert ok == reserved, "a live reservation must publish; a released one must not"
-        assert state.pending_save is None
+        assert state.checkpoints.pending_save is None
         if not ok:
             assert record.state is CheckpointState.RELEASED
             return
         assert record.is_published and record.ready == (not in_flight)
         if pin:
-            assert state.producer_pin is record and record.producer_pins == 1
+            assert state.checkpoints.producer_pin is record and record.producer_pins == 1
         self.published[record.record_id] = Published(record, self.prefix_id(seq, record.step), seq.seq_id)
         COUNTERS["publishes"] += 1
         if not in_flight:  # the per-anchor cap holds right after a publish, unless only pinned records could go
@@ -504,7 +504,7 @@ class CacheProtocolMachine(RuleBasedStateMachine):
 
     def _free(self, entry: Entry) -> None:
         seq = entry.seq
-        producer_pin = seq.prefix_state.producer_pin
+        producer_pin = seq.prefix_state.checkpoints.producer_pin
         if entry.phase == "admitted":  # its forward never runs: drop what it would have produced
             if self.hybrid:
                 self.cp.abandon_save(seq)
@@ -514,8 +514,8 @@ class CacheProtocolMachine(RuleBasedStateMachine):
         self.trie.free_sequence(seq)
         assert seq.num_blocks == 0 and seq.num_computed == 0
         state = seq.prefix_state
-        assert state.pending_save is None and state.restore is None and not state.restore_pinned
-        assert state.producer_pin is producer_pin, "the producer pin is kept until the output boundary"
+        assert state.checkpoints.pending_save is None and state.checkpoints.restore is None and not state.checkpoints.restore_pinned
+        assert state.checkpoints.producer_pin is producer_pin, "the producer pin is kept until the output boundary"
         if entry.runtime_slot is not None:
             self.states.free_runtime(entry.runtime_slot)
             entry.runtime_slot = None
@@ -544,7 +544,7 @@ class CacheProtocolMachine(RuleBasedStateMachine):
         if stop == "admitted" and self.pending:
             return
         self._forward(entry)
-        if stop == "published" and entry.seq.prefix_state.pending_save is not None:
+        if stop == "published" and entry.seq.prefix_state.checkpoints.pending_save is not None:
             self._publish(entry, pin, in_flight)
 
     @precondition(lambda self: self._has("idle") or (self.ready and len(self.entries) < MAX_SEQUENCES))
@@ -597,7 +597,7 @@ class CacheProtocolMachine(RuleBasedStateMachine):
         self.entries.remove(idle[0])
         return True
 
-    @precondition(lambda self: self._has("running", where=lambda e: e.seq.prefix_state.pending_save is None))
+    @precondition(lambda self: self._has("running", where=lambda e: e.seq.prefix_state.checkpoints.pending_save is None))
     @rule(
         index=st.integers(0, 99),
         extra=st.lists(TOKEN, min_size=1, max_size=2 * B + 2),
@@ -609,7 +609,7 @@ class CacheProtocolMachine(RuleBasedStateMachine):
     def overtake(self, index, extra, step, beyond, admit):
         """Another request runs a session's conversation further and saves; then the session
         resumes into it: a resumed match that displaces blocks the session holds."""
-        entry = self._pick(("running",), index, lambda e: e.seq.prefix_state.pending_save is None)
+        entry = self._pick(("running",), index, lambda e: e.seq.prefix_state.checkpoints.pending_save is None)
         seq = entry.seq
         if seq.num_tokens + len(extra) + len(beyond) > MAX_TOKENS or not self._entry_room():
             return
@@ -655,39 +655,39 @@ class CacheProtocolMachine(RuleBasedStateMachine):
     def forward(self, index):
         self._forward(self._pick(("admitted",), index))
 
-    @precondition(lambda self: self._has("running", where=lambda e: e.seq.prefix_state.pending_save is not None))
+    @precondition(lambda self: self._has("running", where=lambda e: e.seq.prefix_state.checkpoints.pending_save is not None))
     @rule(index=st.integers(0, 99), pin=st.booleans(), in_flight=st.booleans())
     @_step
     def publish(self, index, pin, in_flight):
-        self._publish(self._pick(("running",), index, lambda e: e.seq.prefix_state.pending_save is not None), pin, in_flight)
+        self._publish(self._pick(("running",), index, lambda e: e.seq.prefix_state.checkpoints.pending_save is not None), pin, in_flight)
 
-    @precondition(lambda self: self._has("admitted", "running", where=lambda e: e.seq.prefix_state.pending_save))
+    @precondition(lambda self: self._has("admitted", "running", where=lambda e: e.seq.prefix_state.checkpoints.pending_save))
     @rule(index=st.integers(0, 99))
     @_step
     def discard(self, index):
-        seq = self._pick(("admitted", "running"), index, lambda e: e.seq.prefix_state.pending_save).seq
-        record = seq.prefix_state.pending_save
+        seq = self._pick(("admitted", "running"), index, lambda e: e.seq.prefix_state.checkpoints.pending_save).seq
+        record = seq.prefix_state.checkpoints.pending_save
         reserved = record.state is CheckpointState.RESERVED
         assert self.cp.discard_save(seq) == reserved
-        assert record.state is CheckpointState.RELEASED and seq.prefix_state.pending_save is None
+        assert record.state is CheckpointState.RELEASED and seq.prefix_state.checkpoints.pending_save is None
         assert not self.cp.discard_save(seq)
 
-    @precondition(lambda self: self._has("idle", "matched", "admitted", "running", where=lambda e: e.seq.prefix_state.producer_pin))
+    @precondition(lambda self: self._has("idle", "matched", "admitted", "running", where=lambda e: e.seq.prefix_state.checkpoints.producer_pin))
     @rule(index=st.integers(0, 99))
     @_step
     def unpin_save(self, index):
         """The output boundary: the save copy completed."""
         phases = ("idle", "matched", "admitted", "running")
-        seq = self._pick(phases, index, lambda e: e.seq.prefix_state.producer_pin).seq
-        record = seq.prefix_state.producer_pin
+        seq = self._pick(phases, index, lambda e: e.seq.prefix_state.checkpoints.producer_pin).seq
+        record = seq.prefix_state.checkpoints.producer_pin
         assert self.cp.unpin_save(seq)
-        assert record.producer_pins == 0 and seq.prefix_state.producer_pin is None and record.ready
+        assert record.producer_pins == 0 and seq.prefix_state.checkpoints.producer_pin is None and record.ready
         assert not self.cp.unpin_save(seq)
 
     @precondition(
         lambda self: self._has(
             "idle", "admitted", "running",
-            where=lambda e: e.seq.prefix_state.producer_pin or e.seq.prefix_state.pending_save,
+            where=lambda e: e.seq.prefix_state.checkpoints.producer_pin or e.seq.prefix_state.checkpoints.pending_save,
         )
     )
     @rule(index=st.integers(0, 99))
@@ -696,16 +696,16 @@ class CacheProtocolMachine(RuleBasedStateMachine):
         """The forward carrying the save failed: its reservation or in-flight record goes."""
         state_of = lambda e: e.seq.prefix_state  # noqa: E731
         entry = self._pick(
-            ("idle", "admitted", "running"), index, lambda e: state_of(e).producer_pin or state_of(e).pending_save
+            ("idle", "admitted", "running"), index, lambda e: state_of(e).checkpoints.producer_pin or state_of(e).checkpoints.pending_save
         )
         state = entry.seq.prefix_state
-        dropped = [r for r in (state.producer_pin, state.pending_save) if r is not None]
+        dropped = [r for r in (state.checkpoints.producer_pin, state.checkpoints.pending_save) if r is not None]
         self.cp.abandon_save(entry.seq)
-        assert state.producer_pin is None and state.pending_save is None
+        assert state.checkpoints.producer_pin is None and state.checkpoints.pending_save is None
         for record in dropped:
             assert record.state is CheckpointState.RELEASED or record.pin_count > 0
 
-    @precondition(lambda self: self._has("running", where=lambda e: e.seq.prefix_state.pending_save is None))
+    @precondition(lambda self: self._has("running", where=lambda e: e.seq.prefix_state.checkpoints.pending_save is None))
     @rule(
         index=st.integers(0, 99),
         tokens=st.lists(TOKEN, min_size=1, max_size=B + 1),
@@ -717,7 +717,7 @@ class CacheProtocolMachine(RuleBasedStateMachine):
     @_step
     def decode(self, index, tokens, follow, evict, pin, in_flight):
         """Extend by decode: append, grow, allocate, decode save, forward, publish."""
-        entry = self._pick(("running",), index, lambda e: e.seq.prefix_state.pending_save is None)
+        entry = self._pick(("running",), index, lambda e: e.seq.prefix_state.checkpoints.pending_save is None)
         seq = entry.seq
         if follow is not None:
             tokens = self._follow(seq, len(tokens), follow) or tokens
@@ -734,16 +734,16 @@ class CacheProtocolMachine(RuleBasedStateMachine):
         self.trie.allocate(seq)
         slot = self.cp.reserve_decode_save(seq, DECODE_INTERVAL) if self.hybrid else -1
         if slot > 0:
-            record = seq.prefix_state.pending_save
+            record = seq.prefix_state.checkpoints.pending_save
             assert record.is_decode and record.step == seq.num_tokens and not record.is_partial
         else:
-            assert seq.prefix_state.pending_save is None
+            assert seq.prefix_state.checkpoints.pending_save is None
         self._forward(entry)
         if slot > 0:
-            previous = seq.prefix_state.decode_checkpoint
-            record = seq.prefix_state.pending_save
+            previous = seq.prefix_state.checkpoints.decode_checkpoint
+            record = seq.prefix_state.checkpoints.pending_save
             self._publish(entry, pin, in_flight)
-            assert record.is_published and seq.prefix_state.decode_checkpoint is record
+            assert record.is_published and seq.prefix_state.checkpoints.decode_checkpoint is record
             if previous is not None and record.ready:
                 assert not previous.is_published or previous.pin_count > 0, "the replaced decode checkpoint lingers"
 
@@ -765,7 +765,7 @@ class CacheProtocolMachine(RuleBasedStateMachine):
         seq = entry.seq
         if follow is not None:  # run into what others cached, and one token beyond
             tokens = (self._follow(seq, len(tokens), follow) or []) + tokens[:1]
-        if seq.num_tokens + len(tokens) > MAX_TOKENS or seq.prefix_state.pending_save is not None:
+        if seq.num_tokens + len(tokens) > MAX_TOKENS or seq.prefix_state.checkpoints.pending_save is not None:
             return
         seq.append_tokens(tokens)
         self.history.append((seq.tokens.tolist(), _ns(seq), seq.spans))
@@ -839,17 +839,17 @@ class CacheProtocolMachine(RuleBasedStateMachine):
                     assert record.pin_count == 0, "a reservation is pinned"
             for seq in self.live():  # a pinned checkpoint is never released
                 state = seq.prefix_state
-                if state.restore_pinned:
-                    assert state.restore.is_published, "a restore-pinned checkpoint was released"
-                if state.producer_pin is not None:
-                    assert state.producer_pin.is_published, "a producer-pinned checkpoint was released"
+                if state.checkpoints.restore_pinned:
+                    assert state.checkpoints.restore.is_published, "a restore-pinned checkpoint was released"
+                if state.checkpoints.producer_pin is not None:
+                    assert state.checkpoints.producer_pin.is_published, "a producer-pinned checkpoint was released"
         for entry in self.entries:
             seq = entry.seq
             if entry.phase == "idle":
                 assert seq.num_blocks == 0 and seq.num_computed == 0 and entry.runtime_slot is None
                 continue
             upto = seq.num_computed
-            if entry.phase in ("matched", "admitted") and seq.prefix_state.restore is not None:
+            if entry.phase in ("matched", "admitted") and seq.prefix_state.checkpoints.restore is not None:
                 upto -= upto % B  # the partial tail arrives with the restore copy
             table = seq.block_table
             for index in range(-(-upto // B)):

@@ -51,7 +51,7 @@ def cache_world() -> SimpleNamespace:
     admit(trie, gone)
     assert cp.reserve_save(gone, 4) > 0
     forward(trie, gone)
-    released = gone.prefix_state.pending_save
+    released = gone.prefix_state.checkpoints.pending_save
     assert cp.publish_save(gone)
     cp.release(released)
     trie.free_sequence(gone)
@@ -61,15 +61,15 @@ def cache_world() -> SimpleNamespace:
     admit(trie, producer)
     assert cp.reserve_save(producer, 10) > 0
     forward(trie, producer)
-    pinned = producer.prefix_state.pending_save
+    pinned = producer.prefix_state.checkpoints.pending_save
     assert cp.publish_save(producer, pin=True)
     assert cp.reserve_save(producer, 8) > 0
-    reserved = producer.prefix_state.pending_save
+    reserved = producer.prefix_state.checkpoints.pending_save
 
     # the consumer: matched the producer's checkpoint and pinned it; its transaction is open
     consumer = Sequence(list(range(1, 14)), multimodal=[MultimodalSpan(1, 3, "image", "img-a")])
     txn = trie.match(consumer)
-    assert consumer.prefix_state.restore is pinned and cp.pin_restore(consumer)
+    assert consumer.prefix_state.checkpoints.restore is pinned and cp.pin_restore(consumer)
 
     # a committed (closed) transaction of a running request
     running = Sequence(list(range(30, 40)))
@@ -143,8 +143,8 @@ def _image(start, end):
 
 def _forge_restore_pin(w):
     """A sequence claims a restore pin nobody took (misuse): unpinning would go below zero."""
-    w.fresh.prefix_state.restore = w.published
-    w.fresh.prefix_state.restore_pinned = True
+    w.fresh.prefix_state.checkpoints.restore = w.published
+    w.fresh.prefix_state.checkpoints.restore_pinned = True
     w.state = (*w.state, w.published)
     w.live = ()  # the pin owners no longer add up: check the rest of the invariants only
 
@@ -318,7 +318,7 @@ def test_the_snapshot_sees_changes_anywhere():
     world = cache_world()
     changes = [
         lambda w: w.pool.touch([w.held_block]),
-        lambda w: setattr(w.producer.prefix_state, "recompute_blocks", 1),
+        lambda w: setattr(w.producer.prefix_state.overlap, "recompute_blocks", 1),
         lambda w: setattr(w.pinned, "hits", w.pinned.hits + 1),
         lambda w: w.trie.tokens.ensure_capacity(w.trie.tokens.capacity + 1),
         lambda w: w.trie.stats.match.misses.update(["x"]),

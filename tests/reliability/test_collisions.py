@@ -62,7 +62,7 @@ def assert_exact_hit(trie: BlockTrie, seq: Sequence, start: int = 0) -> None:
         top = int(nodes.parent[top])
     if top is not None:
         assert top == nodes.find_root(seq.namespace)
-    record = seq.prefix_state.restore
+    record = seq.prefix_state.checkpoints.restore
     if record is not None:
         step = record.step
         assert step == seq.num_computed and record.namespace == seq.namespace

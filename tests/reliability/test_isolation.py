@@ -41,7 +41,7 @@ def run(trie: BlockTrie, seq: Sequence, saves=()) -> list:
         assert trie.checkpoints.reserve_save(seq, step) > 0
         seq.set_computed(max(step, seq.num_computed))
         trie.checkpoints.unpin_restore(seq)
-        record = seq.prefix_state.pending_save
+        record = seq.prefix_state.checkpoints.pending_save
         assert trie.checkpoints.publish_save(seq)
         records.append(record)
     forward(trie, seq)
@@ -103,7 +103,7 @@ def test_equal_tokens_in_other_namespaces_share_nothing(keyer, hybrid):
             assert txn.hit_tokens == 4 * B
             assert set(seq.block_table.tolist()) <= by_root[roots[namespace]]
             if hybrid:
-                assert seq.prefix_state.restore in records[namespace]
+                assert seq.prefix_state.checkpoints.restore in records[namespace]
         trie.rollback(txn)
     trie.check_invariants()
 
@@ -151,7 +151,7 @@ def test_equal_placeholders_with_other_content_share_nothing(keyer, hybrid):
                     seq.spans_overlapping((int(nodes.depth[slot]) - 1) * B, int(nodes.depth[slot]) * B) or None
                 )
             if hybrid:
-                assert seq.prefix_state.restore in records
+                assert seq.prefix_state.checkpoints.restore in records
         trie.rollback(txn)
     trie.check_invariants()
 

@@ -163,7 +163,7 @@ class BlockPool:
         sequence that borrows a cached path holds no reference on the borrowed entries: it is
         released by ``BlockTrie.free_sequence``, and refused here.
         """
-        if seq.prefix_state.borrowed_depth:
+        if seq.prefix_state.borrow.depth:
             raise LifecycleError("the sequence borrows a cached path: release it with BlockTrie.free_sequence")
         freed = self.unref(seq.block_table)
         seq.truncate_blocks(0)

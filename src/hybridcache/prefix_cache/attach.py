@@ -1,7 +1,7 @@
 """Attach: a sequence's newly complete blocks join the trie, once and exactly.
 
 Owns: the node lifecycle from attach to a pending node's readiness or detachment, and the
-sequence's private-block map (``prefix_state.trie_block_map``): a block the sequence's next
+sequence's private-block map (``prefix_state.overlap.trie_block_map``): a block the sequence's next
 forward still writes (not yet computed, or in the fresh range) is never replaced by a shared
 trie block; ``allocate`` maps it to its canonical block instead, and swaps it once it is
 computed. With ``track_pending`` (the engine's mode) a node attached before its forward ran
@@ -47,21 +47,23 @@ class Attacher:
         computed yet stay unmatchable until ``mark_computed``.
         """
         state = seq.prefix_state
+        position = state.trie
+        recompute = state.overlap
         if not self.enabled:
-            state.fresh_range = _EMPTY_RANGE
+            recompute.fresh_range = _EMPTY_RANGE
             return
-        if not self.nodes.is_valid(state.cursor, state.cursor_generation):
-            state.cursor = self._lookup.root(seq.namespace)
-            state.cursor_generation = int(self.nodes.generation[state.cursor])
-            state.experts_cached_blocks = 0
-        node = state.cursor
+        if not self.nodes.is_valid(position.cursor, position.cursor_generation):
+            position.cursor = self._lookup.root(seq.namespace)
+            position.cursor_generation = int(self.nodes.generation[position.cursor])
+            position.experts_cached_blocks = 0
+        node = position.cursor
         depth = int(self.nodes.depth[node])
         tokens = seq.num_valid if upto is None else min(seq.num_valid, int(upto))
         end = min(tokens // self.block_size, seq.num_blocks)
-        if state.trie_block_map:
+        if recompute.trie_block_map:
             self._settle_private_blocks(seq)
         if depth >= end:
-            state.fresh_range = _EMPTY_RANGE
+            recompute.fresh_range = _EMPTY_RANGE
             return
         self.keyer.resume_at(seq, depth, int(self.nodes.key_sums[node]))
         found_node, found_depth = self._lookup.extend_verified(seq, end)
@@ -79,19 +81,20 @@ class Attacher:
         if found_depth < end:
             node = self._attach_new(seq, keys, node, found_depth, end)
         generation = int(self.nodes.generation[node])
-        state.cursor, state.cursor_generation = node, generation
-        state.verified, state.verified_generation = node, generation
-        state.fresh_range = _EMPTY_RANGE
+        position.cursor, position.cursor_generation = node, generation
+        position.verified, position.verified_generation = node, generation
+        recompute.fresh_range = _EMPTY_RANGE
 
     def _adopt_existing(self, seq: Sequence, first_index: int, canonical: np.ndarray, pending: np.ndarray) -> None:
         """Point the table at existing trie blocks where safe; keep private blocks the next
         forward writes (not yet computed, or in the fresh range), and private blocks whose
         canonical node is still pending, and map them instead."""
         state = seq.prefix_state
+        recompute = state.overlap
         indices = np.arange(first_index, first_index + canonical.size)
         current = seq.block_table[first_index : first_index + canonical.size].copy()
         differs = current != canonical
-        fresh_start, fresh_end = state.fresh_range
+        fresh_start, fresh_end = recompute.fresh_range
         writes_next = (
             (indices >= seq.num_computed // self.block_size) | ((indices >= fresh_start) & (indices < fresh_end)) | pending
         )
@@ -101,23 +104,25 @@ class Attacher:
             seq.write_blocks(first_index, np.where(swap, canonical, current))
             self.pool.unref(current[swap])
         for index, block in zip(indices[differs & writes_next].tolist(), canonical[differs & writes_next].tolist()):
-            state.trie_block_map[index] = block
+            recompute.trie_block_map[index] = block
         for index in indices[~differs | swap].tolist():
-            state.trie_block_map.pop(index, None)
+            recompute.trie_block_map.pop(index, None)
 
     def _settle_private_blocks(self, seq: Sequence) -> None:
         """Replace private duplicates the sequence has finished computing by their canonical
         trie blocks, so duplicates live only while a forward still writes them."""
         state = seq.prefix_state
+        position = state.trie
+        recompute = state.overlap
         computed_blocks = seq.num_computed // self.block_size
-        done = [i for i in state.trie_block_map if i < computed_blocks and not state.in_fresh_range(i)]
-        if not done or not self.nodes.is_valid(state.cursor, state.cursor_generation):
+        done = [i for i in recompute.trie_block_map if i < computed_blocks and not recompute.in_fresh_range(i)]
+        if not done or not self.nodes.is_valid(position.cursor, position.cursor_generation):
             return
         first = min(done)
-        runs, _ = self.nodes.path_runs(state.cursor, first)
+        runs, _ = self.nodes.path_runs(position.cursor, first)
         if not runs:
             return
-        depth = int(self.nodes.depth[state.cursor])
+        depth = int(self.nodes.depth[position.cursor])
         canonical = self._lookup.path_blocks(runs, depth)
         pending = self._lookup.path_pending(runs, depth)
         settled = {i: int(canonical[i - first]) for i in done if i - first < canonical.size and not pending[i - first]}
@@ -125,15 +130,15 @@ class Attacher:
             self.pool.ref([block])
             replaced = seq.write_blocks(index, [block])
             self.pool.unref(replaced)
-            del state.trie_block_map[index]
+            del recompute.trie_block_map[index]
 
     def _attach_new(self, seq: Sequence, keys: np.ndarray, parent: int, first: int, end: int) -> int:
         size = self.block_size
-        identities = {i - first: spans for i, spans in seq.prefix_state.mm_blocks.items() if first <= i < end}
+        identities = {i - first: spans for i, spans in seq.prefix_state.keys.mm_blocks.items() if first <= i < end}
         pending = False
         if self.track_pending:
             pending = np.arange(first, end) >= seq.num_computed // size
-        sums = seq.prefix_state.block_sums[first:end]
+        sums = seq.prefix_state.keys.block_sums[first:end]
         slots = self.nodes.attach_run(
             parent, keys[first:end].copy(), seq.block_table[first:end], identities, pending, sums
         )
@@ -146,7 +151,7 @@ class Attacher:
         self.kv.take_references(slots)
         self.kv.offer_leaf(int(slots[-1]))
         for index in range(first, end):
-            seq.prefix_state.trie_block_map.pop(index, None)
+            seq.prefix_state.overlap.trie_block_map.pop(index, None)
         return int(slots[-1])
 
     def exclusive_blocks(self, seq: Sequence, start: int, end: int) -> frozenset[int]:
@@ -154,12 +159,13 @@ class Attacher:
         co-owned only by a pending trie node it attached itself (its own uncomputed block).
         A borrowed block is never writable."""
         size = self.block_size
-        indices = range(max(start // size, seq.prefix_state.borrowed_depth), -(-end // size))
+        indices = range(max(start // size, seq.prefix_state.borrow.depth), -(-end // size))
         table = seq.block_table
         own_pending = set()
         state = seq.prefix_state
-        if self.track_pending and self.nodes.is_valid(state.cursor, state.cursor_generation):
-            runs, _ = self.nodes.path_runs(state.cursor, start // size)
+        position = state.trie
+        if self.track_pending and self.nodes.is_valid(position.cursor, position.cursor_generation):
+            runs, _ = self.nodes.path_runs(position.cursor, start // size)
             for first, last in runs:
                 slots = np.arange(first, last + 1)
                 own_pending.update(self.nodes.block[slots[self.nodes.pending[slots]]].tolist())
@@ -177,14 +183,15 @@ class Attacher:
         """A forward computed the sequence's tokens from ``start`` to ``num_computed``: its own
         pending nodes in that range become matchable."""
         state = seq.prefix_state
-        if not self.track_pending or not self.nodes.is_valid(state.cursor, state.cursor_generation):
+        position = state.trie
+        if not self.track_pending or not self.nodes.is_valid(position.cursor, position.cursor_generation):
             return
         nodes = self.nodes
-        high = min(int(nodes.depth[state.cursor]), seq.num_computed // self.block_size)
+        high = min(int(nodes.depth[position.cursor]), seq.num_computed // self.block_size)
         low = start // self.block_size
         if high <= low:
             return
-        runs, _ = nodes.path_runs(state.cursor, low)
+        runs, _ = nodes.path_runs(position.cursor, low)
         table = seq.block_table
         for first, last in nodes.clip_runs(runs, high, low):
             slots = np.arange(first, last + 1)
@@ -197,11 +204,12 @@ class Attacher:
         not write (and their checkpoints), so nothing it would have produced stays matchable.
         Returns how many nodes were detached."""
         state = seq.prefix_state
+        position = state.trie
         nodes = self.nodes
         detached = 0
-        node = state.cursor
+        node = position.cursor
         while (
-            nodes.is_valid(node, state.cursor_generation if node == state.cursor else int(nodes.generation[node]))
+            nodes.is_valid(node, position.cursor_generation if node == position.cursor else int(nodes.generation[node]))
             and not nodes.is_root[node]
             and nodes.pending[node]
             and nodes.num_children[node] == 0
@@ -217,8 +225,8 @@ class Attacher:
             detached += 1
             node = parent
         if detached:
-            state.cursor, state.cursor_generation = node, int(nodes.generation[node])
-            state.verified, state.verified_generation = node, int(nodes.generation[node])
+            position.cursor, position.cursor_generation = node, int(nodes.generation[node])
+            position.verified, position.verified_generation = node, int(nodes.generation[node])
             if not nodes.is_root[node] and nodes.num_children[node] == 0:
                 self.kv.offer_leaf(node)
         return detached
@@ -229,17 +237,18 @@ class Attacher:
         Only blocks completed since the last call are visited (a watermark on the sequence).
         """
         state = seq.prefix_state
+        position = state.trie
         if not self.enabled or not seq.want_routed_experts:
             return
         self.checkpoints.attach_pending_tail_experts(seq)
-        if not self.nodes.is_valid(state.cursor, state.cursor_generation):
+        if not self.nodes.is_valid(position.cursor, position.cursor_generation):
             return
         size = self.block_size
-        covered = min(seq.num_routed_experts // size, int(self.nodes.depth[state.cursor]))
-        first = state.experts_cached_blocks
+        covered = min(seq.num_routed_experts // size, int(self.nodes.depth[position.cursor]))
+        first = position.experts_cached_blocks
         if covered <= first:
             return
-        runs, _ = self.nodes.path_runs(state.cursor, first)
+        runs, _ = self.nodes.path_runs(position.cursor, first)
         rows = seq.routed_experts
         depth = self.nodes.depth
         stored = False
@@ -251,6 +260,6 @@ class Attacher:
                 gathered = rows[(token_starts[:, None] + np.arange(size)).reshape(-1)]
                 self.experts.store(missing, gathered)
                 stored = True
-        state.experts_cached_blocks = covered
+        position.experts_cached_blocks = covered
         if stored:
             self.checkpoints.invalidate_searches()  # a checkpoint miss for want of these rows may now hit

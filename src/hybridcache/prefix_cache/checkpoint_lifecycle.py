@@ -73,7 +73,7 @@ class CheckpointLifecycle(CheckpointStore):
     def _require_own(self, seq: Sequence) -> None:
         if not isinstance(seq, Sequence):
             raise InvalidTypeError(f"expected a Sequence, got {type(seq).__name__}")
-        owner = seq.prefix_state.owner
+        owner = seq.prefix_state.trie.owner
         if owner >= 0 and owner != self._owner:
             raise ForeignSequenceError("the sequence belongs to another trie")
 
@@ -133,7 +133,7 @@ class CheckpointLifecycle(CheckpointStore):
         )
         self._attach_tail_experts(seq, record)
         self._add(record)
-        seq.prefix_state.pending_save = record
+        seq.prefix_state.checkpoints.pending_save = record
         return slot
 
     def reserve_decode_save(self, seq: Sequence, interval: int) -> int:
@@ -147,22 +147,23 @@ class CheckpointLifecycle(CheckpointStore):
         step = seq.num_valid
         if interval == 0 or step % interval or step % self._block_size:
             return NO_SAVE
-        previous = seq.prefix_state.decode_checkpoint
+        previous = seq.prefix_state.checkpoints.decode_checkpoint
         if previous is not None and previous.step == step and previous.is_published:
             return NO_SAVE
         return self.reserve_save(seq, step, is_decode=True)
 
     def _anchor_for(self, seq: Sequence, step: int) -> int | None:
         state = seq.prefix_state
+        position = state.trie
         depth = step // self._block_size
         if depth == 0:
             return self._nodes.find_root(seq.namespace)
-        if not self._nodes.is_valid(state.cursor, state.cursor_generation):
+        if not self._nodes.is_valid(position.cursor, position.cursor_generation):
             return None
-        cursor_depth = int(self._nodes.depth[state.cursor])
+        cursor_depth = int(self._nodes.depth[position.cursor])
         if cursor_depth < depth:
             return None
-        _, anchor = self._nodes.path_runs(state.cursor, depth)
+        _, anchor = self._nodes.path_runs(position.cursor, depth)
         return anchor
 
     def _has_equal_record(self, anchor: int, seq: Sequence, step: int) -> bool:
@@ -184,7 +185,7 @@ class CheckpointLifecycle(CheckpointStore):
         """Give the sequence's published partial checkpoints the tail expert rows that arrived
         after publication (rows come with a forward's output)."""
         self._require_own(seq)
-        waiting = seq.prefix_state.records_missing_experts
+        waiting = seq.prefix_state.checkpoints.records_missing_experts
         for record in list(waiting):
             if record.state is not CheckpointState.PUBLISHED:
                 waiting.remove(record)
@@ -197,8 +198,9 @@ class CheckpointLifecycle(CheckpointStore):
         """Drop the sequence's unpublished reservation (its forward was abandoned)."""
         self._require_own(seq)
         state = seq.prefix_state
-        record = state.pending_save
-        state.pending_save = None
+        refs = state.checkpoints
+        record = refs.pending_save
+        refs.pending_save = None
         if record is None or record.state is not CheckpointState.RESERVED:
             return False
         self._release(record)
@@ -216,29 +218,30 @@ class CheckpointLifecycle(CheckpointStore):
         """
         self._require_own(seq)
         state = seq.prefix_state
-        record = state.pending_save
+        refs = state.checkpoints
+        record = refs.pending_save
         if record is None:
             return False
-        if pin and state.producer_pin is not None:
+        if pin and refs.producer_pin is not None:
             raise LifecycleError("the sequence already holds a producer pin")
-        state.pending_save = None
+        refs.pending_save = None
         if not self._publishable(seq, record):
             if record.state is CheckpointState.RESERVED:
                 self._release(record)
             return False
         self.publish(record)
         if seq.want_routed_experts and record.is_partial and record.tail_experts is None:
-            state.records_missing_experts.append(record)
+            refs.records_missing_experts.append(record)
         if record.is_decode:
-            previous, state.decode_checkpoint = state.decode_checkpoint, record
+            previous, refs.decode_checkpoint = refs.decode_checkpoint, record
             if pin and in_flight:
-                state.retiring_decode_checkpoint = previous  # released once this save completes
+                refs.retiring_decode_checkpoint = previous  # released once this save completes
             else:
                 self._retire(previous)
         if pin:
             record.producer_pins += 1
             record.ready = not in_flight
-            state.producer_pin = record
+            refs.producer_pin = record
         if not (pin and in_flight):  # an in-flight save may still be abandoned: trim when it lands
             self._enforce_anchor_cap(record)
         return True
@@ -256,21 +259,23 @@ class CheckpointLifecycle(CheckpointStore):
     def select_restore(self, seq: Sequence, record: CheckpointRecord) -> None:
         self._require_own(seq)
         state = seq.prefix_state
-        if state.restore_pinned:
+        refs = state.checkpoints
+        if refs.restore_pinned:
             raise PinnedError("the sequence's current restore is pinned; unpin it first")
-        state.restore = record
+        refs.restore = record
 
     def pin_restore(self, seq: Sequence) -> bool:
         """Pin the selected restore until its copy is queued. False when nothing is selected,
         it is already pinned, or the checkpoint is gone (the match must then be dropped)."""
         self._require_own(seq)
         state = seq.prefix_state
-        record = state.restore
-        if record is None or state.restore_pinned or not record.is_published:
+        refs = state.checkpoints
+        record = refs.restore
+        if record is None or refs.restore_pinned or not record.is_published:
             return False
         record.restore_pins += 1
         record.hits += 1
-        state.restore_pinned = True
+        refs.restore_pinned = True
         self._touch(record)
         return True
 
@@ -279,11 +284,12 @@ class CheckpointLifecycle(CheckpointStore):
         the selection. False when no pin is held."""
         self._require_own(seq)
         state = seq.prefix_state
-        if not state.restore_pinned:
+        refs = state.checkpoints
+        if not refs.restore_pinned:
             return False
-        self._unpin(state.restore, producer=False)
-        state.restore = None
-        state.restore_pinned = False
+        self._unpin(refs.restore, producer=False)
+        refs.restore = None
+        refs.restore_pinned = False
         return True
 
     def unpin_save(self, seq: Sequence) -> bool:
@@ -291,17 +297,18 @@ class CheckpointLifecycle(CheckpointStore):
         checkpoint becomes usable by later matches."""
         self._require_own(seq)
         state = seq.prefix_state
-        record = state.producer_pin
+        refs = state.checkpoints
+        record = refs.producer_pin
         if record is None:
             return False
         self._unpin(record, producer=True)
         record.ready = True
         self.invalidate_searches()
-        state.producer_pin = None
+        refs.producer_pin = None
         if record.is_published:
             self._enforce_anchor_cap(record)
-        self._retire(state.retiring_decode_checkpoint)
-        state.retiring_decode_checkpoint = None
+        self._retire(refs.retiring_decode_checkpoint)
+        refs.retiring_decode_checkpoint = None
         return True
 
     def _retire(self, record: CheckpointRecord | None) -> None:
@@ -314,13 +321,14 @@ class CheckpointLifecycle(CheckpointStore):
         reservation, or the record published for it (unpinning it first)."""
         self._require_own(seq)
         state = seq.prefix_state
-        record = state.producer_pin
+        refs = state.checkpoints
+        record = refs.producer_pin
         if record is not None:
             self._unpin(record, producer=True)
-            state.producer_pin = None
-            if state.decode_checkpoint is record:
-                state.decode_checkpoint = state.retiring_decode_checkpoint
-            state.retiring_decode_checkpoint = None
+            refs.producer_pin = None
+            if refs.decode_checkpoint is record:
+                refs.decode_checkpoint = refs.retiring_decode_checkpoint
+            refs.retiring_decode_checkpoint = None
             if record.state is not CheckpointState.RELEASED and record.pin_count == 0:
                 self._release(record)
         self.discard_save(seq)
@@ -341,9 +349,10 @@ class CheckpointLifecycle(CheckpointStore):
         self.discard_save(seq)
         self.unpin_restore(seq)
         state = seq.prefix_state
-        state.restore = None
-        state.decode_checkpoint = None
-        state.records_missing_experts = []
+        refs = state.checkpoints
+        refs.restore = None
+        refs.decode_checkpoint = None
+        refs.records_missing_experts = []
 
     def check_invariants(self, sequences=()) -> None:
         """The records' invariants, and that every pin is held by one of ``sequences``."""
@@ -353,10 +362,11 @@ class CheckpointLifecycle(CheckpointStore):
         producer_pins = {}
         for seq in sequences:
             state = seq.prefix_state
-            if state.restore_pinned:
-                restore_pins[id(state.restore)] = restore_pins.get(id(state.restore), 0) + 1
-            if state.producer_pin is not None:
-                producer_pins[id(state.producer_pin)] = producer_pins.get(id(state.producer_pin), 0) + 1
+            refs = state.checkpoints
+            if refs.restore_pinned:
+                restore_pins[id(refs.restore)] = restore_pins.get(id(refs.restore), 0) + 1
+            if refs.producer_pin is not None:
+                producer_pins[id(refs.producer_pin)] = producer_pins.get(id(refs.producer_pin), 0) + 1
         if sequences:
             for record in live:
                 assert record.restore_pins == restore_pins.get(id(record), 0), "restore pins without owners"

@@ -97,7 +97,7 @@ class CheckpointRecord:
 
 
 class CheckpointSearch(NamedTuple):
-    """Outcome of a checkpoint search, remembered on the sequence (``prefix_state.found``):
+    """Outcome of a checkpoint search, remembered on the sequence (``prefix_state.trie.last_search``):
     the record (None on a miss), the verified path (to the anchor on a hit), how deep the KV
     trie holds the prefix beyond it, and the miss reason. It is reused outright while what it
     was searched for (``window``), the index epoch and the node table's version are unchanged."""

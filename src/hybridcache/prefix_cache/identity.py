@@ -3,7 +3,7 @@
 Owns: the secret that keys every hash. A keyer computes, for each complete block of a
 sequence, a 64-bit *prefix key* that depends on the namespace, every token up to the block's
 end and the multimodal identity of every block so far. Keys are cached on the sequence
-(``prefix_state.block_keys``) and extended incrementally as tokens arrive.
+(``prefix_state.keys.block_keys``) and extended incrementally as tokens arrive.
 
 How a key is made (all vectorized, no Python loop per block):
 1. block hash: a multilinear hash of the block's tokens packed in pairs into 64-bit words,
@@ -157,41 +157,41 @@ class BlockKeyer:
     def identity(self, seq: Sequence) -> dict[int, tuple[MultimodalSpan, ...]]:
         """Block index -> multimodal spans overlapping it (computed once per sequence)."""
         state = seq.prefix_state
-        if state.keyer_id != self.keyer_id:
-            state.keyer_id = self.keyer_id
-            state.mm_blocks = self._multimodal_blocks(seq)
-            state.num_keys = state.keys_from = 0
-            state.key_sum = self.namespace_seed(seq.namespace)
-        return state.mm_blocks
+        if state.keys.keyer_id != self.keyer_id:
+            state.keys.keyer_id = self.keyer_id
+            state.keys.mm_blocks = self._multimodal_blocks(seq)
+            state.keys.num_keys = state.keys.keys_from = 0
+            state.keys.key_sum = self.namespace_seed(seq.namespace)
+        return state.keys.mm_blocks
 
     def resume_at(self, seq: Sequence, depth: int, block_sum: int) -> None:
         """Continue the sequence's keys from a verified node at ``depth`` whose running sum is
         ``block_sum``, so blocks before it are never hashed. No-op when keys already cover it."""
         state = seq.prefix_state
         self.identity(seq)
-        if state.keys_from <= depth <= state.num_keys:
+        if state.keys.keys_from <= depth <= state.keys.num_keys:
             return
-        state.keys_from = state.num_keys = depth
-        state.key_sum = block_sum
+        state.keys.keys_from = state.keys.num_keys = depth
+        state.keys.key_sum = block_sum
 
     def extend(self, seq: Sequence) -> np.ndarray:
         """Prefix keys of the sequence's complete blocks (index i = the block ending at
-        (i+1)*B); entries before ``prefix_state.keys_from`` are not computed."""
+        (i+1)*B); entries before ``prefix_state.keys.keys_from`` are not computed."""
         state = seq.prefix_state
         self.identity(seq)
-        first, end = state.num_keys, seq.num_valid // self.block_size
+        first, end = state.keys.num_keys, seq.num_valid // self.block_size
         if end > first:
             sums = np.cumsum(self.block_values(seq, first, end), dtype=np.uint64)
-            sums += np.uint64(state.key_sum)
-            if state.block_keys.size < end:
-                capacity = max(end, 2 * state.block_keys.size)
-                state.block_keys = _grown(state.block_keys, capacity)
-                state.block_sums = _grown(state.block_sums, capacity)
-            state.block_sums[first:end] = sums
-            state.block_keys[first:end] = _splitmix(sums ^ self._prefix_key)
-            state.key_sum = int(sums[-1])
-            state.num_keys = end
-        return state.block_keys[:end]
+            sums += np.uint64(state.keys.key_sum)
+            if state.keys.block_keys.size < end:
+                capacity = max(end, 2 * state.keys.block_keys.size)
+                state.keys.block_keys = _grown(state.keys.block_keys, capacity)
+                state.keys.block_sums = _grown(state.keys.block_sums, capacity)
+            state.keys.block_sums[first:end] = sums
+            state.keys.block_keys[first:end] = _splitmix(sums ^ self._prefix_key)
+            state.keys.key_sum = int(sums[-1])
+            state.keys.num_keys = end
+        return state.keys.block_keys[:end]
 
     def _multimodal_blocks(self, seq: Sequence) -> dict[int, tuple[MultimodalSpan, ...]]:
         """Block index -> the spans overlapping that block (only blocks that have any)."""

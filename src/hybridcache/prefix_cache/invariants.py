@@ -49,9 +49,10 @@ def check_trie(trie: TrieParts, sequences: tuple[Sequence, ...] | list[Sequence]
     borrowers: dict[int, int] = {}
     for seq in sequences:
         state = seq.prefix_state
-        np.add.at(expected, seq.block_table[state.borrowed_depth :].astype(np.int64), 1)
-        if state.borrowed_depth:
-            borrowers[state.borrowed] = borrowers.get(state.borrowed, 0) + 1
+        borrowing = state.borrow
+        np.add.at(expected, seq.block_table[borrowing.depth :].astype(np.int64), 1)
+        if borrowing.depth:
+            borrowers[borrowing.node] = borrowers.get(borrowing.node, 0) + 1
         _check_sequence(trie, seq)
     assert borrowers == trie.kv.pins(), "path pins differ from the sequences that borrow"
     for txn in transactions:
@@ -64,25 +65,25 @@ def check_trie(trie: TrieParts, sequences: tuple[Sequence, ...] | list[Sequence]
 
 def _check_sequence(trie: TrieParts, seq: Sequence) -> None:
     nodes, lookup, state = trie.nodes, trie.lookup, seq.prefix_state
-    for path in (state.path, state.found.path if state.found is not None else None):
-        if path is not None and state.owner == trie.trie_id:
+    for path in (state.trie.verified_path, state.trie.last_search.path if state.trie.last_search is not None else None):
+        if path is not None and state.trie.owner == trie.trie_id:
             nodes.check_path(path)
-    if state.borrowed_depth:
-        borrowed = state.borrowed
-        assert nodes.attached[borrowed] and nodes.depth[borrowed] == state.borrowed_depth
+    if state.borrow.depth:
+        borrowed = state.borrow.node
+        assert nodes.attached[borrowed] and nodes.depth[borrowed] == state.borrow.depth
         runs, _ = nodes.path_runs(borrowed, 0)
-        borrowed_blocks = lookup.path_blocks(runs, state.borrowed_depth)
-        assert np.array_equal(seq.block_table[: state.borrowed_depth], borrowed_blocks), "borrowed table differs"
-    if not nodes.is_valid(state.cursor, state.cursor_generation) or nodes.is_root[state.cursor]:
+        borrowed_blocks = lookup.path_blocks(runs, state.borrow.depth)
+        assert np.array_equal(seq.block_table[: state.borrow.depth], borrowed_blocks), "borrowed table differs"
+    if not nodes.is_valid(state.trie.cursor, state.trie.cursor_generation) or nodes.is_root[state.trie.cursor]:
         return
-    depth = int(nodes.depth[state.cursor])
-    runs, root = nodes.path_runs(state.cursor, 0)
+    depth = int(nodes.depth[state.trie.cursor])
+    runs, root = nodes.path_runs(state.trie.cursor, 0)
     assert root == nodes.find_root(seq.namespace), "cursor path leads to another namespace"
     assert depth * trie.block_size <= seq.num_valid and depth <= seq.num_blocks
     assert lookup.same_tokens(seq, runs), "cursor path differs from the sequence's tokens"
     canonical = lookup.path_blocks(runs, depth)
     table = seq.block_table[:depth]
     for index in np.flatnonzero(table != canonical).tolist():
-        assert state.trie_block_map.get(index) == int(canonical[index]), (
+        assert state.overlap.trie_block_map.get(index) == int(canonical[index]), (
             f"block {index} is neither canonical nor a mapped private block"
         )

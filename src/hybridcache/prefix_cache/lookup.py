@@ -1,7 +1,7 @@
 """Exact path lookup: which trie path equals a sequence's tokens, and how deep.
 
 Owns no structure. It reads the node table, the token store and the keyer, and writes only
-the sequence's verified-node facts (``prefix_state.verified`` and the ``NodePath`` kept for
+the sequence's verified-node facts (``prefix_state.trie.verified`` and the ``NodePath`` kept for
 it): caches of what was compared, never tentative state, so a rolled-back match keeps them.
 
 Keys only narrow the search. A path is accepted after comparing every token beyond the last
@@ -39,15 +39,17 @@ class PathLookup:
 
     def verified_or_root(self, seq: Sequence) -> tuple[int, int]:
         state = seq.prefix_state
-        if self.nodes.is_valid(state.verified, state.verified_generation):
-            return state.verified, int(self.nodes.depth[state.verified])
+        position = state.trie
+        if self.nodes.is_valid(position.verified, position.verified_generation):
+            return position.verified, int(self.nodes.depth[position.verified])
         return self.root(seq.namespace), 0
 
     def resume_point(self, seq: Sequence) -> tuple[int, int]:
         """The deepest node known to match ``seq`` at or below its computed blocks."""
         state = seq.prefix_state
-        if state.cursor != NO_NODE and self.nodes.is_valid(state.cursor, state.cursor_generation):
-            node = state.cursor
+        position = state.trie
+        if position.cursor != NO_NODE and self.nodes.is_valid(position.cursor, position.cursor_generation):
+            node = position.cursor
             depth = int(self.nodes.depth[node])
             computed_blocks = seq.num_computed // self.block_size
             if depth > computed_blocks:
@@ -60,9 +62,10 @@ class PathLookup:
         """The path of a verified node, reused while the node is unchanged; ``known`` is that
         path when the caller holds it (a checkpoint record's anchor path)."""
         state = seq.prefix_state
+        position = state.trie
         if known is None:
             generation = int(self.nodes.generation[node])
-            cached = state.path
+            cached = position.verified_path
             if cached is not None and (cached.node, cached.generation, cached.depth) == (node, generation, depth):
                 return cached  # the path of an attached node never changes (monotonic topology)
             runs, root = self.nodes.path_runs(node, 0)
@@ -76,7 +79,7 @@ class PathLookup:
             depth = waiting - 1
             node = root if depth == 0 else NodeTable.slot_at_depth(runs, self.nodes.depth, depth)
             known = NodePath(node, depth, self.nodes.clip_runs(runs, depth), root)
-        state.path = known
+        position.verified_path = known
         return known
 
     def base_path(self, seq: Sequence) -> NodePath:
@@ -86,10 +89,11 @@ class PathLookup:
         """The deepest node at or above ``limit`` whose path equals the sequence's tokens,
         hashing and comparing only blocks beyond the node verified before."""
         nodes, state = self.nodes, seq.prefix_state
-        if nodes.is_valid(state.verified, state.verified_generation):
-            node = state.verified
-        elif nodes.is_valid(state.cursor, state.cursor_generation):
-            node = state.cursor
+        position = state.trie
+        if nodes.is_valid(position.verified, position.verified_generation):
+            node = position.verified
+        elif nodes.is_valid(position.cursor, position.cursor_generation):
+            node = position.cursor
         else:
             node = self.root(seq.namespace)
         depth = int(nodes.depth[node])
@@ -99,7 +103,7 @@ class PathLookup:
         self.keyer.resume_at(seq, depth, int(nodes.key_sums[node]))
         keys = self.keyer.extend(seq)
         depth, node, _ = self.deepest_cached(seq, keys, node, depth, limit)
-        state.verified, state.verified_generation = node, int(nodes.generation[node])
+        position.verified, position.verified_generation = node, int(nodes.generation[node])
         return node, depth
 
     def deepest_cached(
@@ -130,7 +134,7 @@ class PathLookup:
     def _walk(self, seq: Sequence, keys: np.ndarray, base: int, base_depth: int, limit: int) -> tuple[int, int, Runs]:
         """Block-by-block exact walk; only taken when a key collision defeated the fast path."""
         nodes, size = self.nodes, self.block_size
-        identities = seq.prefix_state.mm_blocks
+        identities = seq.prefix_state.keys.mm_blocks
         node, depth = base, base_depth
         while depth < limit:
             expected_identity = identities.get(depth)
@@ -156,9 +160,9 @@ class PathLookup:
 
     def same_identity(self, seq: Sequence, runs: Runs, base: int, node: int, base_depth: int, depth: int) -> bool:
         nodes = self.nodes
-        if not nodes.extra_identity and not seq.prefix_state.mm_blocks:
+        if not nodes.extra_identity and not seq.prefix_state.keys.mm_blocks:
             return True  # text only on both sides
-        expected = {i: spans for i, spans in seq.prefix_state.mm_blocks.items() if base_depth <= i < depth}
+        expected = {i: spans for i, spans in seq.prefix_state.keys.mm_blocks.items() if base_depth <= i < depth}
         if int(nodes.mm_count[node] - nodes.mm_count[base]) != len(expected):
             return False
         return all(
@@ -191,7 +195,7 @@ class PathLookup:
         only the blocks after it). Only a request that recomputes an overlap (MTP) needs KV
         beyond the anchor; for any other the anchor's depth is the answer, without a lookup."""
         limit = (seq.num_valid - 1) // self.block_size
-        if limit <= path.depth or not seq.prefix_state.recompute_blocks:
+        if limit <= path.depth or not seq.prefix_state.overlap.recompute_blocks:
             return path.depth
         self.keyer.resume_at(seq, path.depth, int(self.nodes.key_sums[path.node]))
         keys = self.keyer.extend(seq)

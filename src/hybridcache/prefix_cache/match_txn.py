@@ -1,7 +1,7 @@
 """The match transaction: a tentative match, then exactly one commit or rollback.
 
 Owns: the undo records (``MatchTxn``) and the sequences' borrowed-path state
-(``prefix_state.borrowed`` / ``borrowed_depth``): a match from the root borrows the matched
+(``prefix_state.borrow``): a match from the root borrows the matched
 path with one pin on its deepest node (``KVLifecycle.pin_path``) instead of one reference per
 block; a match resuming below a computed prefix references each block it takes. A rollback
 restores the table, the references (or the borrow), the step, the cursor, the fresh range,
@@ -40,12 +40,13 @@ class MatchTxn:
 
     def __init__(self, seq: Sequence) -> None:
         state = seq.prefix_state
+        position = state.trie
         self.seq = seq
         self.step_before = self.step_after = seq.num_computed
-        self.cursor_before = self.cursor_after = (state.cursor, state.cursor_generation)
-        self.fresh_before = state.fresh_range
+        self.cursor_before = self.cursor_after = (position.cursor, position.cursor_generation)
+        self.fresh_before = state.overlap.fresh_range
         self.num_blocks_before = seq.num_blocks
-        self.restore_before: CheckpointRecord | None = state.restore
+        self.restore_before: CheckpointRecord | None = state.checkpoints.restore
         self.table_start = 0
         self.taken = self.displaced = _NO_IDS
         self.hit_tokens = 0
@@ -82,10 +83,12 @@ class MatchBook:
         seq = txn.seq
         expected_blocks = max(txn.num_blocks_before, txn.table_start + txn.taken.size)
         state = seq.prefix_state
+        position = state.trie
+        refs = state.checkpoints
         if (
             seq.num_computed != txn.step_after
             or seq.num_blocks != expected_blocks
-            or (state.cursor, state.cursor_generation) != txn.cursor_after
+            or (position.cursor, position.cursor_generation) != txn.cursor_after
         ):
             raise StaleHandleError("the sequence changed after the match; roll back before allocating")
         self._close(txn)
@@ -102,11 +105,11 @@ class MatchBook:
             self.borrow(seq, node, depth)
         seq.set_computed(txn.step_before)
         state = seq.prefix_state
-        if state.restore_pinned:
+        if refs.restore_pinned:
             self.checkpoints.unpin_restore(seq)
-        state.restore = txn.restore_before
-        state.cursor, state.cursor_generation = txn.cursor_before
-        state.fresh_range = txn.fresh_before
+        refs.restore = txn.restore_before
+        position.cursor, position.cursor_generation = txn.cursor_before
+        state.overlap.fresh_range = txn.fresh_before
         if txn.recorded is not None:
             self.stats.unrecord_match(*txn.recorded)
 
@@ -123,12 +126,13 @@ class MatchBook:
         if ids.size == 0:
             return
         state = seq.prefix_state
-        if base_depth == 0 and state.borrowed_depth == 0:
+        borrowing = state.borrow
+        if base_depth == 0 and borrowing.depth == 0:
             self.borrow(seq, node, ids.size)
             txn.borrowed = True
         else:
-            if state.borrowed_depth > base_depth:
-                txn.materialized = (state.borrowed, state.borrowed_depth)
+            if borrowing.depth > base_depth:
+                txn.materialized = (borrowing.node, borrowing.depth)
                 self._materialize_borrow(seq)
             ids = ids.copy()  # the transaction drops exactly these references on rollback
             self.pool.ref(ids, unique=True)
@@ -140,14 +144,16 @@ class MatchBook:
         """Turn the sequence's path pin into one reference per borrowed block (before a match
         rewrites part of the borrowed range)."""
         state = seq.prefix_state
-        self.pool.ref(seq.block_table[: state.borrowed_depth], unique=True)
+        self.pool.ref(seq.block_table[: state.borrow.depth], unique=True)
         self.return_borrow(seq)
 
     def borrow(self, seq: Sequence, node: int, depth: int) -> None:
         self.kv.pin_path(node)
-        seq.prefix_state.borrowed, seq.prefix_state.borrowed_depth = node, depth
+        borrowing = seq.prefix_state.borrow
+        borrowing.node, borrowing.depth = node, depth
 
     def return_borrow(self, seq: Sequence) -> None:
         state = seq.prefix_state
-        self.kv.unpin_path(state.borrowed)
-        state.borrowed, state.borrowed_depth = NO_NODE, 0
+        borrowing = state.borrow
+        self.kv.unpin_path(borrowing.node)
+        borrowing.node, borrowing.depth = NO_NODE, 0

@@ -1,6 +1,6 @@
 """Matching: the deepest prefix a request may reuse, one matcher per kind of trie.
 
-Owns: the remembered checkpoint search on each sequence (``prefix_state.found``, a
+Owns: the remembered checkpoint search on each sequence (``prefix_state.trie.last_search``, a
 ``CheckpointSearch``) and the match fields it sets on a hit (step, restore selection, fresh
 range, replayed routed experts). The kind is chosen once, when the trie is built:
 
@@ -71,7 +71,7 @@ class BlockMatcher:
         window = self.nodes.clip_runs(path.runs, raw_depth, base_depth)
         accepted, reason = self._accepted_depth(seq, raw_depth, base_depth, window, limit)
         if raw_depth > accepted:
-            seq.prefix_state.fresh_range = (accepted, raw_depth)
+            seq.prefix_state.overlap.fresh_range = (accepted, raw_depth)
         if accepted * size <= start:
             return self._lookup.handle(base), reason or MissReason.NO_CACHED_PREFIX
         node = path.slot_at(self.nodes, accepted)
@@ -83,7 +83,7 @@ class BlockMatcher:
     ) -> tuple[int, MissReason | None]:
         """Apply the policy cuts to the deepest cached depth; return the depth and why it shrank."""
         accepted, reason = raw_depth, None
-        overlap_limit = limit - seq.prefix_state.recompute_blocks
+        overlap_limit = limit - seq.prefix_state.overlap.recompute_blocks
         if accepted > overlap_limit:
             accepted, reason = max(overlap_limit, base_depth), MissReason.RECOMPUTE_OVERLAP
         if seq.want_routed_experts and accepted > base_depth:
@@ -147,11 +147,12 @@ class CheckpointMatcher:
         one bucket; the winner's prefix is compared only beyond what was verified before."""
         start = seq.num_computed
         state = seq.prefix_state
+        position = state.trie
         highest = seq.num_valid - 1
         # What a search depends on besides the cache: where it starts, the last valid token
         # and the recompute overlap.
-        window = (start, highest, state.recompute_blocks)
-        earlier = state.found
+        window = (start, highest, state.overlap.recompute_blocks)
+        earlier = position.last_search
         if (
             earlier is not None
             and earlier.window == window
@@ -179,7 +180,7 @@ class CheckpointMatcher:
             found = self._search(seq, self.index.candidate_steps(seq.namespace, earlier.record.step, highest), window)
             if found.record is None:
                 cached_depth = self._lookup.cached_depth(seq, earlier.path)
-                overlap = seq.prefix_state.recompute_blocks * self.block_size
+                overlap = seq.prefix_state.overlap.recompute_blocks * self.block_size
                 found = None
                 if cached_depth * self.block_size >= earlier.record.step + overlap:
                     found = earlier._replace(
@@ -187,7 +188,7 @@ class CheckpointMatcher:
                     )
         if found is None:
             found = self._search(seq, self.index.candidate_steps(seq.namespace, start, highest), window)
-        state.found = found
+        position.last_search = found
         return found
 
     def _still_usable(self, record: CheckpointRecord | None) -> bool:
@@ -211,7 +212,7 @@ class CheckpointMatcher:
                 steps = [step for step in steps if step < size]
         # A hit usually comes at the first probe: hash lazily unless many probes are certain.
         values = self._anchor_values(seq, steps) if len(steps) > _SCALAR_PROBES else None
-        overlap = seq.prefix_state.recompute_blocks * size
+        overlap = seq.prefix_state.overlap.recompute_blocks * size
         reason = None
         for step in steps:
             anchor_depth = step // size
@@ -261,6 +262,7 @@ class CheckpointMatcher:
         routed experts when the request wants them), else None. Only tokens beyond the verified
         node are compared; a deeper match becomes the new verified node."""
         nodes, state = self.nodes, seq.prefix_state
+        position = state.trie
         anchor, path = record.anchor, record.anchor_path
         base, base_depth = self._lookup.verified_or_root(seq)
         if depth <= base_depth:
@@ -275,7 +277,7 @@ class CheckpointMatcher:
                 return None
             if self.track_pending and nodes.first_pending_depth(runs) is not None:
                 return None
-            state.verified, state.verified_generation = anchor, record.anchor_generation
+            position.verified, position.verified_generation = anchor, record.anchor_generation
             path = self._lookup.path_of(seq, anchor, depth, path)
             if path.depth < depth:  # a node at or above the verified one is still pending
                 return None
@@ -302,4 +304,4 @@ class CheckpointMatcher:
             if record.tail_experts is not None:
                 rows = np.concatenate([rows, record.tail_experts]) if rows.size else record.tail_experts
             seq.append_routed_experts(rows[start - base_depth * size :])
-        seq.prefix_state.fresh_range = (anchor_depth, max(found.cached_depth, -(-step // size)))
+        seq.prefix_state.overlap.fresh_range = (anchor_depth, max(found.cached_depth, -(-step // size)))

@@ -1,7 +1,7 @@
 """BlockTrie: the prefix-cache facade.
 
 Owns: the composition of the prefix-cache components, chosen once here, and the claim of a
-sequence (``prefix_state.owner``: the trie whose node handles its cached facts refer to). Every
+sequence (``prefix_state.trie.owner``: the trie whose node handles its cached facts refer to). Every
 public call validates its arguments, refuses another trie's sequence, and delegates:
 
 * ``PathLookup`` (lookup.py): exact path verification;
@@ -129,19 +129,20 @@ class BlockTrie:
         holding blocks there is refused."""
         _require_sequence(seq)
         state = seq.prefix_state
-        if state.owner == self.trie_id:
+        position = state.trie
+        if position.owner == self.trie_id:
             return
-        if state.owner >= 0:
-            if seq.num_blocks or state.borrowed_depth:
+        if position.owner >= 0:
+            if seq.num_blocks or state.borrow.depth:
                 raise ForeignSequenceError("the sequence holds blocks of another trie; free it there first")
-            state.verified, state.verified_generation, state.path, state.found = NO_NODE, -1, None, None
+            position.verified, position.verified_generation, position.verified_path, position.last_search = NO_NODE, -1, None, None
             state.clear_tracking()
-        state.owner = self.trie_id
+        position.owner = self.trie_id
 
     def _require_own(self, seq: Sequence) -> None:
         """Refuse a sequence whose cached facts (and blocks) belong to another trie."""
         _require_sequence(seq)
-        owner = seq.prefix_state.owner
+        owner = seq.prefix_state.trie.owner
         if owner >= 0 and owner != self.trie_id:
             raise ForeignSequenceError("the sequence belongs to another trie")
 
@@ -154,7 +155,7 @@ class BlockTrie:
         path. Hybrid trie: find its deepest exactly matching published checkpoint, hashing only
         the anchor block of each candidate step. Safe to run when a request arrives, outside the
         scheduler loop. What was verified is remembered on the sequence
-        (``prefix_state.verified``), so a later ``prepare``, ``match`` or ``allocate`` only
+        (``prefix_state.trie.verified``), so a later ``prepare``, ``match`` or ``allocate`` only
         compares tokens beyond it. Returns the verified path.
         """
         self._claim(seq)
@@ -178,16 +179,18 @@ class BlockTrie:
         """
         self._claim(seq)
         state = seq.prefix_state
-        if state.restore_pinned:
+        position = state.trie
+        refs = state.checkpoints
+        if refs.restore_pinned:
             raise PinnedError("match while the sequence's restore is pinned; unpin or roll back first")
         txn = MatchTxn(seq)
-        state.fresh_range = _EMPTY_RANGE
-        state.restore = None
+        state.overlap.fresh_range = _EMPTY_RANGE
+        refs.restore = None
         if not self.enabled:
             return txn
         base, base_depth = self.lookup.resume_point(seq)
         cursor, reason = self.matcher.match(seq, txn, base, base_depth)
-        state.cursor, state.cursor_generation = txn.cursor_after = cursor
+        position.cursor, position.cursor_generation = txn.cursor_after = cursor
         if not state.suppress_stats:
             txn.recorded = (seq.num_tokens - txn.step_before, txn.hit_tokens, reason)
             self.stats.record_match(*txn.recorded)
@@ -290,8 +293,9 @@ class BlockTrie:
         self._require_own(seq)
         self.checkpoints.forget_sequence(seq)
         state = seq.prefix_state
-        self.pool.unref(seq.block_table[state.borrowed_depth :])
-        if state.borrowed_depth:
+        borrowing = state.borrow
+        self.pool.unref(seq.block_table[borrowing.depth :])
+        if borrowing.depth:
             self.book.return_borrow(seq)
         seq.truncate_blocks(0)
         state.clear_tracking()

@@ -109,7 +109,7 @@ class CacheAdapter:
             self.evicted_for_slots += before - states.num_checkpoint + (record is not None)
             if record is not None and self.eviction is not None:
                 self.eviction.note_save(record, parent_step, save)
-        pending = seq.prefix_state.pending_save
+        pending = seq.prefix_state.checkpoints.pending_save
         self.cache.forward_queued(seq)
         published = pending is not None and pending.is_published
         before = states.num_checkpoint

@@ -381,5 +381,5 @@ class Scheduler:
         assert self.cache.states.num_runtime == len(running_slots), "runtime slots leaked"
         for entry in self.waiting:
             assert entry.runtime_slot == NO_SLOT and entry.seq.num_blocks == 0, "a waiting sequence holds resources"
-            assert not entry.seq.prefix_state.restore_pinned, "a waiting sequence holds a restore pin"
+            assert not entry.seq.prefix_state.checkpoints.restore_pinned, "a waiting sequence holds a restore pin"
         assert len(self.running) <= self.config.max_running
