@@ -169,7 +169,7 @@ class CacheProtocol:
     def forward_failed(self, seq: Sequence) -> None:
         """The forward carrying ``seq`` failed: drop its save and detach what it attached for
         blocks it did not write. The caller then frees or requeues the sequence."""
-        self.checkpoints.abandon_save(seq)
+        self.checkpoints.release_failed_save(seq)
         self.trie.discard_pending(seq)
 
     # --- end -------------------------------------------------------------------------------

@@ -211,7 +211,7 @@ def test_verify_stale_checkpoint_reserved_and_released(hybrid):
     request = Sequence(PROMPT + [1])
     verdict = verify(trie, reserved, request)
     assert verdict.status is VerifyStatus.STALE_CHECKPOINT and "reserved" in verdict.reason
-    trie.checkpoints.discard_save(producer)
+    trie.checkpoints.release_reservation(producer)
     verdict = verify(trie, reserved, request)
     assert verdict.status is VerifyStatus.STALE_CHECKPOINT and "released" in verdict.reason
 

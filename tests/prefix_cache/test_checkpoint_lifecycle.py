@@ -87,7 +87,7 @@ def test_publish_without_pending_save_is_false():
     seq = Sequence(tokens(20))
     admit(trie, seq)
     assert trie.checkpoints.publish_save(seq) is False
-    assert trie.checkpoints.discard_save(seq) is False
+    assert trie.checkpoints.release_reservation(seq) is False
 
 
 def test_partial_reserve_consumes_one_block_and_one_slot_and_discard_returns_both():
@@ -103,11 +103,11 @@ def test_partial_reserve_consumes_one_block_and_one_slot_and_discard_returns_bot
     assert record.frozen_block not in seq.block_table.tolist()
     assert pool.refcount_of(record.frozen_block) == 1
     trie.check_invariants([seq])
-    assert cp.discard_save(seq) is True
+    assert cp.release_reservation(seq) is True
     assert seq.prefix_state.checkpoints.pending_save is None and record.state is CheckpointState.RELEASED
     assert cp.live_records() == [] and cp.records_at(record.anchor) == ()
     assert pool.num_free == free_blocks and states.num_free == free_slots
-    assert cp.discard_save(seq) is False
+    assert cp.release_reservation(seq) is False
     trie.check_invariants([seq])
 
 
@@ -543,7 +543,7 @@ def test_abandoned_decode_save_keeps_the_old_checkpoint():
     seq, old = _decode_checkpoint_at_32(trie)
     free_slots = states.num_free
     assert cp.reserve_decode_save(seq, B) > 0
-    assert cp.discard_save(seq)
+    assert cp.release_reservation(seq)
     assert old.is_published and seq.prefix_state.checkpoints.decode_checkpoint is old
     assert states.num_free == free_slots and hits(trie, tokens(33)) == (32, old)
     trie.check_invariants([seq])
@@ -854,7 +854,7 @@ def test_abandon_save_drops_the_pending_reservation():
     free_blocks, free_slots = pool.num_free, states.num_free
     assert cp.reserve_save(seq) > 0
     record = seq.prefix_state.checkpoints.pending_save
-    cp.abandon_save(seq)
+    cp.release_failed_save(seq)
     assert record.state is CheckpointState.RELEASED and seq.prefix_state.checkpoints.pending_save is None
     assert (pool.num_free, states.num_free) == (free_blocks, free_slots)
     trie.check_invariants([seq])
@@ -870,7 +870,7 @@ def test_abandon_save_releases_the_in_flight_record():
     record = seq.prefix_state.checkpoints.pending_save
     forward(trie, seq)
     assert cp.publish_save(seq, pin=True, in_flight=True)
-    cp.abandon_save(seq)
+    cp.release_failed_save(seq)
     assert record.state is CheckpointState.RELEASED and not indexed(trie, record)
     assert seq.prefix_state.checkpoints.producer_pin is None and len(trie.index) == 0
     assert (pool.num_free, states.num_free) == (free_blocks, free_slots)
@@ -891,7 +891,7 @@ def test_abandoned_in_flight_decode_save_keeps_the_previous_decode_checkpoint():
     assert cp.reserve_decode_save(seq, B) > 0
     forward(trie, seq)
     assert cp.publish_save(seq, pin=True, in_flight=True)
-    cp.abandon_save(seq)  # the forward carrying the save copy failed
+    cp.release_failed_save(seq)  # the forward carrying the save copy failed
     assert old.is_published and hits(trie, tokens(33)) == (32, old)
     assert seq.prefix_state.checkpoints.decode_checkpoint is old
 

@@ -713,7 +713,7 @@ def test_records_share_an_anchor_and_a_new_save_replaces_nothing():
     txn = trie.match(diverging)
     assert diverging.prefix_state.checkpoints.restore is aligned and diverging.num_computed == 32
     trie.rollback(txn)
-    assert cp.discard_save(seq)
+    assert cp.release_reservation(seq)
     assert aligned.is_published and indexed(trie, aligned)
     # both published on one anchor: each serves its own requests
     assert cp.reserve_save(seq, 40) > 0
@@ -951,7 +951,7 @@ def test_failed_forward_discards_its_pending_nodes_and_their_checkpoints():
     assert cp.reserve_save(producer, 32) > 0
     record = producer.prefix_state.checkpoints.pending_save
     assert cp.publish_save(producer, pin=True, in_flight=True)
-    cp.abandon_save(producer)
+    cp.release_failed_save(producer)
     assert trie.discard_pending(producer) == 2
     assert record.state is CheckpointState.RELEASED and trie.nodes.num_attached == 0
     assert cp.live_records() == [] and states.num_free == states.num_slots - 1

@@ -357,7 +357,7 @@ class HybridMachine(RuleBasedStateMachine):
         seq = self._pick(("admitted", "running"), index, lambda e: e.seq.prefix_state.checkpoints.pending_save).seq
         record = seq.prefix_state.checkpoints.pending_save
         reserved = record.state is CheckpointState.RESERVED
-        assert self.cp.discard_save(seq) == reserved
+        assert self.cp.release_reservation(seq) == reserved
         assert record.state is CheckpointState.RELEASED and seq.prefix_state.checkpoints.pending_save is None
 
     @precondition(lambda self: self._has("idle", "matched", "admitted", "running", where=lambda e: e.seq.prefix_state.checkpoints.producer_pin))
@@ -384,7 +384,7 @@ class HybridMachine(RuleBasedStateMachine):
         entry = self._pick(("admitted", "running"), index, lambda e: state_of(e).checkpoints.producer_pin or state_of(e).checkpoints.pending_save)
         state = entry.seq.prefix_state
         dropped = [r for r in (state.checkpoints.producer_pin, state.checkpoints.pending_save) if r is not None]
-        self.cp.abandon_save(entry.seq)
+        self.cp.release_failed_save(entry.seq)
         assert state.checkpoints.producer_pin is None and state.checkpoints.pending_save is None
         for record in dropped:
             assert record.state is CheckpointState.RELEASED or record.pin_count > 0

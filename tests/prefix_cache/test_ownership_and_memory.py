@@ -41,12 +41,12 @@ ENTRY_POINTS = {
     "reserve_save": lambda t, s: t.checkpoints.reserve_save(s, 2 * B),
     "reserve_decode_save": lambda t, s: t.checkpoints.reserve_decode_save(s, B),
     "publish_save": lambda t, s: t.checkpoints.publish_save(s),
-    "discard_save": lambda t, s: t.checkpoints.discard_save(s),
-    "abandon_save": lambda t, s: t.checkpoints.abandon_save(s),
+    "release_reservation": lambda t, s: t.checkpoints.release_reservation(s),
+    "release_failed_save": lambda t, s: t.checkpoints.release_failed_save(s),
     "pin_restore": lambda t, s: t.checkpoints.pin_restore(s),
     "unpin_restore": lambda t, s: t.checkpoints.unpin_restore(s),
     "unpin_save": lambda t, s: t.checkpoints.unpin_save(s),
-    "forget_sequence": lambda t, s: t.checkpoints.forget_sequence(s),
+    "release_sequence": lambda t, s: t.checkpoints.release_sequence(s),
     "attach_pending_tail_experts": lambda t, s: t.checkpoints.attach_pending_tail_experts(s),
 }
 

@@ -507,7 +507,7 @@ class CacheProtocolMachine(RuleBasedStateMachine):
         producer_pin = seq.prefix_state.checkpoints.producer_pin
         if entry.phase == "admitted":  # its forward never runs: drop what it would have produced
             if self.hybrid:
-                self.cp.abandon_save(seq)
+                self.cp.release_failed_save(seq)
                 producer_pin = None
             if self.pending:
                 self.trie.discard_pending(seq)
@@ -668,9 +668,9 @@ class CacheProtocolMachine(RuleBasedStateMachine):
         seq = self._pick(("admitted", "running"), index, lambda e: e.seq.prefix_state.checkpoints.pending_save).seq
         record = seq.prefix_state.checkpoints.pending_save
         reserved = record.state is CheckpointState.RESERVED
-        assert self.cp.discard_save(seq) == reserved
+        assert self.cp.release_reservation(seq) == reserved
         assert record.state is CheckpointState.RELEASED and seq.prefix_state.checkpoints.pending_save is None
-        assert not self.cp.discard_save(seq)
+        assert not self.cp.release_reservation(seq)
 
     @precondition(lambda self: self._has("idle", "matched", "admitted", "running", where=lambda e: e.seq.prefix_state.checkpoints.producer_pin))
     @rule(index=st.integers(0, 99))
@@ -700,7 +700,7 @@ class CacheProtocolMachine(RuleBasedStateMachine):
         )
         state = entry.seq.prefix_state
         dropped = [r for r in (state.checkpoints.producer_pin, state.checkpoints.pending_save) if r is not None]
-        self.cp.abandon_save(entry.seq)
+        self.cp.release_failed_save(entry.seq)
         assert state.checkpoints.producer_pin is None and state.checkpoints.pending_save is None
         for record in dropped:
             assert record.state is CheckpointState.RELEASED or record.pin_count > 0

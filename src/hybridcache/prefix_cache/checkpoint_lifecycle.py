@@ -91,7 +91,7 @@ class CheckpointLifecycle(CheckpointStore):
         step = seq.num_valid if step is None else as_int("step", step)
         if not 0 < step <= seq.num_valid:
             raise InvalidStepError(f"checkpoint step {step} outside (0, {seq.num_valid}]")
-        self.discard_save(seq)
+        self.release_reservation(seq)
         if not seq.is_boundary_safe(step):
             return NO_SAVE
         partial = step % self._block_size != 0
@@ -194,7 +194,7 @@ class CheckpointLifecycle(CheckpointStore):
             if record.tail_experts is not None:
                 waiting.remove(record)
 
-    def discard_save(self, seq: Sequence) -> bool:
+    def release_reservation(self, seq: Sequence) -> bool:
         """Drop the sequence's unpublished reservation (its forward was abandoned)."""
         self._require_own(seq)
         state = seq.prefix_state
@@ -237,7 +237,7 @@ class CheckpointLifecycle(CheckpointStore):
             if pin and in_flight:
                 refs.retiring_decode_checkpoint = previous  # released once this save completes
             else:
-                self._retire(previous)
+                self._release_replaced(previous)
         if pin:
             record.producer_pins += 1
             record.ready = not in_flight
@@ -307,16 +307,16 @@ class CheckpointLifecycle(CheckpointStore):
         refs.producer_pin = None
         if record.is_published:
             self._enforce_anchor_cap(record)
-        self._retire(refs.retiring_decode_checkpoint)
+        self._release_replaced(refs.retiring_decode_checkpoint)
         refs.retiring_decode_checkpoint = None
         return True
 
-    def _retire(self, record: CheckpointRecord | None) -> None:
+    def _release_replaced(self, record: CheckpointRecord | None) -> None:
         """Release a sequence's replaced decode checkpoint unless something still pins it."""
         if record is not None and record.is_published and record.pin_count == 0:
             self.release(record)
 
-    def abandon_save(self, seq: Sequence) -> None:
+    def release_failed_save(self, seq: Sequence) -> None:
         """The forward that should have written the sequence's save failed: drop the pending
         reservation, or the record published for it (unpinning it first)."""
         self._require_own(seq)
@@ -331,7 +331,7 @@ class CheckpointLifecycle(CheckpointStore):
             refs.retiring_decode_checkpoint = None
             if record.state is not CheckpointState.RELEASED and record.pin_count == 0:
                 self._release(record)
-        self.discard_save(seq)
+        self.release_reservation(seq)
 
     def _unpin(self, record: CheckpointRecord, *, producer: bool) -> None:
         count = record.producer_pins if producer else record.restore_pins
@@ -342,11 +342,11 @@ class CheckpointLifecycle(CheckpointStore):
         else:
             record.restore_pins -= 1
 
-    def forget_sequence(self, seq: Sequence) -> None:
+    def release_sequence(self, seq: Sequence) -> None:
         """A sequence ends: drop its reservation and restore pin; the producer pin stays until
         the engine's output boundary releases it."""
         self._require_own(seq)
-        self.discard_save(seq)
+        self.release_reservation(seq)
         self.unpin_restore(seq)
         state = seq.prefix_state
         refs = state.checkpoints

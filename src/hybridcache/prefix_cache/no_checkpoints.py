@@ -45,7 +45,7 @@ class NoCheckpoints:
     def publish_save(self, seq: Sequence, *, pin: bool = False, in_flight: bool = False) -> bool:
         return False
 
-    def discard_save(self, seq: Sequence) -> bool:
+    def release_reservation(self, seq: Sequence) -> bool:
         return False
 
     def pin_restore(self, seq: Sequence) -> bool:
@@ -57,10 +57,10 @@ class NoCheckpoints:
     def unpin_save(self, seq: Sequence) -> bool:
         return False
 
-    def abandon_save(self, seq: Sequence) -> None:
+    def release_failed_save(self, seq: Sequence) -> None:
         return None
 
-    def forget_sequence(self, seq: Sequence) -> None:
+    def release_sequence(self, seq: Sequence) -> None:
         return None
 
     def attach_pending_tail_experts(self, seq: Sequence) -> None:

@@ -291,7 +291,7 @@ class BlockTrie:
         """Release a finished or cancelled sequence: its block references and its tracking.
         A sequence of another trie is refused before anything changes."""
         self._require_own(seq)
-        self.checkpoints.forget_sequence(seq)
+        self.checkpoints.release_sequence(seq)
         state = seq.prefix_state
         borrowing = state.borrow
         self.pool.unref(seq.block_table[borrowing.depth :])
