@@ -64,10 +64,24 @@ class CacheProtocol:
         self.checkpoints = components.trie.checkpoints
         self.block_size = components.trie.block_size
 
+    @property
+    def is_hybrid(self) -> bool:
+        """Every hit restores a published recurrent-state checkpoint."""
+        return self.trie.is_hybrid
+
+    @property
+    def enabled(self) -> bool:
+        return self.trie.enabled
+
     # --- arrival and admission -------------------------------------------------------------
 
     def prepare(self, seq: Sequence) -> None:
         self.trie.prepare(seq)
+
+    def branch_point(self, seq: Sequence) -> int:
+        """Whole-block tokens of ``seq`` the cache holds as KV: where its prompt leaves every
+        cached path (an admission policy may checkpoint there)."""
+        return self.trie.cached_prefix_tokens(seq)
 
     def admit(self, seq: Sequence, tokens: int, stop_at: Callable[[int], int | None] | None = None) -> Admission:
         """Admit ``seq`` for a first chunk of at most ``tokens`` tokens, or change nothing.
@@ -149,6 +163,11 @@ class CacheProtocol:
             return None
         return seq.prefix_state.checkpoints.pending_save
 
+    def writable_blocks(self, seq: Sequence, start: int, end: int) -> frozenset[int]:
+        """Blocks the forward carrying ``seq`` may write for positions ``[start, end)`` (the
+        shared-write guard): never a block another holder shares."""
+        return self.trie.exclusive_blocks(seq, start, end)
+
     def forward_queued(self, seq: Sequence) -> None:
         """Right after the forward carrying ``seq`` (with its restore and save copies) is
         queued: publish the save, pinned and unusable until the output is in, and release the
@@ -179,3 +198,22 @@ class CacheProtocol:
         self.trie.free_sequence(seq)
         if runtime_slot != NO_SLOT:
             self.states.free_runtime(runtime_slot)
+
+    def clear(self) -> int:
+        """Evict every unpinned checkpoint and every block only the cache holds; returns how
+        many entries went."""
+        return self.trie.clear()
+
+    # --- diagnostics -----------------------------------------------------------------------
+
+    def stats(self) -> dict:
+        """Match and eviction counters, and what the pools have free."""
+        stats = self.trie.stats.as_dict()
+        stats["free_blocks"] = self.pool.num_free
+        stats["free_state_slots"] = self.states.num_free
+        return stats
+
+    def check_invariants(self, sequences: list[Sequence] | tuple[Sequence, ...] = ()) -> None:
+        """The trie's cross-owner invariants over ``sequences`` (every live one), and the pools'."""
+        self.trie.check_invariants(sequences)
+        self.states.check_invariants()

@@ -56,7 +56,7 @@ def test_fresh_sequence_zeroes_its_runtime_slot_and_saves_mid_block():
     entry = rig.add(prompt(13))
     batch = rig.sched.schedule()
     chunk = batch.chunks[0]
-    plan = build_copy_plan(batch.chunks, rig.trie, guard=True)
+    plan = build_copy_plan(batch.chunks, rig.sched.cache, guard=True)
     save = chunk.save
     assert save is not None and save.step == 13 and save.is_partial
     table = entry.seq.block_table
@@ -72,7 +72,7 @@ def test_aligned_save_copies_only_the_state():
     rig = Rig()
     entry = rig.add(prompt(16))
     batch = rig.sched.schedule()
-    plan = build_copy_plan(batch.chunks, rig.trie, guard=True)
+    plan = build_copy_plan(batch.chunks, rig.sched.cache, guard=True)
     save = batch.chunks[0].save
     assert save is not None and save.step == 16 and not save.is_partial
     assert plan.save_states == ((entry.runtime_slot,), (save.slot,))
@@ -89,7 +89,7 @@ def test_aligned_restore_copies_only_the_state():
     chunk = batch.chunks[0]
     record = chunk.restore
     assert record is not None and record.step == 16 and not record.is_partial and not chunk.zero_state
-    plan = build_copy_plan(batch.chunks, rig.trie, guard=True)
+    plan = build_copy_plan(batch.chunks, rig.sched.cache, guard=True)
     assert plan.zero_states == ()
     assert plan.restore_states == ((record.slot,), (entry.runtime_slot,))
     assert plan.restore_blocks == ((), ())
@@ -104,7 +104,7 @@ def test_mid_block_restore_copies_the_frozen_block_into_a_private_block():
     batch = rig.sched.schedule()
     record = batch.chunks[0].restore
     assert record is not None and record.step == 13 and record.is_partial
-    plan = build_copy_plan(batch.chunks, rig.trie, guard=True)
+    plan = build_copy_plan(batch.chunks, rig.sched.cache, guard=True)
     destination = int(entry.seq.block_table[1])
     assert plan.restore_states == ((record.slot,), (entry.runtime_slot,))
     assert plan.restore_blocks == ((record.frozen_block,), (destination,))
@@ -128,12 +128,12 @@ def test_guard_refuses_a_restore_into_a_shared_block():
     rig.pool.ref([destination])  # another holder now shares the block the restore would write
     try:
         with pytest.raises(SharedWriteError):
-            build_copy_plan(batch.chunks, rig.trie, guard=True)
-        unguarded = build_copy_plan(batch.chunks, rig.trie, guard=False)
+            build_copy_plan(batch.chunks, rig.sched.cache, guard=True)
+        unguarded = build_copy_plan(batch.chunks, rig.sched.cache, guard=False)
         assert unguarded.restore_blocks[1] == (destination,)
     finally:
         rig.pool.unref([destination])
-    assert build_copy_plan(batch.chunks, rig.trie, guard=True).restore_blocks[1] == (destination,)
+    assert build_copy_plan(batch.chunks, rig.sched.cache, guard=True).restore_blocks[1] == (destination,)
     rig.run(batch)
 
 
@@ -146,7 +146,7 @@ def test_plan_of_several_chunks_keeps_chunk_order():
     fresh_b = rig.add(prompt(9, start=400))
     batch = rig.sched.schedule()
     assert [c.entry for c in batch.chunks] == [hit, fresh_a, fresh_b]
-    plan = build_copy_plan(batch.chunks, rig.trie, guard=True)
+    plan = build_copy_plan(batch.chunks, rig.sched.cache, guard=True)
     assert plan.zero_states == (fresh_a.runtime_slot, fresh_b.runtime_slot)
     assert plan.restore_states[1] == (hit.runtime_slot,)
     saves = [c.save for c in batch.chunks]
@@ -166,7 +166,7 @@ def test_attention_only_plans_are_empty():
     entry = rig.add(prompt(17) + [TOKEN, 50])
     batch = rig.sched.schedule()
     assert batch.chunks[0].start == 16
-    plan = build_copy_plan(batch.chunks, rig.trie, guard=True)
+    plan = build_copy_plan(batch.chunks, rig.sched.cache, guard=True)
     assert plan.restore_states == plan.restore_blocks == plan.save_states == plan.save_blocks == ((), ())
     assert plan.zero_states == (entry.runtime_slot,)  # no checkpoint: the state starts at zero
     rig.run(batch)

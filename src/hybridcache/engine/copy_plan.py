@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybridcache.errors import SharedWriteError
-from hybridcache.prefix_cache.trie import BlockTrie
+from hybridcache.protocol import CacheProtocol
 from hybridcache.scheduler.scheduler import ScheduledChunk
 
 Pairs = tuple[tuple[int, ...], tuple[int, ...]]
@@ -32,9 +32,9 @@ class CopyPlan:
     save_blocks: Pairs = _NO_PAIRS
 
 
-def build_copy_plan(chunks: list[ScheduledChunk], trie: BlockTrie, guard: bool) -> CopyPlan:
+def build_copy_plan(chunks: list[ScheduledChunk], cache: CacheProtocol, guard: bool) -> CopyPlan:
     """``guard`` refuses a restore into a block the sequence does not own exclusively."""
-    block_size = trie.block_size
+    block_size = cache.block_size
     zero, restore_states, restore_blocks, save_states, save_blocks = [], [], [], [], []
     for chunk in chunks:
         seq, slot = chunk.entry.seq, chunk.entry.runtime_slot
@@ -43,7 +43,7 @@ def build_copy_plan(chunks: list[ScheduledChunk], trie: BlockTrie, guard: bool) 
             restore_states.append((record.slot, slot))
             if record.is_partial:
                 destination = int(seq.block_table[record.step // block_size])
-                if guard and destination not in trie.exclusive_blocks(seq, record.step, record.step + 1):
+                if guard and destination not in cache.writable_blocks(seq, record.step, record.step + 1):
                     raise SharedWriteError(f"restore into shared block {destination}")
                 restore_blocks.append((record.frozen_block, destination))
         elif chunk.zero_state:

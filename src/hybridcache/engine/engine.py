@@ -181,7 +181,7 @@ class Engine:
         built = build_cache(
             config.cache_config(hybrid=self.model.layout.is_hybrid), track_pending=True, eviction=eviction
         )
-        self.pool, self.states, self.trie = built.pool, built.states, built.trie
+        self.pool, self.states, self.trie = built.pool, built.states, built.trie  # for inspection only
         self.prefix_cache = CacheProtocol(built)  # the scheduler and the engine drive the cache only through it
         self.scheduler = Scheduler(config.scheduler_config(), self.prefix_cache, built.eviction)
         self._entries: dict[int, ServingSequence] = {}
@@ -298,7 +298,7 @@ class Engine:
         that frees nothing and nothing runs, the request at the head can never be admitted,
         so it is ended with an error instead of blocking the queue."""
         self._counters["cache_flushes"] += 1
-        if self.trie.clear() or self.scheduler.running:
+        if self.prefix_cache.clear() or self.scheduler.running:
             return []
         entry = self.scheduler.drop_waiting_head()
         self._entries.pop(entry.request_id, None)
@@ -306,7 +306,7 @@ class Engine:
 
     def _prepare(self, batch: ScheduledBatch) -> _QueuedForward:
         config = self.config
-        plan = build_copy_plan(batch.chunks, self.trie, config.shared_write_guard)
+        plan = build_copy_plan(batch.chunks, self.prefix_cache, config.shared_write_guard)
         inputs = [self._forward_input(chunk) for chunk in batch.chunks]
         for chunk in batch.chunks:
             self.prefix_cache.forward_queued(chunk.entry.seq)
@@ -317,7 +317,7 @@ class Engine:
         multimodal = [(m.start, m.end, bytes(m.data)) for m in request.multimodal if m.start < chunk.end and m.end > chunk.start]
         writable = None
         if self.config.shared_write_guard:
-            writable = self.trie.exclusive_blocks(seq, chunk.start, chunk.end)
+            writable = self.prefix_cache.writable_blocks(seq, chunk.start, chunk.end)
         return ForwardChunk(
             token_ids=seq.token_view(chunk.start, chunk.end).tolist(),
             start=chunk.start,
@@ -412,11 +412,9 @@ class Engine:
     # --- introspection -------------------------------------------------------------------------
 
     def stats(self) -> dict:
-        stats = self.trie.stats.as_dict()
+        stats = self.prefix_cache.stats()
         stats.update(self._counters)
         stats["preemptions"] = self.scheduler.preemptions
-        stats["free_blocks"] = self.pool.num_free
-        stats["free_state_slots"] = self.states.num_free
         return stats
 
     def check_invariants(self) -> None:
@@ -426,11 +424,10 @@ class Engine:
         assert len(set(carried)) == len(carried), "one request is in two queued forwards"
         for entry in (*self.scheduler.running, *self.scheduler.waiting):
             assert entry.in_flight == (id(entry) in set(carried)), "a request is in flight with no forward queued"
-        self.trie.check_invariants(self.scheduler.live_sequences())
+        self.prefix_cache.check_invariants(self.scheduler.live_sequences())
         self.scheduler.check_invariants()
-        self.states.check_invariants()
 
     def clear_cache(self) -> int:
         """Release every cached block and checkpoint not in use; with no request in progress,
         every pool is full afterwards."""
-        return self.trie.clear()
+        return self.prefix_cache.clear()

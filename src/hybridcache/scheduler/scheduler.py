@@ -132,7 +132,6 @@ class Scheduler:
         about every checkpoint reserved; None when the trie scores by recency."""
         self.config = config
         self.cache = cache
-        self.trie = cache.trie  # read-only use: kind, block size, enabled, branch points
         admission = resolve_policy(config.checkpoint_policy, prefill_chunk=config.prefill_chunk).admission
         self.admission = admission.fitted(cache.pool.num_blocks * cache.block_size, max(1, cache.states.num_slots - 2))
         self.eviction = eviction
@@ -223,7 +222,7 @@ class Scheduler:
     def _admit(self, entry: ServingSequence, budget: int) -> ScheduledChunk | None:
         seq = entry.seq
         seq.prefix_state.suppress_stats = entry.admissions > 0  # a recompute replay is not a new query
-        branch = self.trie.cached_prefix_tokens(seq) if self.trie.enabled else 0
+        branch = self.cache.branch_point(seq)
 
         def stop_at(start: int) -> int | None:
             self._plan(entry, start, branch)
@@ -253,8 +252,8 @@ class Scheduler:
         """Ask the admission policy where this turn's checkpoints go, once its resume point is
         known (the prompt is what the sequence holds now; the turn end is decided by decode)."""
         length = entry.seq.num_tokens
-        entry.view = TurnView(start, length, length, min(branch, length), self.trie.block_size)
-        if not self.trie.is_hybrid:
+        entry.view = TurnView(start, length, length, min(branch, length), self.cache.block_size)
+        if not self.cache.is_hybrid:
             entry.planned_saves = ()
         elif isinstance(self.admission, ReferenceAdmission):  # today's rule: chunk ends by the config
             entry.planned_saves = (length,) if start < length else ()
@@ -270,7 +269,7 @@ class Scheduler:
         return end
 
     def _reserve_save(self, chunk: ScheduledChunk) -> CheckpointRecord | None:
-        if not self.trie.is_hybrid or not self.trie.enabled:
+        if not self.cache.is_hybrid or not self.cache.enabled:
             return None
         seq, entry = chunk.entry.seq, chunk.entry
         kind = None
@@ -300,7 +299,7 @@ class Scheduler:
         if self.config.decode_checkpoint_interval:
             return self.config.decode_checkpoint_interval
         interval = getattr(self.admission, "interval", 0)
-        return interval if interval and interval % self.trie.block_size == 0 else 0
+        return interval if interval and interval % self.cache.block_size == 0 else 0
 
     # --- completion --------------------------------------------------------------------------
 
