@@ -40,3 +40,8 @@ def test_deterministic_keys_and_disabled_caching_are_honoured():
 def test_a_non_config_is_rejected():
     with pytest.raises(InvalidTypeError):
         build_cache({"block_size": 16})
+
+
+def test_an_object_that_is_not_an_eviction_policy_is_refused():
+    with pytest.raises(InvalidTypeError):
+        build_cache(CacheConfig(block_size=16), eviction=object())
