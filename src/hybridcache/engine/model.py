@@ -15,10 +15,7 @@ from other blocks/slots cannot change a single bit of the logits, routed experts
 
 from __future__ import annotations
 
-import contextlib
 from collections import OrderedDict
-import hashlib
-import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -38,33 +35,37 @@ from hybridcache.engine.model_api import (
 )
 from hybridcache.errors import (
     InvalidArgumentError,
-    InvalidSpanError,
-    InvalidTokenError,
     InvalidTypeError,
     SharedWriteError,
 )
 
-from hybridcache.types import as_optional_name
-
 from hybridcache.engine.cache_tensors import CacheTensors
+from hybridcache.engine.chunk_checks import (
+    Span,
+    as_index,
+    check_writable,
+    validated_adapter,
+    validated_expert_rows,
+    validated_replays,
+    validated_spans,
+    validated_table,
+    validated_tokens,
+)
 from hybridcache.engine.tiny_config import TinyHybridConfig, torch_dtype
+from hybridcache.engine.tiny_math import rms_norm, route, single_thread, softmax
+from hybridcache.engine.tiny_weights import (
+    INPUT_SCALE,
+    AdapterLayer,
+    Layer,
+    MoeWeights,
+    RecurrentWeights,
+    WeightDrawer,
+    draw_layers,
+    seed_from,
+)
 
 ADAPTER_MEMO_SIZE = 64
-_RMS_EPS = 1e-6
 _ROPE_BASE = 10000.0
-# With a tied LM head, a residual stream dominated by the input embedding makes every token
-# predict itself and greedy decoding sticks on one token, which would let engine bugs pass
-# unnoticed. Damping the input and amplifying the mixer/expert outputs keeps the predictions
-# context dependent: typical greedy runs of 40 tokens visit 20-30 distinct tokens.
-_INPUT_SCALE = 0.1
-_OUTPUT_GAIN = 2.0
-
-
-@dataclass(frozen=True)
-class _Span:
-    start: int
-    end: int
-    digest: bytes
 
 
 @dataclass(frozen=True)
@@ -77,276 +78,8 @@ class _ChunkPlan:
     table_ids: list[int]  # the same ids as Python ints, for per-position lookups
     state_slot: int
     adapter: str | None
-    spans: tuple[_Span, ...]
+    spans: tuple[Span, ...]
     replay: np.ndarray | None  # (len(tokens), routed_expert_width) forced expert ids, or None
-
-
-# --- weights -----------------------------------------------------------------------------------
-# Projections are stored (out, in) so every product is ``torch.mv(weight, vector)``.
-
-
-@dataclass(frozen=True)
-class _RecurrentWeights:
-    in_proj: torch.Tensor  # (inner z + conv channels + ssm heads, hidden)
-    conv_weight: torch.Tensor  # (conv_kernel, conv channels); the last row meets the newest input
-    conv_bias: torch.Tensor
-    dt_bias: torch.Tensor  # (ssm heads,)
-    decay_rate: torch.Tensor  # A = -exp(A_log) with A_log = log U[1, 16], stored as A; (ssm heads,)
-    skip: torch.Tensor  # D, (ssm heads, 1)
-    out_proj: torch.Tensor  # (hidden, inner)
-
-
-@dataclass(frozen=True)
-class _AttentionWeights:
-    qkv_proj: torch.Tensor  # (3 * heads * head_dim, hidden)
-    out_proj: torch.Tensor  # (hidden, heads * head_dim)
-
-
-@dataclass(frozen=True)
-class _MoeWeights:
-    router: torch.Tensor  # (experts, hidden)
-    up: torch.Tensor  # (experts * expert hidden, hidden): expert e owns rows [e*W, (e+1)*W)
-    down: torch.Tensor  # (hidden, experts * expert hidden): expert e owns the same columns
-
-
-@dataclass(frozen=True)
-class _Layer:
-    kind: str  # "R" or "A"
-    index: int  # position among the layers of the same kind (its row in CacheTensors)
-    mixer_norm: torch.Tensor
-    mixer: _RecurrentWeights | _AttentionWeights
-    ffn_norm: torch.Tensor
-    moe: _MoeWeights
-
-
-@dataclass(frozen=True)
-class _AdapterLayer:
-    down: torch.Tensor  # (rank, mixer output width)
-    up: torch.Tensor  # (hidden, rank)
-
-
-def _seed_from(*parts: bytes) -> int:
-    """A 63-bit generator seed from SHA-256 (stable across processes, unlike ``hash``)."""
-    hasher = hashlib.sha256()
-    for part in parts:
-        hasher.update(len(part).to_bytes(8, "little") + part)
-    return int.from_bytes(hasher.digest()[:8], "little") >> 1
-
-
-class _WeightDrawer:
-    """Draws float64 tensors from one generator in call order, then casts them to the model dtype."""
-
-    def __init__(self, seed: int, dtype: torch.dtype) -> None:
-        self._generator = torch.Generator().manual_seed(seed)
-        self._dtype = dtype
-
-    def normal(self, *shape: int, std: float, mean: float = 0.0) -> torch.Tensor:
-        draw = torch.randn(shape, generator=self._generator, dtype=torch.float64)
-        return (draw * std + mean).to(self._dtype)
-
-    def uniform(self, *shape: int, low: float, high: float) -> torch.Tensor:
-        draw = torch.rand(shape, generator=self._generator, dtype=torch.float64)
-        return (low + (high - low) * draw).to(self._dtype)
-
-
-def _draw_recurrent(config: TinyHybridConfig, draw: _WeightDrawer) -> _RecurrentWeights:
-    hidden, inner, heads = config.hidden_size, config.ssm_inner_size, config.num_ssm_heads
-    channels = config.conv_channels
-    # dt starts in [1e-3, 1e-1] as in Mamba2; the bias is softplus^-1 of that draw.
-    dt_init = torch.exp(draw.uniform(heads, low=math.log(1e-3), high=math.log(1e-1)))
-    return _RecurrentWeights(
-        in_proj=draw.normal(inner + channels + heads, hidden, std=hidden**-0.5),
-        conv_weight=draw.normal(config.conv_kernel, channels, std=config.conv_kernel**-0.5),
-        conv_bias=draw.normal(channels, std=0.1),
-        dt_bias=dt_init + torch.log(-torch.expm1(-dt_init)),
-        decay_rate=-draw.uniform(heads, low=1.0, high=16.0),
-        skip=draw.normal(heads, 1, std=0.5, mean=1.0),
-        out_proj=draw.normal(hidden, inner, std=_OUTPUT_GAIN * inner**-0.5),
-    )
-
-
-def _draw_attention(config: TinyHybridConfig, draw: _WeightDrawer) -> _AttentionWeights:
-    hidden, width = config.hidden_size, config.attention_width
-    qkv_proj = draw.normal(3 * width, hidden, std=hidden**-0.5)
-    # Pre-scale the query rows by 1/sqrt(head_dim): the rotary embedding is a rotation, so this
-    # equals scaling the scores and saves one op per attention step.
-    qkv_proj[:width] *= config.attention_head_dim**-0.5
-    return _AttentionWeights(
-        qkv_proj=qkv_proj,
-        out_proj=draw.normal(hidden, width, std=_OUTPUT_GAIN * width**-0.5),
-    )
-
-
-def _draw_moe(config: TinyHybridConfig, draw: _WeightDrawer) -> _MoeWeights:
-    hidden, experts, width = config.hidden_size, config.num_experts, config.expert_hidden_size
-    down = draw.normal(experts, hidden, width, std=_OUTPUT_GAIN * width**-0.5)
-    return _MoeWeights(
-        router=draw.normal(experts, hidden, std=hidden**-0.5),
-        up=draw.normal(experts * width, hidden, std=hidden**-0.5),
-        down=down.permute(1, 0, 2).reshape(hidden, experts * width).contiguous(),
-    )
-
-
-def _draw_layers(config: TinyHybridConfig, draw: _WeightDrawer) -> list[_Layer]:
-    layers, seen = [], {"R": 0, "A": 0}
-    for kind in config.layer_pattern:
-        mixer_norm = draw.normal(config.hidden_size, std=0.1, mean=1.0)
-        mixer = _draw_recurrent(config, draw) if kind == "R" else _draw_attention(config, draw)
-        ffn_norm = draw.normal(config.hidden_size, std=0.1, mean=1.0)
-        layers.append(_Layer(kind, seen[kind], mixer_norm, mixer, ffn_norm, _draw_moe(config, draw)))
-        seen[kind] += 1
-    return layers
-
-
-# --- small numeric pieces ----------------------------------------------------------------------
-# Tensors here are a few dozen elements, so each torch call costs ~1-2 us of dispatch. The helpers
-# use few calls and avoid kernels that open an OpenMP region (torch.softmax, batched matmul),
-# which cost milliseconds when the machine is busy.
-
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    inverse_rms = 1.0 / math.sqrt(float(x.dot(x)) / x.numel() + _RMS_EPS)
-    return x * weight * inverse_rms
-
-
-@contextlib.contextmanager
-def _single_thread():
-    """Run torch on one intra-op thread, restoring the caller's setting afterwards.
-
-    Reductions over long attention rows are split across threads, and how they are split
-    depends on the thread count; pinning one thread makes the bits independent of the caller's
-    setting (so separate processes agree too). It is also faster: these tensors are far too
-    small to pay for waking a thread pool.
-    """
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
-def _softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
-    exp = torch.exp(x - x.amax(dim=dim, keepdim=True))
-    return exp / exp.sum(dim=dim, keepdim=True)
-
-
-def _route(scores: list[float], k: int, forced: list[int] | None = None) -> tuple[list[int], list[float]]:
-    """The ``k`` best experts (ties go to the lower id), or the ``forced`` ones when replaying,
-    and their softmax weights over the chosen scores.
-
-    Forced experts are put in the same best-first order before the weights are computed, so
-    replaying the experts a run chose reproduces its weights bit for bit. Router scores are a
-    handful of floats, so Python arithmetic is cheaper than torch calls.
-    """
-    candidates = range(len(scores)) if forced is None else forced
-    chosen = sorted(candidates, key=lambda expert: (-scores[expert], expert))[:k]
-    best = scores[chosen[0]]
-    exps = [math.exp(scores[expert] - best) for expert in chosen]
-    total = sum(exps)
-    return chosen, [value / total for value in exps]
-
-
-# --- validation --------------------------------------------------------------------------------
-
-
-def _as_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise InvalidTypeError(f"{name} must be an int, got {type(value).__name__}")
-    return value.__index__()
-
-
-def _span_fields(span: object) -> tuple[object, object, object]:
-    if hasattr(span, "content_id") and hasattr(span, "start") and hasattr(span, "end"):
-        return span.start, span.end, span.content_id
-    if not isinstance(span, tuple) or len(span) != 3:
-        raise InvalidTypeError(f"multimodal span must be a (start, end, content) tuple, got {span!r}")
-    return span
-
-
-def _validated_spans(spans: object) -> tuple[_Span, ...]:
-    if isinstance(spans, (str, bytes)) or not isinstance(spans, Iterable):
-        raise InvalidTypeError("multimodal must be a sequence of (start, end, content) tuples")
-    result = []
-    for span in spans:
-        start, end, content = _span_fields(span)
-        start, end = _as_int("span start", start), _as_int("span end", end)
-        content = content.encode() if isinstance(content, str) else content
-        if not isinstance(content, (bytes, bytearray)):
-            raise InvalidTypeError("span content must be bytes or str")
-        if start < 0 or end <= start:
-            raise InvalidSpanError(f"span [{start}, {end}) is empty or negative")
-        result.append(_Span(start, end, hashlib.sha256(content).digest()))
-    result.sort(key=lambda s: s.start)
-    for left, right in zip(result, result[1:]):
-        if right.start < left.end:
-            raise InvalidSpanError(f"spans starting at {left.start} and {right.start} overlap")
-    return tuple(result)
-
-
-def _validated_adapter(adapter: object) -> str | None:
-    if adapter is not None and not isinstance(adapter, str):
-        raise InvalidTypeError(f"adapter must be None or a str, got {type(adapter).__name__}")
-    return as_optional_name("adapter", adapter)
-
-
-def _validated_tokens(tokens: object, vocab_size: int) -> list[int]:
-    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Iterable):
-        raise InvalidTypeError("token_ids must be a sequence of ints")
-    result = [_as_int("token id", token) for token in tokens]
-    if not result:
-        raise InvalidArgumentError("a chunk needs at least one token")
-    for token in result:
-        if not 0 <= token < vocab_size:
-            raise InvalidTokenError(f"token id {token} outside the vocabulary [0, {vocab_size})")
-    return result
-
-
-def _validated_table(block_table: object, end: int, cache: CacheTensors) -> np.ndarray:
-    """The table prefix covering positions ``[0, end)`` as a fresh int64 array."""
-    table = np.asarray(block_table)
-    if table.ndim != 1 or (table.size and table.dtype.kind not in "iu"):
-        raise InvalidTypeError("block_table must be a one-dimensional sequence of ints")
-    needed = -(-end // cache.block_size)
-    if table.size < needed:
-        covered = table.size * cache.block_size
-        raise InvalidArgumentError(f"block table covers {covered} positions, chunk ends at {end}")
-    table = table[:needed].astype(np.int64)
-    for block in table.tolist():
-        cache.check_block(block)
-    return table
-
-
-def _validated_replays(replay: object, count: int) -> list[object]:
-    """``replay_experts`` as one entry per chunk (all None when not replaying)."""
-    if replay is None:
-        return [None] * count
-    if isinstance(replay, (str, bytes, np.ndarray)) or not isinstance(replay, Iterable):
-        raise InvalidTypeError("replay_experts must be None or one entry per chunk")
-    replays = list(replay)
-    if len(replays) != count:
-        raise InvalidArgumentError(f"{len(replays)} replay entries for {count} chunks")
-    return replays
-
-
-def _validated_expert_rows(rows: object, tokens: int, width: int) -> np.ndarray | None:
-    """One chunk's replayed expert ids as a fresh ``(tokens, width)`` int64 array, or None."""
-    if rows is None:
-        return None
-    array = np.array(rows)
-    if array.dtype.kind not in "iu" or array.shape != (tokens, width):
-        raise InvalidArgumentError(f"replayed experts must be ints shaped ({tokens}, {width})")
-    return array.astype(np.int64)
-
-
-def _check_writable(writes: set[int], writable: object) -> None:
-    if writable is None:
-        return
-    if isinstance(writable, (str, bytes)) or not isinstance(writable, Iterable):
-        raise InvalidTypeError("writable_blocks must be None or a set of block ids")
-    foreign = writes - {_as_int("writable block", block) for block in writable}
-    if foreign:
-        raise SharedWriteError(f"chunk would write KV into blocks {sorted(foreign)} it does not own")
 
 
 # --- the model ---------------------------------------------------------------------------------
@@ -377,19 +110,19 @@ class TinyHybridModel:
         if not isinstance(config, TinyHybridConfig):
             raise InvalidTypeError("config must be a TinyHybridConfig")
         self.config = config
-        self.seed = _as_int("seed", seed)
+        self.seed = as_index("seed", seed)
         self.dtype_name = dtype
         self.dtype = torch_dtype(dtype)
-        draw = _WeightDrawer(self.seed, self.dtype)
+        draw = WeightDrawer(self.seed, self.dtype)
         self.embedding = draw.normal(config.vocab_size, config.hidden_size, std=1.0)
-        self._input_embedding = self.embedding * _INPUT_SCALE
-        self._layers = _draw_layers(config, draw)
+        self._input_embedding = self.embedding * INPUT_SCALE
+        self._layers = draw_layers(config, draw)
         self._final_norm = draw.normal(config.hidden_size, std=0.1, mean=1.0)
         half = config.attention_head_dim // 2
         exponents = torch.arange(half, dtype=torch.float64) / half
         self._rope_inverse_frequency = (_ROPE_BASE**-exponents).to(self.dtype)
         self._rope_magnitude = torch.ones(half, dtype=self.dtype)
-        self._adapters: OrderedDict[str, list[_AdapterLayer]] = OrderedDict()
+        self._adapters: OrderedDict[str, list[AdapterLayer]] = OrderedDict()
         self._layout = _tiny_layout(config, dtype)
 
     # --- public ------------------------------------------------------------------------------
@@ -426,7 +159,7 @@ class TinyHybridModel:
         run chose reproduces it bit for bit.
         """
         plans = self._validated_plans(chunks, cache, replay_experts)
-        with torch.no_grad(), _single_thread():
+        with torch.no_grad(), single_thread():
             return [self._run_chunk(plan, cache) for plan in plans]
 
     # --- validation --------------------------------------------------------------------------
@@ -436,7 +169,7 @@ class TinyHybridModel:
         if isinstance(chunks, ForwardChunk) or not isinstance(chunks, Iterable):
             raise InvalidTypeError("chunks must be a list of ForwardChunk")
         chunks = list(chunks)
-        replays = _validated_replays(replay, len(chunks))
+        replays = validated_replays(replay, len(chunks))
         plans, slots = [], set()
         written, written_guarded = set(), set()
         for chunk, rows in zip(chunks, replays):
@@ -467,13 +200,13 @@ class TinyHybridModel:
             raise InvalidArgumentError(f"cache dtype {cache.dtype} differs from model dtype {self.dtype}")
 
     def _validated_plan(self, chunk: ForwardChunk, cache: CacheTensors, rows: object) -> tuple[_ChunkPlan, set[int]]:
-        tokens = _validated_tokens(chunk.token_ids, self.config.vocab_size)
-        start = _as_int("start", chunk.start)
+        tokens = validated_tokens(chunk.token_ids, self.config.vocab_size)
+        start = as_index("start", chunk.start)
         if start < 0:
             raise InvalidArgumentError(f"start must be >= 0, got {start}")
         end = start + len(tokens)
-        table = _validated_table(chunk.block_table, end, cache)
-        slot = _as_int("state_slot", chunk.state_slot)
+        table = validated_table(chunk.block_table, end, cache)
+        slot = as_index("state_slot", chunk.state_slot)
         cache.check_slot(slot)
         # Row 0 is the pool's padding row; a sequence computing into it is an engine bug.
         if slot == 0 and self.config.num_recurrent_layers:
@@ -481,15 +214,15 @@ class TinyHybridModel:
         writes = set()
         if self.config.num_attention_layers:
             writes = set(table[start // cache.block_size :].tolist())
-        _check_writable(writes, chunk.writable_blocks)
+        check_writable(writes, chunk.writable_blocks)
         plan = _ChunkPlan(
             tokens=tokens,
             start=start,
             table=torch.from_numpy(table),
             table_ids=table.tolist(),
             state_slot=slot,
-            adapter=_validated_adapter(chunk.adapter),
-            spans=_validated_spans(chunk.multimodal),
+            adapter=validated_adapter(chunk.adapter),
+            spans=validated_spans(chunk.multimodal),
             replay=self._validated_replay(rows, len(tokens)),
         )
         return plan, writes
@@ -497,7 +230,7 @@ class TinyHybridModel:
     def _validated_replay(self, rows: object, tokens: int) -> np.ndarray | None:
         """Forced experts must be distinct valid ids within each layer's ``experts_per_token``."""
         config = self.config
-        replay = _validated_expert_rows(rows, tokens, config.routed_expert_width)
+        replay = validated_expert_rows(rows, tokens, config.routed_expert_width)
         if replay is None:
             return None
         if replay.size and (int(replay.min()) < 0 or int(replay.max()) >= config.num_experts):
@@ -520,7 +253,7 @@ class TinyHybridModel:
             hidden = self._embed(token, position, plan.spans)
             hidden = self._position_step(hidden, position, plan, states, adapter, cache, routed[offset])
         self._store_states(plan, cache, states)
-        logits = torch.mv(self.embedding, _rms_norm(hidden, self._final_norm))
+        logits = torch.mv(self.embedding, rms_norm(hidden, self._final_norm))
         return ChunkOutput(int(torch.argmax(logits)), routed, logits.numpy().copy())
 
     def _load_states(self, plan: _ChunkPlan, cache: CacheTensors) -> list[list[torch.Tensor]]:
@@ -545,7 +278,7 @@ class TinyHybridModel:
         position: int,
         plan: _ChunkPlan,
         states: list[list[torch.Tensor]],
-        adapter: list[_AdapterLayer] | None,
+        adapter: list[AdapterLayer] | None,
         cache: CacheTensors,
         routed_row: np.ndarray,
     ) -> torch.Tensor:
@@ -554,7 +287,7 @@ class TinyHybridModel:
         forced = None if plan.replay is None else plan.replay[position - plan.start].tolist()
         rotation = self._rotation(position) if self.config.num_attention_layers else None
         for layer_number, layer in enumerate(self._layers):
-            mixer_in = _rms_norm(hidden, layer.mixer_norm)
+            mixer_in = rms_norm(hidden, layer.mixer_norm)
             if layer.kind == "R":
                 mixed = self._recurrent_step(layer.mixer, mixer_in, states[layer.index])
             else:
@@ -562,22 +295,22 @@ class TinyHybridModel:
             hidden = hidden + self._mixer_output(layer, layer_number, mixed, adapter)
             columns = slice(layer_number * width, (layer_number + 1) * width)
             layer_forced = None if forced is None else forced[columns]
-            ffn_out, experts = self._moe_step(layer.moe, _rms_norm(hidden, layer.ffn_norm), layer_forced)
+            ffn_out, experts = self._moe_step(layer.moe, rms_norm(hidden, layer.ffn_norm), layer_forced)
             hidden = hidden + ffn_out
             routed_row[columns] = experts
         return hidden
 
     # --- per-position pieces -------------------------------------------------------------------
 
-    def _embed(self, token: int, position: int, spans: tuple[_Span, ...]) -> torch.Tensor:
+    def _embed(self, token: int, position: int, spans: tuple[Span, ...]) -> torch.Tensor:
         for span in spans:
             if span.start <= position < span.end:
-                return self._content_embedding(span, position - span.start) * _INPUT_SCALE
+                return self._content_embedding(span, position - span.start) * INPUT_SCALE
         return self._input_embedding[token]
 
-    def _content_embedding(self, span: _Span, offset: int) -> torch.Tensor:
+    def _content_embedding(self, span: Span, offset: int) -> torch.Tensor:
         """A placeholder's embedding: a function of the content bytes and the offset in the span only."""
-        seed = _seed_from(b"multimodal", span.digest, offset.to_bytes(8, "little"))
+        seed = seed_from(b"multimodal", span.digest, offset.to_bytes(8, "little"))
         generator = torch.Generator().manual_seed(seed)
         draw = torch.randn(self.config.hidden_size, generator=generator, dtype=torch.float64)
         return draw.to(self.dtype)
@@ -587,7 +320,7 @@ class TinyHybridModel:
         return torch.polar(self._rope_magnitude, position * self._rope_inverse_frequency)
 
     def _recurrent_step(
-        self, weights: _RecurrentWeights, x: torch.Tensor, state: list[torch.Tensor]
+        self, weights: RecurrentWeights, x: torch.Tensor, state: list[torch.Tensor]
     ) -> torch.Tensor:
         """One Mamba2-style step; replaces ``state`` = ``[conv window, ssm state]`` with the new one."""
         config = self.config
@@ -609,7 +342,7 @@ class TinyHybridModel:
 
     def _attention_step(
         self,
-        layer: _Layer,
+        layer: Layer,
         x: torch.Tensor,
         position: int,
         rotation: torch.Tensor,
@@ -627,12 +360,12 @@ class TinyHybridModel:
         # travelled the same path whether it was computed now or copied in from another block.
         keys, values = cache.read_kv(layer.index, plan.table[: position // block_size + 1], position + 1)
         scores = (keys * query).sum(dim=-1)
-        probs = _softmax(scores, dim=0)
+        probs = softmax(scores, dim=0)
         return (probs.unsqueeze(2) * values).sum(dim=0).view(heads * dim)
 
     @staticmethod
     def _mixer_output(
-        layer: _Layer, layer_number: int, mixed: torch.Tensor, adapter: list[_AdapterLayer] | None
+        layer: Layer, layer_number: int, mixed: torch.Tensor, adapter: list[AdapterLayer] | None
     ) -> torch.Tensor:
         out = torch.mv(layer.mixer.out_proj, mixed)
         if adapter is not None:
@@ -641,7 +374,7 @@ class TinyHybridModel:
         return out
 
     def _moe_step(
-        self, moe: _MoeWeights, x: torch.Tensor, forced: list[int] | None
+        self, moe: MoeWeights, x: torch.Tensor, forced: list[int] | None
     ) -> tuple[torch.Tensor, list[int]]:
         """Top-k routing (or the ``forced`` experts) with softmax weights over the chosen k;
         returns the ids ascending.
@@ -649,7 +382,7 @@ class TinyHybridModel:
         The experts run as one dense product whose unchosen experts get gate 0: their terms are
         exact zeros, so the result is the sparse top-k sum, in one fixed summation order.
         """
-        chosen, weights = _route(torch.mv(moe.router, x).tolist(), self.config.experts_per_token, forced)
+        chosen, weights = route(torch.mv(moe.router, x).tolist(), self.config.experts_per_token, forced)
         gates = [0.0] * self.config.num_experts
         for expert, weight in zip(chosen, weights):
             gates[expert] = weight
@@ -659,7 +392,7 @@ class TinyHybridModel:
 
     # --- adapters ----------------------------------------------------------------------------
 
-    def _adapter_layers(self, name: str) -> list[_AdapterLayer]:
+    def _adapter_layers(self, name: str) -> list[AdapterLayer]:
         """The adapter's weights, derived on first use; the memo keeps the most recently used
         ``ADAPTER_MEMO_SIZE`` (re-deriving one gives the very same bits)."""
         layers = self._adapters.get(name)
@@ -671,14 +404,14 @@ class TinyHybridModel:
             self._adapters.move_to_end(name)
         return layers
 
-    def _derive_adapter(self, name: str) -> list[_AdapterLayer]:
+    def _derive_adapter(self, name: str) -> list[AdapterLayer]:
         """Low-rank mixer-output deltas seeded by ``sha256(name)`` alone (not the model seed)."""
         config = self.config
-        draw = _WeightDrawer(_seed_from(b"adapter", name.encode()), self.dtype)
+        draw = WeightDrawer(seed_from(b"adapter", name.encode()), self.dtype)
         layers = []
         for kind in config.layer_pattern:
             width = config.ssm_inner_size if kind == "R" else config.attention_width
             down = draw.normal(config.adapter_rank, width, std=width**-0.5)
             up = draw.normal(config.hidden_size, config.adapter_rank, std=config.adapter_rank**-0.5)
-            layers.append(_AdapterLayer(down, up))
+            layers.append(AdapterLayer(down, up))
         return layers

@@ -25,13 +25,13 @@ from hybridcache.engine.hf.config import HFModelConfig
 from hybridcache.engine.hf.introspect import probe_model
 from hybridcache.engine.hf.loading import load_causal_lm
 from hybridcache.engine.hf.routing import RouterHooks
-from hybridcache.engine.model import (
-    _as_int,
-    _check_writable,
-    _validated_expert_rows,
-    _validated_replays,
-    _validated_table,
-    _validated_tokens,
+from hybridcache.engine.chunk_checks import (
+    as_index,
+    check_writable,
+    validated_expert_rows,
+    validated_replays,
+    validated_table,
+    validated_tokens,
 )
 from hybridcache.engine.model_api import (
     CHUNK_RESUME,
@@ -196,7 +196,7 @@ class HFModel:
         if isinstance(chunks, ForwardChunk) or not isinstance(chunks, Iterable):
             raise InvalidTypeError("chunks must be a list of ForwardChunk")
         chunks = list(chunks)
-        replays = _validated_replays(replay, len(chunks))
+        replays = validated_replays(replay, len(chunks))
         plans, slots, written = [], set(), set()
         for chunk, rows in zip(chunks, replays):
             plan, writes = self._validated_plan(chunk, storage, rows)
@@ -214,17 +214,17 @@ class HFModel:
             raise InvalidTypeError(f"chunks must hold ForwardChunk, got {type(chunk).__name__}")
         if chunk.adapter is not None or len(chunk.multimodal):
             raise InvalidArgumentError("HFModel serves neither adapters nor multimodal spans")
-        tokens = _validated_tokens(chunk.token_ids, self.layout.vocab_size)
-        start = _as_int("start", chunk.start)
+        tokens = validated_tokens(chunk.token_ids, self.layout.vocab_size)
+        start = as_index("start", chunk.start)
         if start < 0:
             raise InvalidArgumentError(f"start must be >= 0, got {start}")
-        table = _validated_table(chunk.block_table, start + len(tokens), storage)
-        slot = _as_int("state_slot", chunk.state_slot)
+        table = validated_table(chunk.block_table, start + len(tokens), storage)
+        slot = as_index("state_slot", chunk.state_slot)
         storage.check_slot(slot)
         # Slot 0 is the pool's padding row; a sequence computing into it is an engine bug.
         if slot == 0 and self.layout.is_hybrid:
             raise InvalidArgumentError("state slot 0 is the reserved padding row")
         writes = set(table[start // storage.block_size :].tolist()) if self.layout.kv_layers else set()
-        _check_writable(writes, chunk.writable_blocks)
-        replay = _validated_expert_rows(rows, len(tokens), self.layout.routed_expert_width)
+        check_writable(writes, chunk.writable_blocks)
+        replay = validated_expert_rows(rows, len(tokens), self.layout.routed_expert_width)
         return _Plan(tokens, start, torch.from_numpy(table), slot, replay), writes
