@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from typing import Iterable, Sequence as SequenceLike
+from typing import Sequence as SequenceLike
 
 import numpy as np
 
 from hybridcache.errors import (
     InvalidArgumentError,
     InvalidBlockIdError,
-    InvalidSpanError,
     InvalidStepError,
     InvalidTokenError,
     InvalidTypeError,
@@ -34,6 +33,7 @@ from hybridcache.types import (
     MultimodalSpan,
     Namespace,
     as_ordered,
+    validated_spans,
 )
 
 _TOKEN_BYTES = np.dtype(TOKEN_DTYPE).itemsize
@@ -67,22 +67,6 @@ def as_token_array(tokens: object) -> np.ndarray:
     return np.array(array, dtype=TOKEN_DTYPE, copy=True)
 
 
-def _validate_spans(spans: Iterable[MultimodalSpan], num_tokens: int) -> tuple[MultimodalSpan, ...]:
-    if isinstance(spans, MultimodalSpan):
-        raise InvalidTypeError("multimodal must be a sequence of MultimodalSpan")
-    spans = as_ordered("multimodal", spans)
-    if any(not isinstance(span, MultimodalSpan) for span in spans):
-        raise InvalidTypeError("multimodal spans must be MultimodalSpan instances")
-    ordered = tuple(sorted(spans))
-    for span in ordered:
-        if span.end > num_tokens:
-            raise InvalidSpanError(f"span [{span.start}, {span.end}) ends beyond {num_tokens} tokens")
-    for left, right in zip(ordered, ordered[1:]):
-        if right.start < left.end:
-            raise InvalidSpanError(f"spans {left} and {right} overlap")
-    return ordered
-
-
 class Sequence:
     """One request: tokens, counters, block table, namespace, multimodal spans, routed experts."""
 
@@ -98,7 +82,7 @@ class Sequence:
     ) -> None:
         initial = as_token_array(tokens)
         self.namespace = BASE_NAMESPACE if adapter is None and cache_salt is None else Namespace(adapter, cache_salt)
-        self.spans = _validate_spans(multimodal, initial.size)
+        self.spans = validated_spans(multimodal, initial.size)
         self._span_starts = [span.start for span in self.spans]
         self.want_routed_experts = bool(want_routed_experts)
         self.seq_id = next(_ids) if seq_id is None else int(seq_id)

@@ -163,3 +163,21 @@ class Namespace:
 
 
 BASE_NAMESPACE = Namespace()
+
+
+def validated_spans(spans: object, num_tokens: int) -> tuple[MultimodalSpan, ...]:
+    """Multimodal spans as a start-ordered tuple, each inside ``[0, num_tokens)``, none
+    overlapping (a sequence's, a stored object's)."""
+    if isinstance(spans, MultimodalSpan):
+        raise InvalidTypeError("multimodal must be a sequence of MultimodalSpan")
+    spans = as_ordered("multimodal", spans)
+    if any(not isinstance(span, MultimodalSpan) for span in spans):
+        raise InvalidTypeError("multimodal spans must be MultimodalSpan instances")
+    ordered = tuple(sorted(spans))
+    for span in ordered:
+        if span.end > num_tokens:
+            raise InvalidSpanError(f"span [{span.start}, {span.end}) ends beyond {num_tokens} tokens")
+    for left, right in zip(ordered, ordered[1:]):
+        if right.start < left.end:
+            raise InvalidSpanError(f"spans {left} and {right} overlap")
+    return ordered

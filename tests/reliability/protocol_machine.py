@@ -110,6 +110,18 @@ def _step(method):
     return wrapper
 
 
+def assert_refused_without_change(checkpoints, seq, step: int) -> None:
+    """A reservation at an impossible step raises ``InvalidStepError`` and keeps the
+    sequence's current reservation (bad input changes nothing)."""
+    held = seq.prefix_state.checkpoints.pending_save
+    try:
+        checkpoints.reserve_save(seq, step)
+    except InvalidStepError:
+        assert seq.prefix_state.checkpoints.pending_save is held, "a refused step changed the reservation"
+        return
+    raise AssertionError("a save at an impossible step was not refused")
+
+
 # --- the reference model --------------------------------------------------------------------------
 
 
@@ -390,14 +402,9 @@ class CacheProtocolMachine(RuleBasedStateMachine):
             step = choice % (seq.num_tokens + 2)  # 0 and num_tokens + 1 included
         else:
             step = seq.num_computed + 1 + choice % (seq.num_tokens - seq.num_computed)
-        if not 0 < step <= seq.num_valid:  # bad input raises and changes nothing
-            held = seq.prefix_state.checkpoints.pending_save
-            try:
-                self.cp.reserve_save(seq, step)
-            except InvalidStepError:
-                assert seq.prefix_state.checkpoints.pending_save is held, "a refused step changed the reservation"
-                return
-            raise AssertionError("a save at an impossible step was not refused")
+        if not 0 < step <= seq.num_valid:
+            assert_refused_without_change(self.cp, seq, step)
+            return
         slot = self.cp.reserve_save(seq, None if choice is None else step)
         record = seq.prefix_state.checkpoints.pending_save
         if slot < 0:

@@ -22,6 +22,7 @@ import numpy as np
 
 from hybridcache.errors import InvalidArgumentError, InvalidKeyError, InvalidStepError, InvalidTypeError
 from hybridcache.sequence import MultimodalSpan, Sequence, as_token_array
+from hybridcache.types import validated_spans
 from hybridcache.tiers import wire
 from hybridcache.tiers.fingerprint import DIGEST_BYTES, FORMAT_VERSION, NamespaceFingerprint
 
@@ -101,7 +102,7 @@ class KeyChain:
         self.fingerprint = fingerprint
         self.tokens = as_token_array(tokens)
         self.tokens.flags.writeable = False
-        self.spans = wire.validate_spans(multimodal, self.tokens.size)
+        self.spans = validated_spans(multimodal, self.tokens.size)
         self.chunk_size = fingerprint.chunk_size
         self._digests = self._chain()
 

@@ -119,23 +119,6 @@ def read_spans(reader: Reader) -> tuple[MultimodalSpan, ...]:
     return tuple(spans)
 
 
-def validate_spans(spans: object, num_tokens: int) -> tuple[MultimodalSpan, ...]:
-    """Spans as a start-ordered tuple; each inside ``[0, num_tokens)``, none overlapping."""
-    if isinstance(spans, MultimodalSpan) or not isinstance(spans, Iterable):
-        raise InvalidTypeError("multimodal must be a sequence of MultimodalSpan")
-    spans = list(spans)
-    if any(not isinstance(span, MultimodalSpan) for span in spans):
-        raise InvalidTypeError("multimodal spans must be MultimodalSpan instances")
-    ordered = tuple(sorted(spans))
-    for span in ordered:
-        if span.end > num_tokens:
-            raise InvalidSpanError(f"span [{span.start}, {span.end}) ends beyond {num_tokens} tokens")
-    for left, right in zip(ordered, ordered[1:]):
-        if right.start < left.end:
-            raise InvalidSpanError(f"spans {left} and {right} overlap")
-    return ordered
-
-
 def spans_overlapping(spans: tuple[MultimodalSpan, ...], start: int, end: int) -> tuple[MultimodalSpan, ...]:
     """The spans with any position in ``[start, end)``."""
     return tuple(span for span in spans if span.end > start and span.start < end)
