@@ -77,6 +77,7 @@ class NodeTable:
         self.extra_identity: dict[int, tuple[MultimodalSpan, ...]] = {}
         self._index = KeyIndex()
         self._roots: dict[Namespace, int] = {}
+        self._root_namespaces: dict[int, Namespace] = {}  # the inverse of ``_roots``
         # Roots with no child: a namespace that caches nothing below its root can go.
         self._childless_roots: set[int] = set()
         self._free_slots: list[int] = []
@@ -136,12 +137,13 @@ class NodeTable:
             self.is_root[slot] = True
             self.mm_count[slot] = 0
             self._roots[namespace] = slot
+            self._root_namespaces[slot] = namespace
             self._childless_roots.add(slot)
         return slot
 
     def childless_roots(self) -> list[tuple[Namespace, int]]:
         """Namespaces whose root has no child, with the root's slot."""
-        return [(ns, slot) for ns, slot in self._roots.items() if slot in self._childless_roots]
+        return [(self._root_namespaces[slot], slot) for slot in sorted(self._childless_roots)]
 
     def release_root(self, namespace: Namespace) -> None:
         """Free a childless namespace root (its handles go stale: generation += 1). The next
@@ -150,6 +152,7 @@ class NodeTable:
         if slot is None or self.num_children[slot]:
             raise TopologyError(f"namespace {namespace} has no childless root")
         del self._roots[namespace]
+        del self._root_namespaces[slot]
         self._childless_roots.discard(slot)
         self.attached[slot] = False
         self.is_root[slot] = False
@@ -369,5 +372,6 @@ class NodeTable:
         assert len(set(self._free_slots)) == len(self._free_slots), "slot freed twice"
         assert len(self._free_slots) + int(attached.sum()) == high, "slot leaked"
         root_slots = set(self._roots.values())
+        assert self._root_namespaces == {slot: ns for ns, slot in self._roots.items()}, "root inverse drifted"
         assert root_slots == set(np.flatnonzero(attached & roots).tolist()), "a root is not its namespace's"
         assert self._childless_roots == {s for s in root_slots if self.num_children[s] == 0}, "childless roots drifted"
