@@ -14,6 +14,10 @@ request's life is four steps:
    become matchable) or ``forward_failed`` (nothing it would have produced stays matchable).
 4. ``free(seq, runtime_slot)`` when it ends: blocks and checkpoints stay cached until evicted.
 
+``adopt(seq, step, write)`` makes a prefix computed elsewhere (fetched from a lower tier or
+another replica's store) cached here, through the same four steps with the caller's ``write``
+in place of a forward.
+
 Check, then mutate: every reason ``admit`` can refuse for is checked before its first
 allocation, so a refusal only rolls back the tentative match, which is exact.
 """
@@ -21,8 +25,8 @@ allocation, so a refusal only rolls back the tentative match, which is exact.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -37,6 +41,19 @@ class Refusal(enum.Enum):
     NO_STATE_SLOT = "no_state_slot"  # no runtime state slot, even after evicting a checkpoint
     NO_KV_BLOCKS = "no_kv_blocks"  # too few KV blocks for the first chunk, even after eviction
     RESTORE_GONE = "restore_gone"  # the selected checkpoint vanished twice between match and pin
+
+
+@dataclass(frozen=True)
+class Adoption:
+    """What an ``adopt`` caller writes: KV for positions ``[start, end)`` into the blocks of
+    ``block_table`` it may write (``writable``; every other block of that range already holds
+    exactly that KV), and the recurrent state after ``end`` tokens into state slot ``slot``."""
+
+    start: int
+    end: int
+    block_table: tuple[int, ...]
+    writable: frozenset[int]
+    slot: int
 
 
 @dataclass(frozen=True)
@@ -82,6 +99,15 @@ class CacheProtocol:
         """Whole-block tokens of ``seq`` the cache holds as KV: where its prompt leaves every
         cached path (an admission policy may checkpoint there)."""
         return self.trie.cached_prefix_tokens(seq)
+
+    def cached_prefix(self, seq: Sequence) -> tuple[int, int]:
+        """What the cache holds for ``seq`` now, without changing it: the step of the checkpoint
+        its admission would restore (0: none) and its whole-block KV tokens. A lower tier is
+        worth asking only beyond them."""
+        self.trie.prepare(seq)
+        search = seq.prefix_state.trie.last_search
+        step = search.record.step if search is not None and search.record is not None else 0
+        return step, self.trie.cached_prefix_tokens(seq)
 
     def admit(self, seq: Sequence, tokens: int, stop_at: Callable[[int], int | None] | None = None) -> Admission:
         """Admit ``seq`` for a first chunk of at most ``tokens`` tokens, or change nothing.
@@ -190,6 +216,40 @@ class CacheProtocol:
         blocks it did not write. The caller then frees or requeues the sequence."""
         self.checkpoints.release_failed_save(seq)
         self.trie.discard_pending(seq)
+
+    # --- prefixes computed elsewhere ---------------------------------------------------------
+
+    def adopt(self, seq: Sequence, step: int, write: Callable[[Adoption], bool]) -> int:
+        """Cache ``seq``'s first ``step`` tokens, their KV and a checkpoint at ``step``, from
+        data the caller already has (a verified lower-tier object): admit ``seq`` for
+        ``[hit, step)``, reserve the save at ``step``, let ``write`` fill what the cache does
+        not hold yet, publish, free. Returns the tokens gained (``step`` - the local hit), 0
+        when nothing was gained: the cache already reaches ``step``, the pools cannot make room,
+        or ``write`` returned False (then nothing it touched stays matchable). ``seq`` is the
+        caller's scratch sequence of exactly those tokens and is freed on return."""
+        step = as_int("step", step, 1)
+        if not self.is_hybrid or not self.enabled or step != seq.num_tokens:
+            return 0
+        admitted = self.admit(seq, step)
+        if not admitted.admitted:
+            self.free(seq)
+            return 0
+        record = self.reserve_save(seq, step) if admitted.end == step else None
+        if record is None:
+            self.free(seq, admitted.runtime_slot)
+            return 0
+        adoption = Adoption(
+            admitted.start, step, tuple(seq.block_table), self.writable_blocks(seq, admitted.start, step), record.slot
+        )
+        self.forward_queued(seq)
+        if not write(adoption):
+            self.forward_failed(seq)
+            self.free(seq, admitted.runtime_slot)
+            return 0
+        seq.set_computed(step)
+        self.forward_done(seq, admitted.start)
+        self.free(seq, admitted.runtime_slot)
+        return step - admitted.start
 
     # --- end -------------------------------------------------------------------------------
 

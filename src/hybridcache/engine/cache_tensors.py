@@ -16,8 +16,10 @@ from __future__ import annotations
 
 from typing import Iterable
 
+import numpy as np
 import torch
 
+from hybridcache.engine.tensor_io import checked_names, to_array, write_into
 from hybridcache.engine.tiny_config import TinyHybridConfig, torch_dtype
 from hybridcache.errors import InvalidArgumentError, InvalidBlockIdError, InvalidTypeError
 
@@ -144,6 +146,43 @@ class CacheTensors:
         self.check_slot(slot)
         self.conv_states[:, slot] = float("nan")
         self.ssm_states[:, slot] = float("nan")
+
+    # --- transfer to and from the tiers (ids validated) -----------------------------------------
+
+    def read_blocks(self, blocks: list[int]) -> dict[str, np.ndarray]:
+        """The KV of whole ``blocks``, block axis first: ``kv`` is ``(blocks, layers, block_size, 2, heads, head_dim)``."""
+        ids = self._checked_ids("block", blocks)
+        return {"kv": to_array(self.kv[:, ids].transpose(0, 1))}
+
+    def write_blocks(self, blocks: list[int], arrays: dict[str, np.ndarray]) -> None:
+        """Overwrite whole ``blocks`` with arrays shaped as ``read_blocks`` gives them."""
+        ids = self._checked_ids("block", blocks)
+        checked_names(arrays, ["kv"], "block arrays")
+        staged = self.kv[:, ids].transpose(0, 1).clone()
+        write_into(staged, arrays["kv"], "kv")
+        self.kv[:, ids] = staged.transpose(0, 1)
+
+    def read_slot(self, slot: int) -> dict[str, np.ndarray]:
+        """One slot's state in every recurrent layer: ``conv`` and ``ssm``, layer axis first."""
+        slot = self._one_id("slot", slot)
+        return {"conv": to_array(self.conv_states[:, slot]), "ssm": to_array(self.ssm_states[:, slot])}
+
+    def write_slot(self, slot: int, arrays: dict[str, np.ndarray]) -> None:
+        slot = self._one_id("slot", slot)
+        checked_names(arrays, ["conv", "ssm"], "state arrays")
+        conv, ssm = self.conv_states[:, slot].clone(), self.ssm_states[:, slot].clone()
+        write_into(conv, arrays["conv"], "conv")
+        write_into(ssm, arrays["ssm"], "ssm")
+        self.conv_states[:, slot], self.ssm_states[:, slot] = conv, ssm
+
+    def _checked_ids(self, kind: str, ids: object) -> list[int]:
+        items = _as_id_list(f"{kind}s", ids)
+        for item in items:
+            (self.check_block if kind == "block" else self.check_slot)(item)
+        return items
+
+    def _one_id(self, kind: str, value: object) -> int:
+        return self._checked_ids(kind, [value])[0]
 
     # --- the model's hot path (ids already validated) -------------------------------------------
 

@@ -23,8 +23,9 @@ results of requests queued with ``add_request`` are handed out by ``step``.
 from __future__ import annotations
 
 import itertools
+import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -33,6 +34,7 @@ from hybridcache.engine.model import TinyHybridConfig
 from hybridcache.engine.model_api import ChunkOutput, ForwardChunk
 from hybridcache.engine.model_factory import ModelConfig, build_model, model_dtype
 from hybridcache.engine.requests import Request, Result
+from hybridcache.engine.tiering import EngineTiers
 from hybridcache.errors import (
     HybridCacheError,
     InvalidArgumentError,
@@ -50,6 +52,8 @@ from hybridcache.config import CacheConfig
 from hybridcache.policies import DEFAULT_POLICY, resolve_policy
 from hybridcache.scheduler.scheduler import ScheduledBatch, ScheduledChunk, Scheduler, SchedulerConfig, ServingSequence
 from hybridcache.sequence import MultimodalSpan, Sequence
+from hybridcache.tiers.fingerprint import DEFAULT_CHUNK_SIZE
+from hybridcache.tiers.tiered import TieredStore
 from hybridcache.types import as_bool, as_int, as_names, as_ordered, ceil_div
 
 FAULT_STAGES = ("before_restore", "after_restore", "before_save", "after_save")
@@ -84,6 +88,7 @@ class EngineConfig:
     shared_write_guard: bool = True
     max_checkpoints_per_anchor: int = 4
     checkpoint_policy: str = DEFAULT_POLICY  # where to checkpoint and what to keep (hybridcache.policies)
+    tier_chunk_size: int = DEFAULT_CHUNK_SIZE  # tokens per stored KV chunk when tiers are given
 
     def __post_init__(self) -> None:
         """Validate every field now (never first at ``Engine`` construction) and refuse
@@ -103,6 +108,8 @@ class EngineConfig:
             )
         if self.decode_checkpoint_interval % self.block_size:
             raise InvalidConfigError("decode_checkpoint_interval must be a multiple of block_size")
+        if self.tier_chunk_size % self.block_size:
+            raise InvalidConfigError("tier_chunk_size must be a multiple of block_size")
         if self.adapters is not None:
             object.__setattr__(self, "adapters", _config_names("adapters", self.adapters))
         self.scheduler_config()  # validates the batching limits now, not at Engine construction
@@ -157,6 +164,7 @@ _INT_FIELDS = {
     "async_depth": 0,
     "seed": 0,
     "max_checkpoints_per_anchor": 1,
+    "tier_chunk_size": 2,
 }
 
 
@@ -168,10 +176,14 @@ class _QueuedForward:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig | None = None) -> None:
+    def __init__(self, config: EngineConfig | None = None, *, tiers: TieredStore | None = None) -> None:
+        """``tiers``: host, disk and shared tiers to publish chunk-aligned prefixes to and
+        restore them from (``hybridcache.tiers``); the caller owns and closes them."""
         config = EngineConfig() if config is None else config
         if not isinstance(config, EngineConfig):
             raise InvalidTypeError("config must be an EngineConfig")
+        if tiers is not None and not isinstance(tiers, TieredStore):
+            raise InvalidTypeError("tiers must be a TieredStore")
         self.config = config
         self.model = build_model(config.model, seed=config.seed, dtype=config.dtype)
         self.cache = self.model.new_storage(
@@ -183,7 +195,15 @@ class Engine:
         )
         self.pool, self.states, self.trie = built.pool, built.states, built.trie  # for inspection only
         self.prefix_cache = CacheProtocol(built)  # the scheduler and the engine drive the cache only through it
-        self.scheduler = Scheduler(config.scheduler_config(), self.prefix_cache, built.eviction)
+        self.tiers = None
+        scheduler_config = config.scheduler_config()
+        if tiers is not None:
+            self.tiers = EngineTiers(
+                tiers, model=self.model, storage=self.cache, cache=self.prefix_cache, model_id=type(self.model).__name__,
+                dtype=config.resolved_dtype, block_size=config.block_size, chunk_size=config.tier_chunk_size,
+            )
+            scheduler_config = replace(scheduler_config, chunk_align=config.tier_chunk_size)
+        self.scheduler = Scheduler(scheduler_config, self.prefix_cache, built.eviction)
         self._entries: dict[int, ServingSequence] = {}
         self._ids = itertools.count()
         self._queue: deque[_QueuedForward] = deque()
@@ -201,6 +221,12 @@ class Engine:
         return self._enqueue(request, seq).request_id
 
     def _enqueue(self, request: Request, seq: Sequence) -> ServingSequence:
+        if self.tiers is not None:
+            # An adoption writes blocks and slots now; forwards already queued must have run
+            # first, as their copies may read a checkpoint slot the adoption's room reuses.
+            while self._queue:
+                self._undelivered.extend(self._execute(self._queue.popleft()))
+            self.tiers.restore(seq)
         entry = ServingSequence(next(self._ids), seq, request.max_new_tokens, payload=request)
         self._entries[entry.request_id] = entry
         self.scheduler.add(entry)
@@ -337,7 +363,9 @@ class Engine:
             cache.copy_blocks(*plan.restore_blocks)
             cache.copy_states(*plan.restore_states)
             self._fault_point("after_restore")
+            began = time.perf_counter()
             outputs = self.model.forward(queued.inputs, cache)
+            forward_s = time.perf_counter() - began
             self._fault_point("before_save")
             cache.copy_blocks(*plan.save_blocks)
             cache.copy_states(*plan.save_states)
@@ -347,6 +375,8 @@ class Engine:
             return self._fail_forward(queued.batch, error)
         self._counters["forwards"] += 1
         self._counters["computed_tokens"] += queued.batch.num_tokens
+        if self.tiers is not None:
+            self.tiers.after_forward(queued.batch.chunks, forward_s)
         finished = []
         for chunk, output in zip(queued.batch.chunks, outputs):
             rows = output.routed_experts if chunk.entry.seq.want_routed_experts else None
@@ -414,6 +444,8 @@ class Engine:
     def stats(self) -> dict:
         stats = self.prefix_cache.stats()
         stats.update(self._counters)
+        if self.tiers is not None:
+            stats["tiers"] = self.tiers.stats()
         stats["preemptions"] = self.scheduler.preemptions
         return stats
 

@@ -12,13 +12,19 @@ every id before touching a tensor. The ``gather_kv`` / ``scatter_kv`` / ``read_s
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from hybridcache.engine.cache_tensors import _as_id_list, _require_count
 from hybridcache.engine.model_api import ModelLayout
+from hybridcache.engine.tensor_io import checked_names, to_array, write_into
 from hybridcache.errors import InvalidArgumentError, InvalidBlockIdError, InvalidTypeError
 
 TensorKey = tuple[int, str]  # (layer index, tensor name)
+
+
+def _name(key: TensorKey) -> str:
+    return f"{key[0]}.{key[1]}"
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -116,6 +122,44 @@ class PagedStorage:
         slot = self._one_id("slot", slot)
         for tensor in self.states.values():
             tensor[slot] = float("nan")
+
+    # --- transfer to and from the tiers (ids validated) -------------------------------------------
+
+    def read_blocks(self, blocks: list[int]) -> dict[str, np.ndarray]:
+        """The KV of whole ``blocks``: per ``"layer.name"`` an array ``(blocks, block_size, *shape)``."""
+        ids = self._ids("block", blocks)
+        return {_name(key): to_array(tensor[ids]) for key, tensor in self.kv.items()}
+
+    def write_blocks(self, blocks: list[int], arrays: dict[str, np.ndarray]) -> None:
+        """Overwrite whole ``blocks`` with arrays shaped as ``read_blocks`` gives them; checks
+        every array before writing any."""
+        ids = self._ids("block", blocks)
+        checked_names(arrays, [_name(key) for key in self.kv], "block arrays")
+        staged = {key: tensor[ids].clone() for key, tensor in self.kv.items()}
+        for key, target in staged.items():
+            write_into(target, arrays[_name(key)], _name(key))
+        for key, target in staged.items():
+            self.kv[key][ids] = target
+
+    def read_slot(self, slot: int) -> dict[str, np.ndarray]:
+        """One slot's state: per ``"layer.name"`` its array."""
+        slot = self._one_id("slot", slot)
+        return {_name(key): to_array(tensor[slot]) for key, tensor in self.states.items()}
+
+    def write_slot(self, slot: int, arrays: dict[str, np.ndarray]) -> None:
+        slot = self._one_id("slot", slot)
+        checked_names(arrays, [_name(key) for key in self.states], "state arrays")
+        staged = {key: tensor[slot].clone() for key, tensor in self.states.items()}
+        for key, target in staged.items():
+            write_into(target, arrays[_name(key)], _name(key))
+        for key, target in staged.items():
+            self.states[key][slot] = target
+
+    def _ids(self, kind: str, ids: object) -> list[int]:
+        items = _as_id_list(f"{kind}s", ids)
+        for item in items:
+            (self.check_block if kind == "block" else self.check_slot)(item)
+        return items
 
     # --- a model's hot path (ids already validated) ----------------------------------------------
 

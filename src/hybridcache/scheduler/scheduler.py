@@ -56,15 +56,17 @@ class SchedulerConfig:
     checkpoint_chunk_ends: bool = True
     checkpoint_policy: str = "reference"  # an admission + eviction pair (hybridcache.policies);
     # the engine's default is DEFAULT_POLICY (auto)
+    chunk_align: int = 0  # > 0: prefill chunks also end at its multiples (tier publish steps)
 
     def __post_init__(self) -> None:
         for name in ("max_batch_tokens", "max_running", "prefill_chunk"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidConfigError(f"{name} must be an int >= 1, got {value!r}")
-        interval = self.decode_checkpoint_interval
-        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 0:
-            raise InvalidConfigError("decode_checkpoint_interval must be an int >= 0")
+        for name in ("decode_checkpoint_interval", "chunk_align"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidConfigError(f"{name} must be an int >= 0")
         try:
             resolve_policy(self.checkpoint_policy, prefill_chunk=self.prefill_chunk)
         except HybridCacheError as error:
@@ -260,9 +262,12 @@ class Scheduler:
         else:
             entry.planned_saves = self.admission.save_steps(entry.view)
 
-    @staticmethod
-    def _planned_end(entry: ServingSequence, start: int, end: int) -> int:
-        """``end``, or the first planned checkpoint inside ``(start, end)``: a chunk ends there."""
+    def _planned_end(self, entry: ServingSequence, start: int, end: int) -> int:
+        """``end``, or the first planned checkpoint (or ``chunk_align`` multiple) inside
+        ``(start, end)``: a chunk ends there."""
+        align = self.config.chunk_align
+        if align and start // align < (end - 1) // align:
+            end = (start // align + 1) * align
         for step in entry.planned_saves:
             if start < step < end:
                 return step

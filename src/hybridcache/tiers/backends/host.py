@@ -1,13 +1,16 @@
 """T1: objects in host RAM under a byte budget, least recently used evicted first.
 
 Owns the object dictionary (in recency order), the bytes it holds and the lock that guards
-both. Budgets per kind (KV chunks, checkpoints) are separate stores, one per budget.
+both. Budgets per kind (KV chunks, checkpoints) are separate stores, one per budget. An
+``on_evict`` callback sees each object evicted to make room (after the lock is released), which
+is how a tier below it gets write-back demotions.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from typing import Callable
 
 from hybridcache.errors import InvalidArgumentError, InvalidTypeError
 from hybridcache.tiers.backends.base import DEFAULT_TIMEOUT_S, ObjectStore, PutOutcome
@@ -16,8 +19,16 @@ from hybridcache.tiers.backends.base import DEFAULT_TIMEOUT_S, ObjectStore, PutO
 class HostMemoryStore(ObjectStore):
     """Objects in process memory; a put that does not fit evicts the least recently used."""
 
-    def __init__(self, capacity_bytes: int, *, default_timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        capacity_bytes: int,
+        *,
+        default_timeout: float = DEFAULT_TIMEOUT_S,
+        on_evict: Callable[[str, bytes], None] | None = None,
+    ) -> None:
         super().__init__(default_timeout=default_timeout)
+        if on_evict is not None and not callable(on_evict):
+            raise InvalidTypeError("on_evict must be callable")
         if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int):
             raise InvalidTypeError("capacity_bytes must be an int")
         if capacity_bytes <= 0:
@@ -27,6 +38,7 @@ class HostMemoryStore(ObjectStore):
         self._used = 0
         self._evictions = 0
         self._lock = threading.Lock()
+        self._on_evict = on_evict
 
     @property
     def used_bytes(self) -> int:
@@ -42,18 +54,24 @@ class HostMemoryStore(ObjectStore):
             return [key in self._objects for key in keys]
 
     def _put_if_absent(self, items: list[tuple[str, bytes]], timeout: float) -> list[PutOutcome]:
+        evicted: list[tuple[str, bytes]] = []
         with self._lock:
-            return [self._put_one(key, value) for key, value in items]
+            outcomes = [self._put_one(key, value, evicted) for key, value in items]
+        if self._on_evict is not None:
+            for key, value in evicted:
+                self._on_evict(key, value)
+        return outcomes
 
-    def _put_one(self, key: str, value: bytes) -> PutOutcome:
+    def _put_one(self, key: str, value: bytes, evicted: list[tuple[str, bytes]]) -> PutOutcome:
         if key in self._objects:
             return PutOutcome.PRESENT
         if len(value) > self.capacity_bytes:
             return PutOutcome.REJECTED
         while self._used + len(value) > self.capacity_bytes:
-            _, evicted = self._objects.popitem(last=False)
-            self._used -= len(evicted)
+            victim = self._objects.popitem(last=False)
+            self._used -= len(victim[1])
             self._evictions += 1
+            evicted.append(victim)
         self._objects[key] = value
         self._used += len(value)
         return PutOutcome.STORED

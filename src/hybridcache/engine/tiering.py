@@ -1,0 +1,205 @@
+"""The engine's side of the host, disk and shared tiers: publish chunk-aligned prefixes after
+the forward that reaches them, adopt verified ones from the tiers when a request arrives.
+
+Owns: this engine's namespace fingerprint (model identity, weights digest, dtype, layouts,
+block and chunk size; each request adds its adapter and cache salt) and its tier counters.
+The ``TieredStore`` (the caller's) owns the tiers and their contents; the device cache is
+changed only through ``CacheProtocol.adopt``.
+
+Publishing reads the KV blocks and the runtime state slot of a sequence that still holds them
+(right after its forward, before the scheduler may release it), so the source blocks and slot
+cannot be reused before every store has answered. Adoption writes only blocks the cache hands
+out as writable for that purpose, from objects whose tokens were compared with the request's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+
+import torch
+
+from hybridcache.engine.model_api import ModelLayout
+from hybridcache.errors import HybridCacheError, InvalidArgumentError, InvalidTypeError
+from hybridcache.protocol import Adoption, CacheProtocol
+from hybridcache.sequence import Sequence
+from hybridcache.tiers.fingerprint import DEFAULT_CHUNK_SIZE, NamespaceFingerprint
+from hybridcache.tiers.keys import KeyChain
+from hybridcache.tiers.tiered import Restore, TieredStore
+from hybridcache.types import as_int
+
+
+def weights_digest(model: object) -> str:
+    """BLAKE2b over every weight tensor of ``model`` in a fixed order: any change of weights
+    (another seed, another checkpoint revision) is another namespace."""
+    hasher = hashlib.blake2b(digest_size=16, person=b"hc-weights")
+    module = getattr(model, "transformers_model", None)
+    tensors = module.state_dict().items() if isinstance(module, torch.nn.Module) else _tensors_of(model)
+    for name, tensor in tensors:
+        hasher.update(name.encode())
+        hasher.update(str(tuple(tensor.shape)).encode() + str(tensor.dtype).encode())
+        data = tensor.detach().contiguous()
+        hasher.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+    return hasher.hexdigest()
+
+
+def _tensors_of(value: object, name: str = "", seen: set[int] | None = None):
+    """Every tensor reachable from ``value``'s attributes, lists, tuples and dicts, named by path."""
+    seen = set() if seen is None else seen
+    if id(value) in seen:
+        return
+    seen.add(id(value))
+    if isinstance(value, torch.Tensor):
+        yield name, value
+    elif isinstance(value, dict):
+        for key in sorted(value, key=str):
+            yield from _tensors_of(value[key], f"{name}[{key}]", seen)
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            yield from _tensors_of(item, f"{name}[{index}]", seen)
+    elif hasattr(value, "__dict__") or hasattr(value, "__slots__"):
+        fields = vars(value) if hasattr(value, "__dict__") else {s: getattr(value, s, None) for s in value.__slots__}
+        for key in sorted(fields):
+            yield from _tensors_of(fields[key], f"{name}.{key}", seen)
+
+
+def layout_text(layout: ModelLayout, kind: str) -> str:
+    """The exact description of a layout's KV (``kind="kv"``) or state tensors."""
+    layers = layout.kv_layers if kind == "kv" else layout.state_layers
+    return ";".join(
+        f"{layer.index}.{spec.name}:{spec.dtype}{list(spec.shape)}" for layer in layers for spec in getattr(layer, kind)
+    )
+
+
+class EngineTiers:
+    def __init__(
+        self,
+        store: TieredStore,
+        *,
+        model: object,
+        storage: object,
+        cache: CacheProtocol,
+        model_id: str,
+        dtype: str,
+        block_size: int,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+    ) -> None:
+        if not isinstance(store, TieredStore):
+            raise InvalidTypeError("tiers must be a TieredStore")
+        self.store, self.storage, self.cache = store, storage, cache
+        self.block_size = block_size
+        self.chunk_size = as_int("chunk_size", chunk_size, 1)
+        if self.chunk_size % block_size:
+            raise InvalidArgumentError(f"tier chunk_size {chunk_size} must be a multiple of block_size {block_size}")
+        layout = model.layout
+        self.fingerprint = NamespaceFingerprint(
+            model_id=model_id,
+            weights_revision=weights_digest(model),
+            dtype=dtype,
+            kv_layout=f"{type(storage).__name__}|{layout_text(layout, 'kv')}",
+            state_layout=layout_text(layout, "state"),
+            block_size=block_size,
+            chunk_size=self.chunk_size,
+        )
+        self.counters: Counter[str] = Counter()
+
+    # --- write path ------------------------------------------------------------------------------
+
+    def after_forward(self, chunks: list, forward_s: float) -> None:
+        """A forward computed ``chunks`` in ``forward_s``: feed the cost model, publish every
+        chunk that ended on a publish step (its sequence still holds its blocks and slot)."""
+        self.store.cost.observe_recompute(sum(chunk.end - chunk.start for chunk in chunks), forward_s)
+        for chunk in chunks:
+            self.publish(chunk.entry.seq, chunk.end, chunk.entry.runtime_slot)
+
+    def publish(self, seq: Sequence, step: int, runtime_slot: int) -> None:
+        """``seq``'s forward just computed ``[.., step)`` into its blocks and ``runtime_slot``:
+        publish the checkpoint at ``step`` with the KV chunks of ``[0, step)``."""
+        if step <= 0 or step % self.chunk_size or not seq.is_boundary_safe(step):
+            return
+        chain = KeyChain(self._fingerprint(seq), seq.tokens[:step], seq.spans_overlapping(0, step))
+        per_chunk = self.chunk_size // self.block_size
+        table = list(seq.block_table)
+
+        def chunk_arrays(index: int):
+            return self.storage.read_blocks(table[index * per_chunk : (index + 1) * per_chunk])
+
+        report = self.store.publish(chain, step, chunk_arrays, lambda: self.storage.read_slot(runtime_slot))
+        self.counters["published_steps"] += 1
+        self.counters["published_bytes"] += sum(report.bytes_written.values())
+
+    # --- read path -------------------------------------------------------------------------------
+
+    def restore(self, seq: Sequence) -> int:
+        """Before ``seq`` is queued: adopt the deepest verified restore the tiers hold beyond
+        what the device cache holds (never its last token: one must be computed). Returns the
+        tokens gained."""
+        if not self.cache.is_hybrid or not self.cache.enabled:
+            return 0
+        local_step, local_kv = self.cache.cached_prefix(seq)
+        limit = self._deepest_step(seq)
+        if limit <= local_step:
+            return 0
+        chain = KeyChain(self._fingerprint(seq), seq.tokens[:limit], seq.spans_overlapping(0, limit))
+        restore = self.store.find_restore(chain, local_step=local_step, local_kv_tokens=local_kv)
+        if restore is None:
+            return 0
+        scratch = Sequence(
+            seq.tokens[: restore.step],
+            adapter=seq.namespace.adapter,
+            cache_salt=seq.namespace.cache_salt,
+            multimodal=seq.spans_overlapping(0, restore.step),
+        )
+        gained = self.cache.adopt(scratch, restore.step, lambda adoption: self._write(adoption, restore))
+        self.counters["remote_hit_tokens" if gained else "adoptions_refused"] += gained or 1
+        if gained:
+            self.counters["restores"] += 1
+            for tier, nbytes in restore.bytes_by_tier.items():
+                self.counters[f"restored_bytes_{tier}"] += nbytes
+        return gained
+
+    def _deepest_step(self, seq: Sequence) -> int:
+        """The deepest chunk-aligned step below the prompt's last token that cuts no
+        multimodal span (a checkpoint inside an image could not be resumed)."""
+        step = ((seq.num_tokens - 1) // self.chunk_size) * self.chunk_size
+        while step > 0 and not seq.is_boundary_safe(step):
+            step -= self.chunk_size
+        return step
+
+    def _write(self, adoption: Adoption, restore: Restore) -> bool:
+        """Fill the adoption's writable blocks from the restore's chunks and its slot from the
+        checkpoint. False (nothing stays matchable) when a writable block has no fetched chunk
+        or an object does not fit this storage."""
+        size, per_chunk = self.chunk_size, self.chunk_size // self.block_size
+        writes: dict[int, list[tuple[int, int]]] = {}
+        for index in range(adoption.start // self.block_size, adoption.end // self.block_size):
+            block = adoption.block_table[index]
+            if block not in adoption.writable:
+                continue  # shared with the cache: it already holds exactly this KV
+            chunk = (index * self.block_size) // size
+            if chunk not in restore.chunks:
+                self.counters["restore_missing_local_chunk"] += 1
+                return False
+            writes.setdefault(chunk, []).append((index - chunk * per_chunk, block))
+        try:
+            for chunk, pairs in writes.items():
+                payload = restore.chunks[chunk].payload
+                rows = [offset for offset, _ in pairs]
+                self.storage.write_blocks([block for _, block in pairs], {n: a[rows] for n, a in payload.items()})
+            self.storage.write_slot(adoption.slot, dict(restore.checkpoint.payload))
+        except HybridCacheError:
+            self.counters["restore_layout_mismatch"] += 1
+            return False
+        return True
+
+    def _fingerprint(self, seq: Sequence) -> NamespaceFingerprint:
+        namespace = seq.namespace
+        fingerprint = self.fingerprint
+        if namespace.adapter == fingerprint.adapter and namespace.cache_salt == fingerprint.cache_salt:
+            return fingerprint
+        return NamespaceFingerprint(
+            **{**fingerprint.__dict__, "adapter": namespace.adapter, "cache_salt": namespace.cache_salt}
+        )
+
+    def stats(self) -> dict:
+        return {**self.counters, "store": self.store.stats()}

@@ -1,0 +1,390 @@
+"""Host, disk and shared tiers behind the device pools: publish last, restore exact, fail closed.
+
+Owns, for one process: its tiers (``host``, ``disk``, ``shared``, each an ``ObjectStore``),
+what it published to them (which chunks each of its checkpoints needs, for the dead-weight
+rule), its counters, and the measured restore cost model. The stores own their contents; the
+device cache (trie and pools) is not touched here: a caller adopts a verified restore through
+``CacheProtocol.adopt``.
+
+Write path (``publish``): for one chunk-aligned step, into the host and shared tiers
+(write-through): the KV chunks of ``[0, step)`` the tier lacks (put-if-absent), then, only once
+every one of them is confirmed stored, the checkpoint. A writer that dies in between leaves
+orphan chunks, never a usable partial checkpoint. The host tier's evictions are demoted to the
+disk tier (write-back) unless they are dead weight: a checkpoint whose chunks are gone from the
+local tiers, or a chunk no local checkpoint needs.
+
+Read path (``find_restore``): the deepest step beyond the local hit whose checkpoint and every
+chunk the device cache lacks exist in some tier; each object is fetched, decoded and compared
+with the request (fingerprint field by field, range, tokens, multimodal identity, key, payload
+checksum). Any doubt falls back to a shallower step, and each rejected step is counted by
+reason; a restore the cost model says is slower than recomputing is skipped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hybridcache.errors import (
+    InvalidArgumentError,
+    InvalidTypeError,
+    StoreError,
+    StoreTimeoutError,
+)
+from hybridcache.tiers.backends.base import ObjectStore, PutOutcome
+from hybridcache.tiers.backends.host import HostMemoryStore
+from hybridcache.tiers.keys import Expectation, KeyChain
+from hybridcache.tiers.objects import StoredObject, encode_checkpoint, encode_kv_chunk
+from hybridcache.tiers.verify import MissReason, Verdict, verify
+from hybridcache.types import as_int
+
+TIER_NAMES = ("host", "disk", "shared")
+SLOWER_THAN_RECOMPUTE = "slower_than_recompute"
+_CONFIRMED = (PutOutcome.STORED, PutOutcome.PRESENT)
+
+ArraysFor = Callable[[int], Mapping[str, np.ndarray]]
+
+
+@dataclass
+class RestoreCost:
+    """A measured cost model: seconds per byte and per batch call of each tier (exponential
+    averages of the reads done so far, from stated priors), against recompute seconds per token
+    (the caller's measurement). ``smoothing`` is the weight of the newest observation."""
+
+    recompute_s_per_token: float = 0.0  # 0: unknown, never skip
+    smoothing: float = 0.2
+    s_per_byte: dict[str, float] = field(
+        default_factory=lambda: {"host": 1 / 10e9, "disk": 1 / 2e9, "shared": 1 / 1e9}
+    )
+    s_per_call: dict[str, float] = field(default_factory=lambda: {"host": 1e-6, "disk": 1e-4, "shared": 5e-4})
+
+    def observe_read(self, tier: str, nbytes: int, seconds: float) -> None:
+        """One batch read of ``nbytes`` from ``tier`` took ``seconds``."""
+        if nbytes <= 0 or seconds <= 0:
+            return
+        latency = self.s_per_call[tier]
+        per_byte = max(seconds - latency, seconds / 2) / nbytes
+        weight = self.smoothing
+        self.s_per_byte[tier] += weight * (per_byte - self.s_per_byte[tier])
+        self.s_per_call[tier] += weight * (min(latency, seconds) - latency)
+
+    def observe_recompute(self, tokens: int, seconds: float) -> None:
+        """A forward computed ``tokens`` tokens in ``seconds``."""
+        if tokens <= 0 or seconds <= 0:
+            return
+        measured = seconds / tokens
+        if not self.recompute_s_per_token:
+            self.recompute_s_per_token = measured
+        else:
+            self.recompute_s_per_token += self.smoothing * (measured - self.recompute_s_per_token)
+
+    def restore_s(self, bytes_by_tier: Mapping[str, int]) -> float:
+        return sum(self.s_per_call[t] + n * self.s_per_byte[t] for t, n in bytes_by_tier.items() if n)
+
+    def recompute_s(self, tokens: int) -> float:
+        return tokens * self.recompute_s_per_token
+
+    def worth_restoring(self, bytes_by_tier: Mapping[str, int], tokens: int) -> bool:
+        return not self.recompute_s_per_token or self.restore_s(bytes_by_tier) < self.recompute_s(tokens)
+
+
+@dataclass(frozen=True)
+class Restore:
+    """A verified restore: the checkpoint at ``step`` and the chunks ``[first_chunk, step/C)``
+    (by index), and the bytes read from each tier."""
+
+    step: int
+    first_chunk: int
+    checkpoint: StoredObject
+    chunks: Mapping[int, StoredObject]
+    bytes_by_tier: Mapping[str, int]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.bytes_by_tier.values())
+
+
+@dataclass(frozen=True)
+class PublishReport:
+    """What one ``publish`` did, per tier: chunks newly stored, and whether the checkpoint is
+    stored there (False: a chunk was refused or the store failed, so it was never put)."""
+
+    chunks_stored: Mapping[str, int]
+    checkpoint_stored: Mapping[str, bool]
+    bytes_written: Mapping[str, int]
+
+
+class TieredStore:
+    def __init__(
+        self,
+        *,
+        host: HostMemoryStore | None = None,
+        disk: ObjectStore | None = None,
+        shared: ObjectStore | None = None,
+        timeout: float | None = None,
+        cost: RestoreCost | None = None,
+    ) -> None:
+        """Tiers may be any subset. ``host`` must be created without an ``on_evict`` callback:
+        this store installs its write-back demotion there. ``timeout`` bounds each batch call
+        (None: each store's default)."""
+        given = {"host": host, "disk": disk, "shared": shared}
+        for name, store in given.items():
+            if store is not None and not isinstance(store, ObjectStore):
+                raise InvalidTypeError(f"{name} must be an ObjectStore")
+        if host is not None and not isinstance(host, HostMemoryStore):
+            raise InvalidTypeError("host must be a HostMemoryStore")
+        if host is not None and host._on_evict is not None:
+            raise InvalidArgumentError("the host store already has an eviction callback")
+        if cost is not None and not isinstance(cost, RestoreCost):
+            raise InvalidTypeError("cost must be a RestoreCost")
+        self.tiers: dict[str, ObjectStore] = {name: store for name, store in given.items() if store is not None}
+        if not self.tiers:
+            raise InvalidArgumentError("a TieredStore needs at least one tier")
+        if host is not None:
+            host._on_evict = self._demote
+        self.timeout = timeout
+        self.cost = RestoreCost() if cost is None else cost
+        self._needs: dict[str, tuple[str, ...]] = {}  # checkpoint name -> chunk names it needs
+        self._needed_by: dict[str, set[str]] = {}  # chunk name -> checkpoint names needing it
+        self.counters: Counter[str] = Counter()
+        self.misses: Counter[str] = Counter()
+
+    # --- write path ------------------------------------------------------------------------------
+
+    def publish(self, chain: KeyChain, step: int, chunk_arrays: ArraysFor, state_arrays: Callable[[], Mapping]) -> PublishReport:
+        """Publish the checkpoint at ``step`` of ``chain`` with the KV chunks of ``[0, step)``
+        into the host and shared tiers, chunks first. ``chunk_arrays(i)`` and ``state_arrays()``
+        are called only for objects some tier lacks; each object is encoded once."""
+        if not isinstance(chain, KeyChain):
+            raise InvalidTypeError("chain must be a KeyChain")
+        checkpoint_key = chain.checkpoint_key(as_int("step", step, 1))  # validates the step
+        chunk_keys = [chain.chunk_key(i).name for i in range(step // chain.chunk_size)]
+        self._remember(checkpoint_key.name, chunk_keys)
+        encoded: dict[str, bytes] = {}
+
+        def chunk_bytes(name: str) -> bytes:
+            if name not in encoded:
+                encoded[name] = encode_kv_chunk(chain, chunk_keys.index(name), chunk_arrays(chunk_keys.index(name)))
+            return encoded[name]
+
+        def checkpoint_bytes() -> bytes:
+            if checkpoint_key.name not in encoded:
+                encoded[checkpoint_key.name] = encode_checkpoint(chain, step, state_arrays())
+            return encoded[checkpoint_key.name]
+
+        stored, published, written = {}, {}, {}
+        for tier in ("host", "shared"):
+            store = self.tiers.get(tier)
+            if store is not None:
+                stored[tier], published[tier], written[tier] = self._publish_into(
+                    tier, store, checkpoint_key.name, chunk_keys, chunk_bytes, checkpoint_bytes
+                )
+        return PublishReport(stored, published, written)
+
+    def _publish_into(self, tier, store, checkpoint_name, chunk_keys, chunk_bytes, checkpoint_bytes):
+        try:
+            present = store.exists([checkpoint_name, *chunk_keys], timeout=self.timeout)
+            if present[0]:
+                return 0, True, 0
+            missing = [name for name, here in zip(chunk_keys, present[1:]) if not here]
+            items = [(name, chunk_bytes(name)) for name in missing]
+            outcomes = store.put_if_absent(items, timeout=self.timeout) if items else []
+            new_chunks = sum(outcome is PutOutcome.STORED for outcome in outcomes)
+            written = sum(len(value) for (_, value), outcome in zip(items, outcomes) if outcome is PutOutcome.STORED)
+            if any(outcome not in _CONFIRMED for outcome in outcomes):
+                self.counters[f"{tier}_publish_refused"] += 1
+                return new_chunks, False, written
+            value = checkpoint_bytes()
+            (outcome,) = store.put_if_absent([(checkpoint_name, value)], timeout=self.timeout)
+        except StoreError:
+            self.counters[f"{tier}_publish_failed"] += 1
+            return 0, False, 0
+        self.counters[f"{tier}_chunks_stored"] += new_chunks
+        if outcome is PutOutcome.STORED:
+            self.counters[f"{tier}_checkpoints_stored"] += 1
+            written += len(value)
+        self.counters[f"{tier}_bytes_written"] += written
+        return new_chunks, outcome in _CONFIRMED, written
+
+    def _remember(self, checkpoint_name: str, chunk_names: list[str]) -> None:
+        if checkpoint_name in self._needs:
+            return
+        self._needs[checkpoint_name] = tuple(chunk_names)
+        for name in chunk_names:
+            self._needed_by.setdefault(name, set()).add(checkpoint_name)
+
+    def _forget(self, checkpoint_name: str) -> None:
+        for name in self._needs.pop(checkpoint_name, ()):
+            users = self._needed_by.get(name)
+            if users is not None:
+                users.discard(checkpoint_name)
+                if not users:
+                    del self._needed_by[name]
+
+    def _demote(self, name: str, value: bytes) -> None:
+        """The host tier evicted ``name``: write it back to disk unless it is dead weight."""
+        disk = self.tiers.get("disk")
+        if disk is None or self._is_dead_weight(name):
+            self.counters["host_dropped_dead_weight" if disk is not None else "host_dropped"] += 1
+            if name in self._needs and disk is None:
+                self._forget(name)
+            return
+        try:
+            disk.put_if_absent([(name, value)], timeout=self.timeout)
+            self.counters["demoted_to_disk"] += 1
+        except StoreError:
+            self.counters["disk_demotion_failed"] += 1
+
+    def _is_dead_weight(self, name: str) -> bool:
+        local = [self.tiers[t] for t in ("host", "disk") if t in self.tiers]
+        if name in self._needs:  # a checkpoint: useless once a chunk it needs is gone locally
+            needed = list(self._needs[name])
+            dead = bool(needed) and not all(self._locally_present(local, needed))
+            if dead:
+                self._forget(name)
+            return dead
+        users = self._needed_by.get(name)
+        if users is None:
+            return False  # not ours to judge (fetched, or published by another process)
+        return not any(self._locally_present(local, sorted(users)))
+
+    def _locally_present(self, stores: list[ObjectStore], names: list[str]) -> list[bool]:
+        found = [False] * len(names)
+        for store in stores:
+            try:
+                found = [seen or here for seen, here in zip(found, store.exists(names, timeout=self.timeout))]
+            except StoreError:
+                continue
+        return found
+
+    # --- read path -------------------------------------------------------------------------------
+
+    def find_restore(self, chain: KeyChain, *, local_step: int, local_kv_tokens: int) -> Restore | None:
+        """The deepest verified restore beyond ``local_step`` (the device cache's hit), given
+        that the device cache holds the KV of ``[0, local_kv_tokens)``; None when no deeper
+        step is restorable or worth restoring (each rejected step counted in ``misses``)."""
+        if not isinstance(chain, KeyChain):
+            raise InvalidTypeError("chain must be a KeyChain")
+        local_step = as_int("local_step", local_step, 0)
+        local_kv_tokens = as_int("local_kv_tokens", local_kv_tokens, 0)
+        size = chain.chunk_size
+        steps = [s for s in reversed(chain.checkpoint_steps()) if s > local_step]
+        if not steps:
+            return None
+        first_chunk = min(max(local_kv_tokens, local_step), steps[0]) // size
+        wanted = [chain.checkpoint_key(s) for s in steps] + [chain.chunk_key(i) for i in range(first_chunk, steps[0] // size)]
+        where = self._locate([key.name for key in wanted])
+        fetched: dict[str, StoredObject] = {}
+        self.counters["restore_lookups"] += 1
+        for step in steps:
+            lowest = min(first_chunk, step // size)
+            needed = [chain.expect_checkpoint(step)] + [chain.expect_chunk(i) for i in range(lowest, step // size)]
+            absent = [item for item in needed if not where.get(item.key.name)]
+            if absent:
+                self.misses[MissReason.MISSING.value] += 1
+                continue
+            restore = self._fetch_step(chain, step, lowest, needed, where, fetched, local_step)
+            if restore is not None:
+                self.counters["restores"] += 1
+                self.counters["restored_tokens"] += step - local_step
+                return restore
+        return None
+
+    def _locate(self, names: list[str]) -> dict[str, list[str]]:
+        """Which tiers hold each name: one batch ``exists`` per tier, in tier order."""
+        where: dict[str, list[str]] = {name: [] for name in names}
+        for tier, store in self.tiers.items():
+            try:
+                present = store.exists(names, timeout=self.timeout)
+            except StoreError:
+                self.counters[f"{tier}_exists_failed"] += 1
+                continue
+            for name, here in zip(names, present):
+                if here:
+                    where[name].append(tier)
+        return where
+
+    def _fetch_step(self, chain, step, first_chunk, needed, where, fetched, local_step) -> Restore | None:
+        if not self.cost.worth_restoring(self._estimate(needed, where, chain.chunk_size), step - local_step):
+            self.misses[SLOWER_THAN_RECOMPUTE] += 1
+            return None
+        bytes_by_tier: Counter[str] = Counter()
+        for expectation in needed:
+            if expectation.key.name not in fetched and not self._fetch_one(expectation, where, fetched, bytes_by_tier):
+                return None
+        chunks = {i: fetched[chain.chunk_key(i).name] for i in range(first_chunk, step // chain.chunk_size)}
+        return Restore(step, first_chunk, fetched[chain.checkpoint_key(step).name], chunks, dict(bytes_by_tier))
+
+    def _fetch_one(self, expectation, where, fetched, bytes_by_tier) -> bool:
+        """Fetch and verify one object from the first tier holding it; a verified object from
+        below the host tier is promoted into it (same key). False, counted, when none verifies."""
+        key = expectation.key
+        name = key.name
+        for tier in list(where[name]):
+            began = time.perf_counter()
+            data, verdict = self._read(tier, expectation)
+            if not verdict.ok:
+                self.misses[verdict.reason.value] += 1
+                where[name].remove(tier)
+                continue
+            self.cost.observe_read(tier, len(data), time.perf_counter() - began)
+            bytes_by_tier[tier] += len(data)
+            self.counters[f"{tier}_bytes_read"] += len(data)
+            self.counters[f"read_bytes_{key.kind.tag}"] += len(data)
+            self.counters[f"read_count_{key.kind.tag}"] += 1
+            fetched[name] = verdict.obj
+            if tier != "host" and "host" in self.tiers:
+                self._promote(name, data)
+            return True
+        return False
+
+    def _read(self, tier: str, expectation: Expectation):
+        try:
+            (data,) = self.tiers[tier].get([expectation.key.name], timeout=self.timeout)
+        except StoreTimeoutError as error:
+            return None, Verdict(MissReason.TIMEOUT, str(error))
+        except StoreError as error:
+            return None, Verdict(MissReason.UNAVAILABLE, str(error))
+        return data, verify(data, expectation)
+
+    def _promote(self, name: str, data: bytes) -> None:
+        try:
+            self.tiers["host"].put_if_absent([(name, data)], timeout=self.timeout)
+            self.counters["promoted_to_host"] += 1
+        except StoreError:
+            self.counters["host_promotion_failed"] += 1
+
+    def _estimate(self, needed: list[Expectation], where, chunk_size: int) -> dict[str, int]:
+        """Bytes each tier would serve, from the mean object sizes read so far (before any read:
+        4 bytes per covered token, the token ids the headers alone carry)."""
+        estimate: Counter[str] = Counter()
+        for expectation in needed:
+            key = expectation.key
+            count = self.counters[f"read_count_{key.kind.tag}"]
+            mean = self.counters[f"read_bytes_{key.kind.tag}"] // count if count else 4 * chunk_size
+            estimate[where[key.name][0]] += mean
+        return dict(estimate)
+
+    # --- diagnostics -----------------------------------------------------------------------------
+
+    def stats(self) -> dict:
+        return {"counters": dict(self.counters), "misses": dict(self.misses), "tiers": list(self.tiers)}
+
+    def check_invariants(self) -> None:
+        for checkpoint, chunks in self._needs.items():
+            for name in chunks:
+                assert checkpoint in self._needed_by.get(name, ()), "needs and needed_by disagree"
+        for name, users in self._needed_by.items():
+            assert users, "a chunk is remembered with no checkpoint needing it"
+            for checkpoint in users:
+                assert name in self._needs.get(checkpoint, ()), "needed_by names a checkpoint that does not need it"
+        assert all(value >= 0 for value in self.counters.values()), "a counter went negative"
+
+    def close(self) -> None:
+        for store in self.tiers.values():
+            store.close()
+
