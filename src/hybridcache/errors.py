@@ -179,5 +179,9 @@ class StoreUnavailableError(StoreError, ConnectionError):
     """The store cannot be reached, refused the connection or dropped it."""
 
 
+class ServerStartError(StoreError):
+    """A local store server could not be found, started or stopped."""
+
+
 class StoreTimeoutError(StoreError, TimeoutError):
     """A store operation did not finish within its timeout."""

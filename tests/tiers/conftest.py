@@ -15,7 +15,7 @@ import pytest
 
 from hybridcache.tiers.backends import DiskStore, HostMemoryStore, RedisStore
 
-from . import servers
+from hybridcache.tiers import local_servers as servers
 from .remote import RemoteStore
 
 BACKENDS = ("host", "disk", "redis", "mooncake")

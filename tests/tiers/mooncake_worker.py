@@ -18,7 +18,7 @@ from pathlib import Path
 
 from hybridcache.errors import HybridCacheError
 from hybridcache.tiers.backends import MooncakeStore
-from . import servers
+from hybridcache.tiers import local_servers as servers
 
 _LENGTH = struct.Struct("<Q")
 

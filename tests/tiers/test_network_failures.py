@@ -8,7 +8,7 @@ import redis
 from hybridcache.errors import InvalidConfigError, InvalidKeyError, StoreTimeoutError, StoreUnavailableError
 from hybridcache.tiers.backends import PutOutcome, RedisStore
 
-from . import servers
+from hybridcache.tiers import local_servers as servers
 from .conftest import redis_url
 from .remote import RemoteStore
 

@@ -37,7 +37,7 @@ from hybridcache.errors import (
 )
 from hybridcache.tiers.backends.base import ObjectStore, PutOutcome
 from hybridcache.tiers.backends.host import HostMemoryStore
-from hybridcache.tiers.keys import Expectation, KeyChain
+from hybridcache.tiers.keys import Expectation, KeyChain, ObjectKind
 from hybridcache.tiers.objects import StoredObject, encode_checkpoint, encode_kv_chunk
 from hybridcache.tiers.verify import MissReason, Verdict, verify
 from hybridcache.types import as_int
@@ -127,10 +127,16 @@ class TieredStore:
         shared: ObjectStore | None = None,
         timeout: float | None = None,
         cost: RestoreCost | None = None,
+        size_hint: Callable[[ObjectKind, int], int] | None = None,
     ) -> None:
         """Tiers may be any subset. ``host`` must be created without an ``on_evict`` callback:
         this store installs its write-back demotion there. ``timeout`` bounds each batch call
-        (None: each store's default)."""
+        (None: each store's default). ``size_hint(kind, tokens)``: the bytes an object of that
+        kind covering ``tokens`` tokens carries, for the cost model (None: the mean size read so
+        far), for callers whose stored payloads stand in for larger ones (the replay)."""
+        if size_hint is not None and not callable(size_hint):
+            raise InvalidTypeError("size_hint must be callable")
+        self.size_hint = size_hint
         given = {"host": host, "disk": disk, "shared": shared}
         for name, store in given.items():
             if store is not None and not isinstance(store, ObjectStore):
@@ -364,6 +370,9 @@ class TieredStore:
         estimate: Counter[str] = Counter()
         for expectation in needed:
             key = expectation.key
+            if self.size_hint is not None:
+                estimate[where[key.name][0]] += self.size_hint(key.kind, expectation.step - expectation.start)
+                continue
             count = self.counters[f"read_count_{key.kind.tag}"]
             mean = self.counters[f"read_bytes_{key.kind.tag}"] // count if count else 4 * chunk_size
             estimate[where[key.name][0]] += mean

@@ -1,7 +1,11 @@
-"""Real store servers for the tier tests: started on free loopback ports, stopped by pid.
+"""Local store servers (Redis/Valkey, Mooncake Store) on free loopback ports, stopped by pid:
+what ``hybridcache replay --shared-tier`` starts when no ``--store-url`` is given, and what the
+tier tests start.
 
-Every wait is a bounded loop with a deadline; a server that does not come up fails the test
-with the tail of its log. A missing binary is a failure, never a skip (CI installs them).
+Owns the processes it starts (each ``Server`` its own). Every wait is a bounded loop with a
+deadline; a server that does not come up raises ``ServerStartError`` with the tail of its log,
+and so does a missing binary (``apt-get install redis-server libibverbs1``; the ``mooncake``
+extra brings ``mooncake_master``).
 """
 
 from __future__ import annotations
@@ -16,13 +20,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hybridcache.errors import ServerStartError
+
 START_DEADLINE_S = 20.0
 STOP_DEADLINE_S = 10.0
 VENV_BIN = Path(sys.executable).parent
-
-
-class ServerError(RuntimeError):
-    """A test server could not be found, started or stopped."""
 
 
 def free_port() -> int:
@@ -38,7 +40,7 @@ def binary(name: str) -> str:
         return str(local)
     found = shutil.which(name)
     if found is None:
-        raise ServerError(f"{name} is not installed (CI installs it: see .ci/run)")
+        raise ServerStartError(f"{name} is not installed (CI installs it: see .ci/run)")
     return found
 
 
@@ -61,14 +63,14 @@ class Server:
         deadline = time.monotonic() + deadline_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise ServerError(f"{self.name} exited with {self.process.returncode}:\n{self.log_tail()}")
+                raise ServerStartError(f"{self.name} exited with {self.process.returncode}:\n{self.log_tail()}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
                     return
             except OSError:
                 time.sleep(0.02)
         self.stop()
-        raise ServerError(f"{self.name} did not listen on {self.port} within {deadline_s} s:\n{self.log_tail()}")
+        raise ServerStartError(f"{self.name} did not listen on {self.port} within {deadline_s} s:\n{self.log_tail()}")
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after the deadline; always reaps the pid."""
