@@ -23,7 +23,7 @@ reason; a restore the cost model says is slower than recomputing is skipped.
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -45,6 +45,7 @@ from hybridcache.types import as_int
 TIER_NAMES = ("host", "disk", "shared")
 SLOWER_THAN_RECOMPUTE = "slower_than_recompute"
 _CONFIRMED = (PutOutcome.STORED, PutOutcome.PRESENT)
+MAX_REMEMBERED_CHECKPOINTS = 1 << 16
 
 ArraysFor = Callable[[int], Mapping[str, np.ndarray]]
 
@@ -129,8 +130,8 @@ class TieredStore:
         cost: RestoreCost | None = None,
         size_hint: Callable[[ObjectKind, int], int] | None = None,
     ) -> None:
-        """Tiers may be any subset. ``host`` must be created without an ``on_evict`` callback:
-        this store installs its write-back demotion there. ``timeout`` bounds each batch call
+        """Tiers may be any subset. This store listens to ``host``'s evictions (its write-back
+        demotion), so a host store serves one ``TieredStore``. ``timeout`` bounds each batch call
         (None: each store's default). ``size_hint(kind, tokens)``: the bytes an object of that
         kind covering ``tokens`` tokens carries, for the cost model (None: the mean size read so
         far), for callers whose stored payloads stand in for larger ones (the replay)."""
@@ -143,19 +144,19 @@ class TieredStore:
                 raise InvalidTypeError(f"{name} must be an ObjectStore")
         if host is not None and not isinstance(host, HostMemoryStore):
             raise InvalidTypeError("host must be a HostMemoryStore")
-        if host is not None and host._on_evict is not None:
-            raise InvalidArgumentError("the host store already has an eviction callback")
         if cost is not None and not isinstance(cost, RestoreCost):
             raise InvalidTypeError("cost must be a RestoreCost")
         self.tiers: dict[str, ObjectStore] = {name: store for name, store in given.items() if store is not None}
         if not self.tiers:
             raise InvalidArgumentError("a TieredStore needs at least one tier")
         if host is not None:
-            host._on_evict = self._demote
+            host.listen_evictions(self._demote)
         self.timeout = timeout
         self.cost = RestoreCost() if cost is None else cost
-        self._needs: dict[str, tuple[str, ...]] = {}  # checkpoint name -> chunk names it needs
+        self._needs: OrderedDict[str, tuple[str, ...]] = OrderedDict()  # checkpoint -> chunks it needs, oldest first
         self._needed_by: dict[str, set[str]] = {}  # chunk name -> checkpoint names needing it
+        self._publishing: set[str] = set()  # checkpoints whose chunks are being put right now
+        self._promotions: list[tuple[str, bytes]] = []  # objects read from below, during a restore
         self.counters: Counter[str] = Counter()
         self.misses: Counter[str] = Counter()
 
@@ -183,12 +184,16 @@ class TieredStore:
             return encoded[checkpoint_key.name]
 
         stored, published, written = {}, {}, {}
-        for tier in ("host", "shared"):
-            store = self.tiers.get(tier)
-            if store is not None:
-                stored[tier], published[tier], written[tier] = self._publish_into(
-                    tier, store, checkpoint_key.name, chunk_keys, chunk_bytes, checkpoint_bytes
-                )
+        self._publishing.add(checkpoint_key.name)
+        try:
+            for tier in ("host", "shared"):
+                store = self.tiers.get(tier)
+                if store is not None:
+                    stored[tier], published[tier], written[tier] = self._publish_into(
+                        tier, store, checkpoint_key.name, chunk_keys, chunk_bytes, checkpoint_bytes
+                    )
+        finally:
+            self._publishing.discard(checkpoint_key.name)
         return PublishReport(stored, published, written)
 
     def _publish_into(self, tier, store, checkpoint_name, chunk_keys, chunk_bytes, checkpoint_bytes):
@@ -219,6 +224,8 @@ class TieredStore:
     def _remember(self, checkpoint_name: str, chunk_names: list[str]) -> None:
         if checkpoint_name in self._needs:
             return
+        if len(self._needs) >= MAX_REMEMBERED_CHECKPOINTS:  # bounded: the oldest is forgotten, not judged
+            self._forget(next(iter(self._needs)))
         self._needs[checkpoint_name] = tuple(chunk_names)
         for name in chunk_names:
             self._needed_by.setdefault(name, set()).add(checkpoint_name)
@@ -234,10 +241,12 @@ class TieredStore:
     def _demote(self, name: str, value: bytes) -> None:
         """The host tier evicted ``name``: write it back to disk unless it is dead weight."""
         disk = self.tiers.get("disk")
-        if disk is None or self._is_dead_weight(name):
-            self.counters["host_dropped_dead_weight" if disk is not None else "host_dropped"] += 1
-            if name in self._needs and disk is None:
-                self._forget(name)
+        if disk is None:
+            self.counters["host_dropped"] += 1
+            self._forget(name)
+            return
+        if self._is_dead_weight(name):
+            self.counters["host_dropped_dead_weight"] += 1
             return
         try:
             disk.put_if_absent([(name, value)], timeout=self.timeout)
@@ -246,21 +255,22 @@ class TieredStore:
             self.counters["disk_demotion_failed"] += 1
 
     def _is_dead_weight(self, name: str) -> bool:
-        local = [self.tiers[t] for t in ("host", "disk") if t in self.tiers]
-        if name in self._needs:  # a checkpoint: useless once a chunk it needs is gone locally
+        """A checkpoint a chunk of whose prefix is gone from every tier, or a chunk that no
+        checkpoint in any tier needs, can never serve a hit (as far as this process knows)."""
+        if name in self._needs:
             needed = list(self._needs[name])
-            dead = bool(needed) and not all(self._locally_present(local, needed))
+            dead = bool(needed) and not all(self._present_anywhere(needed))
             if dead:
                 self._forget(name)
             return dead
         users = self._needed_by.get(name)
-        if users is None:
-            return False  # not ours to judge (fetched, or published by another process)
-        return not any(self._locally_present(local, sorted(users)))
+        if users is None or users & self._publishing:
+            return False  # not ours to judge (fetched, or another process's), or its checkpoint comes next
+        return not any(self._present_anywhere(sorted(users)))
 
-    def _locally_present(self, stores: list[ObjectStore], names: list[str]) -> list[bool]:
+    def _present_anywhere(self, names: list[str]) -> list[bool]:
         found = [False] * len(names)
-        for store in stores:
+        for store in self.tiers.values():
             try:
                 found = [seen or here for seen, here in zip(found, store.exists(names, timeout=self.timeout))]
             except StoreError:
@@ -285,7 +295,15 @@ class TieredStore:
         wanted = [chain.checkpoint_key(s) for s in steps] + [chain.chunk_key(i) for i in range(first_chunk, steps[0] // size)]
         where = self._locate([key.name for key in wanted])
         fetched: dict[str, StoredObject] = {}
+        self._promotions = []
         self.counters["restore_lookups"] += 1
+        try:
+            return self._first_restorable(chain, steps, first_chunk, where, fetched, local_step)
+        finally:
+            self._promote()  # only now: a promotion may evict from host what this restore reads
+
+    def _first_restorable(self, chain, steps, first_chunk, where, fetched, local_step) -> Restore | None:
+        size = chain.chunk_size
         for step in steps:
             lowest = min(first_chunk, step // size)
             needed = [chain.expect_checkpoint(step)] + [chain.expect_chunk(i) for i in range(lowest, step // size)]
@@ -344,7 +362,7 @@ class TieredStore:
             self.counters[f"read_count_{key.kind.tag}"] += 1
             fetched[name] = verdict.obj
             if tier != "host" and "host" in self.tiers:
-                self._promote(name, data)
+                self._promotions.append((name, data))
             return True
         return False
 
@@ -357,10 +375,14 @@ class TieredStore:
             return None, Verdict(MissReason.UNAVAILABLE, str(error))
         return data, verify(data, expectation)
 
-    def _promote(self, name: str, data: bytes) -> None:
+    def _promote(self) -> None:
+        """Copy what was read from below into the host tier, under the same keys."""
+        promotions, self._promotions = self._promotions, []
+        if not promotions:
+            return
         try:
-            self.tiers["host"].put_if_absent([(name, data)], timeout=self.timeout)
-            self.counters["promoted_to_host"] += 1
+            outcomes = self.tiers["host"].put_if_absent(promotions, timeout=self.timeout)
+            self.counters["promoted_to_host"] += sum(outcome is PutOutcome.STORED for outcome in outcomes)
         except StoreError:
             self.counters["host_promotion_failed"] += 1
 
@@ -392,6 +414,7 @@ class TieredStore:
             for checkpoint in users:
                 assert name in self._needs.get(checkpoint, ()), "needed_by names a checkpoint that does not need it"
         assert all(value >= 0 for value in self.counters.values()), "a counter went negative"
+        assert not self._publishing, "a publish is still marked in progress"
 
     def close(self) -> None:
         for store in self.tiers.values():

@@ -12,7 +12,7 @@ import threading
 from collections import OrderedDict
 from typing import Callable
 
-from hybridcache.errors import InvalidArgumentError, InvalidTypeError
+from hybridcache.errors import InvalidArgumentError, InvalidTypeError, LifecycleError
 from hybridcache.tiers.backends.base import DEFAULT_TIMEOUT_S, ObjectStore, PutOutcome
 
 
@@ -38,6 +38,14 @@ class HostMemoryStore(ObjectStore):
         self._used = 0
         self._evictions = 0
         self._lock = threading.Lock()
+        self._on_evict = on_evict
+
+    def listen_evictions(self, on_evict: Callable[[str, bytes], None]) -> None:
+        """Install the one eviction callback (a tier below this one demoting into itself)."""
+        if not callable(on_evict):
+            raise InvalidTypeError("on_evict must be callable")
+        if self._on_evict is not None:
+            raise LifecycleError("this host store already reports its evictions to another listener")
         self._on_evict = on_evict
 
     @property
