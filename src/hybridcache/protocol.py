@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hybridcache.cache import CacheComponents
+from hybridcache.errors import InvalidStepError, InvalidTypeError
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord
 from hybridcache.sequence import Sequence
 from hybridcache.types import NO_SAVE, NO_SLOT, as_int, ceil_div
@@ -228,7 +229,11 @@ class CacheProtocol:
         or ``write`` returned False (then nothing it touched stays matchable). ``seq`` is the
         caller's scratch sequence of exactly those tokens and is freed on return."""
         step = as_int("step", step, 1)
-        if not self.is_hybrid or not self.enabled or step != seq.num_tokens:
+        if step != seq.num_tokens or seq.num_computed or seq.num_blocks:
+            raise InvalidStepError("adopt takes a fresh sequence of exactly the adopted tokens")
+        if not callable(write):
+            raise InvalidTypeError("write must be callable")
+        if not self.is_hybrid or not self.enabled:
             return 0
         admitted = self.admit(seq, step)
         if not admitted.admitted:

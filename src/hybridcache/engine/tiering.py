@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from dataclasses import replace
 
 import torch
 
@@ -197,9 +198,7 @@ class EngineTiers:
         fingerprint = self.fingerprint
         if namespace.adapter == fingerprint.adapter and namespace.cache_salt == fingerprint.cache_salt:
             return fingerprint
-        return NamespaceFingerprint(
-            **{**fingerprint.__dict__, "adapter": namespace.adapter, "cache_salt": namespace.cache_salt}
-        )
+        return replace(fingerprint, adapter=namespace.adapter, cache_salt=namespace.cache_salt)
 
     def stats(self) -> dict:
         return {**self.counters, "store": self.store.stats()}

@@ -1,0 +1,87 @@
+"""``CacheProtocol.adopt`` and ``cached_prefix``: a prefix computed elsewhere becomes cached here
+through the same steps as a forward, or nothing it touched stays matchable."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridcache import Sequence
+from hybridcache.errors import InvalidStepError, InvalidTypeError
+
+from tests.test_protocol import B, protocol, serve
+
+PROMPT = list(range(1, 4 * B + 6))
+
+
+def free_counts(cache) -> tuple[int, int]:
+    return cache.pool.num_free, cache.states.num_free
+
+
+def test_an_adopted_prefix_is_hit_by_the_next_request():
+    cache = protocol()
+    written = []
+    gained = cache.adopt(Sequence(PROMPT[: 3 * B]), 3 * B, lambda adoption: written.append(adoption) or True)
+    (adoption,) = written
+    assert gained == 3 * B and (adoption.start, adoption.end) == (0, 3 * B)
+    assert set(adoption.block_table) == adoption.writable and len(adoption.block_table) == 3
+    follow = Sequence(PROMPT)
+    assert cache.cached_prefix(follow) == (3 * B, 3 * B)
+    admitted = cache.admit(follow, 64)
+    assert admitted.hit_tokens == 3 * B and admitted.restore.slot == adoption.slot
+    cache.check_invariants([follow])
+    cache.free(follow, admitted.runtime_slot)
+    cache.check_invariants()
+
+
+def test_adoption_beyond_a_local_hit_writes_only_what_the_cache_lacks():
+    cache = protocol()
+    serve(cache, PROMPT[: 2 * B])  # a checkpoint at 2B and its KV
+    written = []
+    gained = cache.adopt(Sequence(PROMPT[: 4 * B]), 4 * B, lambda adoption: written.append(adoption) or True)
+    (adoption,) = written
+    assert gained == 2 * B and adoption.start == 2 * B
+    shared = [block for block in adoption.block_table[:2] if block not in adoption.writable]
+    assert len(shared) == 2  # the cached blocks of [0, 2B) are borrowed, never written
+    assert cache.cached_prefix(Sequence(PROMPT))[0] == 4 * B
+    cache.check_invariants()
+
+
+def test_nothing_is_adopted_when_the_cache_already_reaches_the_step():
+    cache = protocol()
+    serve(cache, PROMPT[: 3 * B])
+    calls = []
+    assert cache.adopt(Sequence(PROMPT[: 3 * B]), 3 * B, lambda adoption: calls.append(adoption) or True) == 0
+    assert not calls
+    cache.check_invariants()
+
+
+def test_a_failed_write_leaves_nothing_matchable_and_nothing_held():
+    cache = protocol()
+    before = free_counts(cache)
+    assert cache.adopt(Sequence(PROMPT[: 3 * B]), 3 * B, lambda adoption: False) == 0
+    assert cache.cached_prefix(Sequence(PROMPT)) == (0, 0)
+    assert free_counts(cache) == before
+    cache.check_invariants()
+
+
+def test_attention_only_caches_adopt_nothing():
+    cache = protocol(hybrid=False)
+    assert cache.adopt(Sequence(PROMPT[: 2 * B]), 2 * B, lambda adoption: True) == 0
+    cache.check_invariants()
+
+
+def test_pools_too_small_refuse_the_adoption_without_change():
+    cache = protocol(blocks=2)
+    before = free_counts(cache)
+    assert cache.adopt(Sequence(PROMPT[: 3 * B]), 3 * B, lambda adoption: True) == 0
+    assert free_counts(cache) == before
+    cache.check_invariants()
+
+
+def test_bad_adoptions_are_refused():
+    cache = protocol()
+    with pytest.raises(InvalidStepError):
+        cache.adopt(Sequence(PROMPT[: 3 * B]), 2 * B, lambda adoption: True)  # not the sequence's length
+    with pytest.raises(InvalidTypeError):
+        cache.adopt(Sequence(PROMPT[: 2 * B]), 2 * B, "write")
+    cache.check_invariants()
