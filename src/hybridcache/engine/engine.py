@@ -16,6 +16,10 @@ forever: a request whose forward failed runs alone from then on, and one that ha
 ``MAX_FORWARD_FAILURES`` failed forwards is finished with ``RequestFailedError`` on its
 result. A request that could not fit even alone in empty pools is refused when it is added.
 
+Given tiers (``hybridcache.tiers.TieredStore``), prefill chunks also end at multiples of
+``tier_chunk_size``, each forward ending there publishes that step (``engine.tiering``), and a
+request adopts the deepest verified restore from the tiers before it is queued.
+
 Results belong to whoever submitted the request: ``generate`` returns exactly its own, and
 results of requests queued with ``add_request`` are handed out by ``step``.
 """

@@ -3,7 +3,8 @@
 Owns no state itself. The object model (:mod:`~hybridcache.tiers.fingerprint`,
 :mod:`~hybridcache.tiers.keys`, :mod:`~hybridcache.tiers.objects`,
 :mod:`~hybridcache.tiers.verify`) needs only NumPy; the stores live in
-:mod:`hybridcache.tiers.backends`. The format and the failure rules are in ``docs/tiers.md``.
+:mod:`hybridcache.tiers.backends`; :class:`TieredStore` publishes to them and restores from
+them. The format and the failure rules are in ``docs/tiers.md``.
 """
 
 from hybridcache.tiers.fingerprint import DEFAULT_CHUNK_SIZE, FORMAT_VERSION, NamespaceFingerprint
@@ -17,6 +18,7 @@ from hybridcache.tiers.objects import (
     encode_checkpoint,
     encode_kv_chunk,
 )
+from hybridcache.tiers.tiered import PublishReport, Restore, RestoreCost, TieredStore
 from hybridcache.tiers.verify import MissReason, Verdict, fetch_verified, verify
 
 __all__ = [
@@ -30,7 +32,11 @@ __all__ = [
     "ObjectHeader",
     "ObjectKey",
     "ObjectKind",
+    "PublishReport",
+    "Restore",
+    "RestoreCost",
     "StoredObject",
+    "TieredStore",
     "Verdict",
     "decode",
     "decode_header",
