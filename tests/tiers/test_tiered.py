@@ -274,3 +274,22 @@ def test_put_outcomes_are_reported_per_tier():
     assert first.chunks_stored == {"host": 1, "shared": 1} and again.chunks_stored == {"host": 0, "shared": 0}
     assert again.checkpoint_stored == {"host": True, "shared": True} and again.bytes_written == {"host": 0, "shared": 0}
     assert PutOutcome.STORED  # the outcome enum the reports summarize
+
+
+def test_a_republish_restores_a_chunk_the_store_evicted_on_its_own():
+    keys = chain()
+    shared = HostMemoryStore(1 << 24)
+    store = TieredStore(shared=shared)
+    publish(store, keys, 2 * CHUNK)
+    shared.remove([keys.chunk_key(1).name])  # one key of the logical entry, evicted alone
+    assert store.find_restore(keys, local_step=CHUNK, local_kv_tokens=CHUNK) is None
+    report = publish(store, keys, 2 * CHUNK)
+    assert report.chunks_stored == {"shared": 1} and report.checkpoint_stored == {"shared": True}
+    assert_restores(store.find_restore(keys, local_step=CHUNK, local_kv_tokens=CHUNK), keys, 2 * CHUNK, first_chunk=1)
+
+
+def test_a_disk_only_store_is_written_through(tmp_path):
+    keys = chain()
+    store = TieredStore(disk=DiskStore(tmp_path / "disk", 1 << 24))
+    assert publish(store, keys, CHUNK).checkpoint_stored == {"disk": True}
+    assert_restores(store.find_restore(keys, local_step=0, local_kv_tokens=0), keys, CHUNK)

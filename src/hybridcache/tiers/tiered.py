@@ -164,18 +164,19 @@ class TieredStore:
 
     def publish(self, chain: KeyChain, step: int, chunk_arrays: ArraysFor, state_arrays: Callable[[], Mapping]) -> PublishReport:
         """Publish the checkpoint at ``step`` of ``chain`` with the KV chunks of ``[0, step)``
-        into the host and shared tiers, chunks first. ``chunk_arrays(i)`` and ``state_arrays()``
+        into the top local tier and the shared tier, chunks first. ``chunk_arrays(i)`` and ``state_arrays()``
         are called only for objects some tier lacks; each object is encoded once."""
         if not isinstance(chain, KeyChain):
             raise InvalidTypeError("chain must be a KeyChain")
         checkpoint_key = chain.checkpoint_key(as_int("step", step, 1))  # validates the step
         chunk_keys = [chain.chunk_key(i).name for i in range(step // chain.chunk_size)]
+        index_of = {name: index for index, name in enumerate(chunk_keys)}
         self._remember(checkpoint_key.name, chunk_keys)
         encoded: dict[str, bytes] = {}
 
         def chunk_bytes(name: str) -> bytes:
             if name not in encoded:
-                encoded[name] = encode_kv_chunk(chain, chunk_keys.index(name), chunk_arrays(chunk_keys.index(name)))
+                encoded[name] = encode_kv_chunk(chain, index_of[name], chunk_arrays(index_of[name]))
             return encoded[name]
 
         def checkpoint_bytes() -> bytes:
@@ -186,21 +187,25 @@ class TieredStore:
         stored, published, written = {}, {}, {}
         self._publishing.add(checkpoint_key.name)
         try:
-            for tier in ("host", "shared"):
-                store = self.tiers.get(tier)
-                if store is not None:
-                    stored[tier], published[tier], written[tier] = self._publish_into(
-                        tier, store, checkpoint_key.name, chunk_keys, chunk_bytes, checkpoint_bytes
-                    )
+            for tier in self._write_through_tiers():
+                stored[tier], published[tier], written[tier] = self._publish_into(
+                    tier, self.tiers[tier], checkpoint_key.name, chunk_keys, chunk_bytes, checkpoint_bytes
+                )
         finally:
             self._publishing.discard(checkpoint_key.name)
         return PublishReport(stored, published, written)
 
+    def _write_through_tiers(self) -> list[str]:
+        """The top local tier (host, else disk) and the shared one: disk is otherwise fed by
+        the host tier's demotions."""
+        local = next((tier for tier in ("host", "disk") if tier in self.tiers), None)
+        return [tier for tier in (local, "shared") if tier in self.tiers]
+
     def _publish_into(self, tier, store, checkpoint_name, chunk_keys, chunk_bytes, checkpoint_bytes):
+        """Missing chunks first (also when the checkpoint is there: a store may have evicted
+        one part of the entry on its own), then the checkpoint if absent and every chunk is in."""
         try:
             present = store.exists([checkpoint_name, *chunk_keys], timeout=self.timeout)
-            if present[0]:
-                return 0, True, 0
             missing = [name for name, here in zip(chunk_keys, present[1:]) if not here]
             items = [(name, chunk_bytes(name)) for name in missing]
             outcomes = store.put_if_absent(items, timeout=self.timeout) if items else []
@@ -209,17 +214,20 @@ class TieredStore:
             if any(outcome not in _CONFIRMED for outcome in outcomes):
                 self.counters[f"{tier}_publish_refused"] += 1
                 return new_chunks, False, written
-            value = checkpoint_bytes()
-            (outcome,) = store.put_if_absent([(checkpoint_name, value)], timeout=self.timeout)
+            published = present[0]
+            if not published:
+                value = checkpoint_bytes()
+                (outcome,) = store.put_if_absent([(checkpoint_name, value)], timeout=self.timeout)
+                published = outcome in _CONFIRMED
+                if outcome is PutOutcome.STORED:
+                    self.counters[f"{tier}_checkpoints_stored"] += 1
+                    written += len(value)
         except StoreError:
             self.counters[f"{tier}_publish_failed"] += 1
             return 0, False, 0
         self.counters[f"{tier}_chunks_stored"] += new_chunks
-        if outcome is PutOutcome.STORED:
-            self.counters[f"{tier}_checkpoints_stored"] += 1
-            written += len(value)
         self.counters[f"{tier}_bytes_written"] += written
-        return new_chunks, outcome in _CONFIRMED, written
+        return new_chunks, published, written
 
     def _remember(self, checkpoint_name: str, chunk_names: list[str]) -> None:
         if checkpoint_name in self._needs:
@@ -360,6 +368,7 @@ class TieredStore:
             self.counters[f"{tier}_bytes_read"] += len(data)
             self.counters[f"read_bytes_{key.kind.tag}"] += len(data)
             self.counters[f"read_count_{key.kind.tag}"] += 1
+            self.counters[f"{tier}_read_count_{key.kind.tag}"] += 1  # what each tier served, by kind
             fetched[name] = verdict.obj
             if tier != "host" and "host" in self.tiers:
                 self._promotions.append((name, data))
