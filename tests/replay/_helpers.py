@@ -31,8 +31,9 @@ class ExactnessCheck:
         self.produced: dict[int, np.ndarray] = {}
         self.hits: list[int] = []
 
-    def __call__(self, adapter, request, turn) -> None:
-        adapter.check_invariants()
+    def __call__(self, adapters, request, turn) -> None:
+        for adapter in adapters:
+            adapter.check_invariants()
         self.produced[turn.seq_id] = request.tokens
         hit = turn.hit_tokens
         self.hits.append(hit)
@@ -48,3 +49,36 @@ def run(requests, policy: str, space: Budget, block_size: int = 32, **options):
     check = ExactnessCheck(requests)
     record = replay(requests, PROFILE, resolve_policy(policy, **options), space, block_size, observer=check)
     return record, check.hits
+
+
+class FleetCheck:
+    """Debug observer of a multi-replica run: every replica's invariants after every request
+    (so scoring and adoption leak nothing), which replica served each request, its hit, and
+    every tier restore compared token by token with the request and with an earlier producer."""
+
+    def __init__(self, requests) -> None:
+        self.bound = infinite_cache_bound(requests)
+        self.served: list[tuple[int, int]] = []  # (replica, hit tokens) per request
+        self.adopted: list[int] = []
+        self.earlier: list[np.ndarray] = []
+
+    def __call__(self, adapters, request, turn) -> None:
+        for adapter in adapters:
+            adapter.check_invariants()
+        step = turn.adopted_step
+        if step:
+            assert np.array_equal(turn.adopted_tokens, request.tokens[:step])
+            assert any(len(tokens) >= step and np.array_equal(tokens[:step], turn.adopted_tokens) for tokens in self.earlier)
+            assert turn.hit_tokens >= step
+        assert turn.hit_tokens < request.prompt_length
+        assert turn.hit_tokens <= self.bound.shared_tokens[request.index]
+        self.served.append((turn.replica, turn.hit_tokens))
+        self.adopted.append(step)
+        self.earlier.append(request.tokens)
+
+
+def run_fleet(requests, policy: str, space: Budget, replicas: int, routing: str = "round-robin", tiers=None, **options):
+    check = FleetCheck(requests)
+    record = replay(requests, PROFILE, resolve_policy(policy), space, 32, observer=check,
+                    replicas=replicas, routing=routing, tiers=tiers, **options)
+    return record, check

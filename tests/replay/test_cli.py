@@ -64,3 +64,35 @@ def test_replay_reports_unwritable_outputs_and_bad_numbers(tmp_path, capsys):
     assert main(["replay", str(trace), "--cache-bytes", "2GB", "--device-tflops", "0"]) == 2
     assert main(["replay", str(trace), "--cache-bytes", "2GB", "--block-size", "3"]) == 2
     assert "block_size" in capsys.readouterr().out
+
+
+def test_replay_sweeps_replicas_and_routings_with_a_local_redis(tmp_path, capsys):
+    trace = write_lines(tmp_path / "t.jsonl", ROWS)
+    out = tmp_path / "r.json"
+    rc = main(["replay", str(trace), "--cache-bytes", "2GB", "--replicas", "1,2", "--routing", "round-robin,restorable",
+               "--shared-tier", "redis", "--host-bytes", "1GB", "--disk-bytes", "2GB", "--json", str(out)])
+    assert rc == 0
+    records = json.loads(out.read_text())
+    assert [(r["replicas"], r["routing"], r["shared_tier"]) for r in records] == [
+        (1, "round-robin", "redis"), (1, "restorable", "redis"), (2, "round-robin", "redis"), (2, "restorable", "redis")]
+    assert all("remote_hit_tokens" in r and "stored_bytes_per_unique_token" in r["tiers"] for r in records)
+    assert "hit rate vs replicas" in capsys.readouterr().out
+
+
+def test_replay_refuses_bad_tier_options(tmp_path, capsys):
+    trace = write_lines(tmp_path / "t.jsonl", ROWS)
+    cases = [
+        (["--replicas", "0"], "--replicas"),
+        (["--replicas", "two"], "--replicas"),
+        (["--routing", "random"], "unknown routing"),
+        (["--shared-tier", "memcached"], "unknown shared tier"),
+        (["--store-url", "redis://127.0.0.1:1/0"], "--store-url needs"),
+        (["--tier-chunk", "100", "--host-bytes", "1GB"], "--tier-chunk"),
+        (["--disk-bytes", "1GB"], "needs --host-bytes"),
+        (["--host-bytes", "lots"], "cannot parse size"),
+        (["--shared-tier", "mooncake", "--store-url", "127.0.0.1:5"], "bad Mooncake store url"),
+        (["--shared-tier", "redis", "--store-url", "redis://127.0.0.1:1/0"], "redis"),
+    ]
+    for options, message in cases:
+        assert main(["replay", str(trace), "--cache-bytes", "2GB", *options]) == 2
+        assert message in capsys.readouterr().out

@@ -15,6 +15,8 @@ same order, with the forward itself left out:
                -> [no model] -> set_computed -> forward_done               (scheduler: complete)
   append       Sequence.append_tokens                                      (scheduler: complete)
   finish       free                                                        (scheduler: _release)
+  probe        cached_prefix                              (a router scoring replicas; changes nothing)
+  adopt        Sequence(prefix) -> adopt, writing nothing         (engine: EngineTiers.restore)
 
 One turn is served at a time (no batching), so nothing but the current turn is ever pinned.
 """
@@ -51,6 +53,9 @@ class Turn:
     restored_from: int | None = None  # the producer sequence id of the restored checkpoint
     restored_step: int = 0
     branch: int = 0  # whole-block tokens the cache held as KV when the turn was prepared
+    replica: int = 0  # which replica of the run served it
+    adopted_step: int = 0  # the step restored from a tier before admission (0: none)
+    adopted_tokens: np.ndarray | None = None  # the token ids that checkpoint's verified header carried
 
     @property
     def seq_id(self) -> int:
@@ -80,6 +85,23 @@ class CacheAdapter:
         seq = Sequence(prompt)
         self.cache.prepare(seq)
         return Turn(seq, branch=self.trie.cached_prefix_tokens(seq))
+
+    def probe(self, scratch: Sequence) -> tuple[int, int]:
+        """What this cache holds for ``scratch`` (a sequence holding no blocks, which may have been
+        probed against another replica's cache): its checkpoint step and whole-block KV tokens."""
+        return self.cache.cached_prefix(scratch)
+
+    def remeasure_branch(self, turn: Turn) -> None:
+        """The turn's branch point after a prefix was adopted for it."""
+        turn.branch = self.trie.cached_prefix_tokens(turn.seq)
+
+    def adopt(self, prefix: np.ndarray, step: int) -> int:
+        """Cache ``prefix`` (``step`` tokens) with a checkpoint at ``step``, restored from a tier:
+        the replay has no tensors, so the write fills nothing and succeeds. The tokens gained."""
+        before = self.states.num_checkpoint
+        gained = self.cache.adopt(Sequence(prefix), step, lambda adoption: True)
+        self.evicted_for_slots += before - self.states.num_checkpoint + (gained > 0)
+        return gained
 
     def admit(self, turn: Turn, chunk_tokens: int, stop_at=None) -> int | None:
         """Admit the turn for a first chunk of at most ``chunk_tokens``, ended earlier where

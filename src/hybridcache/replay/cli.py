@@ -1,14 +1,17 @@
 """``hybridcache replay TRACE``: hit rates of checkpoint policies on a request trace.
 
-Owns no state between calls. Reads and synthesizes the trace once, computes its infinite-cache
-bound once, then replays every (policy, budget) pair of the sweep, printing a table and
-optionally writing JSON records and a hit-rate-vs-budget plot.
+Owns no state between calls; during one, the scratch directory (disk tiers, local server logs)
+and the shared tier (``shared_tier``), both removed or stopped at the end. Reads and
+synthesizes the trace once, computes its infinite-cache bound once, then replays every
+(policy, budget, replicas, routing) combination of the sweep, printing tables and optionally
+writing JSON records and a hit-rate-vs-budget plot.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,6 +31,10 @@ from hybridcache.replay.driver import (
     with_ttft,
 )
 from hybridcache.replay.policies import Policy, resolve_policy
+from hybridcache.replay.report import print_fleet
+from hybridcache.replay.routing import ROUTINGS, check_routing
+from hybridcache.replay.shared_tier import SHARED_TIERS, check_shared_tier, open_shared_tier
+from hybridcache.replay.tiering import DEFAULT_TIER_CHUNK, TierSetup
 from hybridcache.workloads import FORMATS, infinite_cache_bound, read_trace, synthesize
 
 
@@ -48,6 +55,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--device-tflops", type=float, default=DEFAULT_DEVICE_TFLOPS, help="sustained TFLOP/s of the TTFT estimate"
     )
     parser.add_argument("--seed", type=int, default=0, help="token synthesis seed")
+    parser.add_argument("--replicas", default="1", help="replicas, each with the whole budget; comma list = sweep")
+    parser.add_argument("--routing", default="round-robin", help=f"comma list = sweep: {', '.join(ROUTINGS)}")
+    parser.add_argument("--shared-tier", default="none", help=f"store shared by the replicas: {', '.join(SHARED_TIERS)}")
+    parser.add_argument("--store-url", help="the shared store (redis://HOST:PORT/DB, mooncake://MASTER?metadata=URL); "
+                        "without it a local server is started on a free loopback port")
+    parser.add_argument("--host-bytes", help="T1 host memory per replica (nominal bytes, e.g. 200GB; default none)")
+    parser.add_argument("--disk-bytes", help="T2 local disk per replica (nominal bytes; needs --host-bytes)")
+    parser.add_argument("--tier-chunk", type=int, default=DEFAULT_TIER_CHUNK,
+                        help="tokens per stored KV chunk, a multiple of --block-size")
+    parser.add_argument("--shared-bandwidth", default="12.5GB",
+                        help="bytes/s of a replica's link to the shared tier, for the cost model (12.5GB = 100 Gb/s)")
     parser.add_argument("--json", metavar="PATH", help="write the records as JSON")
     parser.add_argument("--plot", metavar="PATH.png", help="write token hit rate vs budget, one curve per policy")
 
@@ -74,12 +92,42 @@ def _policies(args: argparse.Namespace) -> list[Policy]:
     return [resolve_policy(name, args.admission, args.eviction, args.prefill_chunk) for name in names]
 
 
+def _replica_counts(text: str) -> list[int]:
+    counts = []
+    for part in (piece.strip() for piece in text.split(",")):
+        if not part.isdigit() or int(part) < 1:
+            raise InvalidArgumentError(f"--replicas takes positive integers, got {part!r}")
+        counts.append(int(part))
+    return counts
+
+
+def _routings(text: str) -> list[str]:
+    return [check_routing(part.strip()) for part in text.split(",")]
+
+
+def _tier_options(args: argparse.Namespace) -> dict:
+    """The tier options, checked before any server starts."""
+    check_shared_tier(args.shared_tier, args.store_url)
+    host = parse_size(args.host_bytes) if args.host_bytes else 0
+    disk = parse_size(args.disk_bytes) if args.disk_bytes else 0
+    if disk and not host:
+        raise InvalidArgumentError("--disk-bytes needs --host-bytes: the disk tier holds host demotions")
+    tiered = host or args.shared_tier != "none"
+    if tiered and (args.tier_chunk < 1 or args.tier_chunk % args.block_size):
+        raise InvalidArgumentError(f"--tier-chunk must be a positive multiple of --block-size {args.block_size}")
+    return {"chunk_size": args.tier_chunk, "host_bytes": host, "disk_bytes": disk,
+            "shared_bandwidth": float(parse_size(args.shared_bandwidth))}
+
+
 def run(args: argparse.Namespace, console: Console) -> int:
     try:
         return _run(args, console)
     except HybridCacheError as error:
         console.print(f"[red]hybridcache replay: {error}[/red]")
         return 2
+    except KeyboardInterrupt:
+        console.print("[red]hybridcache replay: interrupted (servers stopped, scratch removed)[/red]")
+        return 130
 
 
 def _run(args: argparse.Namespace, console: Console) -> int:
@@ -100,7 +148,10 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     )
     policies = _policies(args)
     mean_prompt = mean_prompt_tokens(requests)
+    fleets = [(count, routing) for count in _replica_counts(args.replicas) for routing in _routings(args.routing)]
+    tier_options = _tier_options(args)
     runs = [(policy, budget) for policy in policies for budget in _budgets(args, profile, policy, mean_prompt)]
+    unique_tokens = bound.prompt_tokens - int(bound.shared_tokens.sum())
     context = {
         "trace": args.trace,
         "bound_token_hit_rate": bound.token_hit_rate,
@@ -108,18 +159,31 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         "continuations": synthesized.stats.continuations,
     }
     records = []
-    with Progress(console=console, transient=True) as progress:
+    with tempfile.TemporaryDirectory(prefix="hybridcache-replay-") as scratch, \
+            open_shared_tier(args.shared_tier, args.store_url, Path(scratch)) as shared, \
+            Progress(console=console, transient=True) as progress:
+        tiers = TierSetup(shared=shared, shared_name=args.shared_tier, disk_root=Path(scratch), **tier_options)
         for policy, budget in runs:
-            task = progress.add_task(f"{policy.name} @ {_budget_label(budget)}", total=len(requests))
-            record = replay(
-                requests, profile, policy, budget, args.block_size,
-                prefill_chunk=args.prefill_chunk, progress=lambda task=task: progress.advance(task),
-            )
-            record = with_ttft({"trace": args.trace, **record, **context}, args.device_tflops)
-            record["bound_fraction"] = record["token_hit_rate"] / bound.token_hit_rate if bound.token_hit_rate else 0.0
-            records.append(record)
-            progress.remove_task(task)
+            for replicas, routing in fleets:
+                label = f"{policy.name} @ {_budget_label(budget)}, {replicas} x {routing}"
+                task = progress.add_task(label, total=len(requests))
+                record = replay(
+                    requests, profile, policy, budget, args.block_size,
+                    prefill_chunk=args.prefill_chunk, progress=lambda task=task: progress.advance(task),
+                    replicas=replicas, routing=routing, tiers=tiers if tiers.enabled else None,
+                    device_tflops=args.device_tflops,
+                )
+                record = with_ttft({"trace": args.trace, **record, **context}, args.device_tflops)
+                record["bound_fraction"] = record["token_hit_rate"] / bound.token_hit_rate if bound.token_hit_rate else 0.0
+                if "tiers" in record:
+                    stored = record["tiers"]["stored_bytes_nominal"]
+                    kept = stored["shared"] if shared is not None else stored["host"]
+                    record["tiers"]["stored_bytes_per_unique_token"] = kept / unique_tokens if unique_tokens else 0.0
+                records.append(record)
+                progress.remove_task(task)
     _print(records, console)
+    if any(record["replicas"] > 1 or "tiers" in record for record in records):
+        print_fleet(records, console)
     _write(args, records, console)
     return 0
 

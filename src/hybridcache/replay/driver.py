@@ -1,7 +1,10 @@
 """Replay a synthesized trace through the cache in arrival order and measure what it saves.
 
-Owns, during one ``replay`` call, the adapter (pools and trie, see ``adapter``) and the
-counters of the run. Each request is one turn: admission (the cache reuses the deepest exact
+Owns, during one ``replay`` call, one adapter per replica (pools and trie, see ``adapter``),
+each replica's tiers when asked for (``tiering``; the shared store is the caller's, and the
+run removes what it put there), and the counters of the run. A request goes to the replica
+``routing`` chooses; with tiers it first restores the deepest verified prefix they hold
+(``CacheProtocol.adopt``), and after it publishes the chunk-aligned prefixes it computed. Each request is one turn: admission (the cache reuses the deepest exact
 checkpoint), then virtual chunks to the ends its admission policy plans, checkpoints where the
 plan asks, its output appended at the prompt end and processed as one more virtual chunk (or
 several, when the policy checkpoints inside it), and release. A request the pools cannot hold
@@ -20,18 +23,31 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
+import uuid
 from collections.abc import Callable
 from collections.abc import Sequence as SequenceLike
 from dataclasses import dataclass
 
 import numpy as np
 
-from hybridcache.errors import InvalidArgumentError, InvalidTypeError
+from hybridcache.errors import InvalidArgumentError, InvalidTypeError, StoreError
 from hybridcache.policies import Policy, TurnView, first_end, kind_of_step
 from hybridcache.policies.eviction import MarconiState
 from hybridcache.policies.tuning import AlphaTuner
 from hybridcache.profiles import ModelProfile
 from hybridcache.replay.adapter import CacheAdapter, PoolGeometry, Turn
+from hybridcache.replay.routing import check_routing, choose
+from hybridcache.replay.tiering import (
+    NominalSizes,
+    ReplicaTiers,
+    TierSetup,
+    exists_or_absent,
+    replay_fingerprint,
+    restore_limit,
+    tier_report,
+)
+from hybridcache.sequence import Sequence
+from hybridcache.tiers.keys import KeyChain
 from hybridcache.types import as_int
 from hybridcache.workloads.records import Request
 
@@ -76,15 +92,27 @@ class _Counters:
     dropped: int = 0
 
 
-Observer = Callable[[CacheAdapter, Request, Turn], None]
+# Called after every request with every replica's adapter (``turn.replica`` served it).
+Observer = Callable[[list[CacheAdapter], Request, Turn], None]
 
 
-def _serve(adapter: CacheAdapter, request: Request, policy: Policy, counters: _Counters, chunk: int) -> Turn:
+def _serve(
+    adapter: CacheAdapter,
+    request: Request,
+    policy: Policy,
+    counters: _Counters,
+    chunk: int,
+    before_admission: Callable[[Turn], object] | None = None,
+    forward_ends: list[int] | None = None,
+) -> Turn:
     """One turn: admission, prefill chunks of at most ``chunk`` tokens from the resume point
     (as the engine's scheduler cuts them) also ended at every planned checkpoint, the output
-    as one more chunk, release."""
+    as one more chunk, release. ``before_admission(turn)`` runs once the turn is prepared (a
+    tier restore); the end of every computed chunk is appended to ``forward_ends``."""
     admission = policy.admission
     turn = adapter.start_turn(request.prompt)
+    if before_admission is not None:
+        before_admission(turn)
     prompt_length = request.prompt_length
     final_end = prompt_length + max(0, request.output_length - 1)
     block_size = adapter.geometry.block_size
@@ -100,6 +128,7 @@ def _serve(adapter: CacheAdapter, request: Request, policy: Policy, counters: _C
         counters.dropped += 1
         adapter.finish(turn)
         return turn
+    ends_out = forward_ends if forward_ends is not None else []
     turn_view = view(turn.hit_tokens)
     saves = admission.save_steps(turn_view)
     grid = range(turn.hit_tokens + chunk, prompt_length, chunk)
@@ -113,6 +142,7 @@ def _serve(adapter: CacheAdapter, request: Request, policy: Policy, counters: _C
         if adapter.forward(turn, end, kind, parent):
             counters.checkpoints_written += 1
             parent = end
+        ends_out.append(end)
         if end == prompt_length:
             adapter.append(turn, request.output)
     adapter.finish(turn)
@@ -153,6 +183,17 @@ def _evicted(adapter: CacheAdapter) -> bool:
     return bool(stats.evicted_blocks or stats.evicted_checkpoints or adapter.evicted_for_slots)
 
 
+@dataclass
+class _Replica:
+    """One replica of the run: its device cache, its alpha tuning, its tiers, what it served."""
+
+    adapter: CacheAdapter
+    tuning: _Tuning
+    tiers: ReplicaTiers | None
+    requests: int = 0
+    hit_tokens: int = 0
+
+
 def replay(
     requests: SequenceLike[Request],
     profile: ModelProfile,
@@ -163,30 +204,154 @@ def replay(
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     progress: Callable[[], None] | None = None,
     observer: Observer | None = None,
+    replicas: int = 1,
+    routing: str = "round-robin",
+    tiers: TierSetup | None = None,
+    device_tflops: float = DEFAULT_DEVICE_TFLOPS,
 ) -> dict:
-    """Serve ``requests`` in order; returns the run's measurements (see ``_record``)."""
+    """Serve ``requests`` in order on ``replicas`` replicas, each with ``budget`` and, when
+    ``tiers`` enables any, its own host and disk tiers and the run's shared one; returns the
+    run's measurements (see ``_record``)."""
     _validate(requests, profile, policy, budget)
     prefill_chunk = as_int("prefill_chunk", prefill_chunk, 1)
+    replicas = as_int("replicas", replicas, 1)
+    routing = check_routing(routing)
+    if tiers is not None and not isinstance(tiers, TierSetup):
+        raise InvalidTypeError(f"tiers must be a TierSetup, got {type(tiers).__name__}")
+    if not device_tflops > 0:
+        raise InvalidArgumentError(f"device_tflops must be > 0, got {device_tflops!r}")
     geometry = pool_geometry(budget, profile, block_size)
-    adapter = CacheAdapter(geometry, policy.eviction.new_state(profile))
     fitted = policy.admission.fitted(geometry.kv_blocks * block_size, geometry.checkpoint_slots)
     policy = dataclasses.replace(policy, admission=fitted)
+    tiered = tiers is not None and tiers.enabled
+    if tiered and tiers.chunk_size % block_size:
+        raise InvalidArgumentError(f"--tier-chunk {tiers.chunk_size} must be a multiple of the block size {block_size}")
+    fleet = [_new_replica(geometry, profile, policy, prefill_chunk) for _ in range(replicas)]
+    run = _TierRun(tiers, profile, block_size, device_tflops, requests, fleet) if tiered else None
     counters = _Counters()
-    tuning = _Tuning(adapter, policy, prefill_chunk)
     began = time.perf_counter()
-    for request in requests:
-        turn = _serve(adapter, request, policy, counters, prefill_chunk)
-        tuning.after(request)
-        counters.prompt_tokens += request.prompt_length
-        counters.hit_tokens += turn.hit_tokens
-        counters.hit_requests += turn.hit_tokens > 0
-        counters.flops_saved += profile.prefill_flops(0, turn.hit_tokens)
-        counters.flops_needed += profile.prefill_flops(0, request.prompt_length)
-        if observer is not None:
-            observer(adapter, request, turn)
-        if progress is not None:
-            progress()
-    return _record(adapter, counters, len(requests), time.perf_counter() - began, (profile, policy, budget, block_size))
+    try:
+        for number, request in enumerate(requests):
+            chain = run.prompt_chain(request) if run is not None else None
+            index = _route(fleet, routing, request, number, chain, run)
+            replica = fleet[index]
+            ends: list[int] = []
+            restore = None if replica.tiers is None else (lambda turn: replica.tiers.restore(replica.adapter, turn, chain))
+            turn = _serve(replica.adapter, request, policy, counters, prefill_chunk, restore, ends if run else None)
+            turn.replica = index
+            if run is not None:
+                run.publish(replica, request, turn, ends)
+            replica.tuning.after(request)
+            replica.requests += 1
+            replica.hit_tokens += turn.hit_tokens
+            counters.prompt_tokens += request.prompt_length
+            counters.hit_tokens += turn.hit_tokens
+            counters.hit_requests += turn.hit_tokens > 0
+            counters.flops_saved += profile.prefill_flops(0, turn.hit_tokens)
+            counters.flops_needed += profile.prefill_flops(0, request.prompt_length)
+            if observer is not None:
+                observer([r.adapter for r in fleet], request, turn)
+            if progress is not None:
+                progress()
+        wall_s = time.perf_counter() - began
+        record = _record(fleet, counters, len(requests), wall_s, (profile, policy, budget, block_size))
+        record.update(replicas=replicas, routing=routing, shared_tier=tiers.shared_name if tiers else "none")
+        record["remote_hit_tokens"] = run.remote_hit_tokens() if run is not None else 0
+        if run is not None:
+            record["tiers"] = run.report()
+        return record
+    finally:
+        if run is not None:
+            run.close()
+
+
+def _new_replica(geometry: PoolGeometry, profile: ModelProfile, policy: Policy, prefill_chunk: int) -> _Replica:
+    adapter = CacheAdapter(geometry, policy.eviction.new_state(profile))
+    return _Replica(adapter, _Tuning(adapter, policy, prefill_chunk), None)
+
+
+def _route(fleet: list[_Replica], routing: str, request: Request, number: int, chain, run) -> int:
+    """The replica serving ``request`` (``routing`` module); scoring changes no cache."""
+    if len(fleet) == 1 or routing == "round-robin":
+        return number % len(fleet)
+    scratch = Sequence(request.prompt)  # holds no blocks: each cache re-claims it to probe
+    probes = [replica.adapter.probe(scratch) for replica in fleet]
+    if routing == "kv-overlap":
+        return choose([kv for _, kv in probes], number)
+    if run is None or chain is None:
+        return choose([step for step, _ in probes], number)
+    shared = run.shared_presence(chain)
+    scores = [r.tiers.reachable_step(chain, step, kv, shared) for r, (step, kv) in zip(fleet, probes)]
+    return choose(scores, number)
+
+
+class _TierRun:
+    """The tiers of one run: each replica's ``ReplicaTiers``, the run's namespace, the keys put
+    into the shared store (removed at the end, so a sweep's runs start from an empty store)."""
+
+    def __init__(self, setup: TierSetup, profile: ModelProfile, block_size: int, device_tflops: float,
+                 requests: SequenceLike[Request], fleet: list[_Replica]) -> None:
+        self.setup, self.profile, self.fleet = setup, profile, fleet
+        self.chunk = setup.chunk_size
+        self.fingerprint = replay_fingerprint(profile, block_size, self.chunk, uuid.uuid4().hex[:16])
+        self.sizes = NominalSizes(profile, self.chunk)
+        mean_prompt = max(1, round(mean_prompt_tokens(requests)))
+        flops = device_tflops * 1e12
+        rate = profile.prefill_flops(0, mean_prompt) / mean_prompt / flops  # mean per-token cost of a mean prompt
+        self.published: set[str] = set()
+        try:
+            for index, replica in enumerate(fleet):
+                replica.tiers = ReplicaTiers(setup, self.sizes, self.fingerprint, rate, flops, profile, index)
+        except BaseException:
+            self.close()
+            raise
+
+    def prompt_chain(self, request: Request) -> KeyChain | None:
+        """The chain of the prompt's restorable prefix (None: too short for one chunk)."""
+        limit = restore_limit(request.prompt_length, self.chunk)
+        return KeyChain(self.fingerprint, request.prompt[:limit]) if limit > 0 else None
+
+    def shared_presence(self, chain: KeyChain) -> dict[str, bool]:
+        """Which of the chain's objects the shared store holds: one lookup for every replica."""
+        shared = self.setup.shared
+        if shared is None:
+            return {}
+        names = [chain.checkpoint_key(step).name for step in chain.checkpoint_steps()]
+        names += [chain.chunk_key(index).name for index in range(chain.num_chunks)]
+        return dict(zip(names, exists_or_absent(shared, names)))
+
+    def publish(self, replica: _Replica, request: Request, turn: Turn, ends: list[int]) -> None:
+        """Publish what the turn computed beyond its hit: every chunk-aligned chunk end (the engine
+        publishes those), the deepest aligned step of the prompt and of the turn end."""
+        if not ends:
+            return
+        computed = ends[-1]
+        chunk = self.chunk
+        wanted = {end for end in ends if end % chunk == 0}
+        wanted |= {min(request.prompt_length, computed) // chunk * chunk, computed // chunk * chunk}
+        steps = sorted(step for step in wanted if step > turn.hit_tokens)
+        replica.tiers.publish(request.tokens, steps, self.published)
+
+    def remote_hit_tokens(self) -> int:
+        return sum(replica.tiers.counters["remote_hit_tokens"] for replica in self.fleet)
+
+    def report(self) -> dict:
+        return tier_report(self.setup, self.sizes, [replica.tiers for replica in self.fleet])
+
+    def close(self) -> None:
+        """Remove this run's objects from the shared store and close every replica's own tiers."""
+        shared = self.setup.shared
+        if shared is not None and self.published:
+            names = sorted(self.published)
+            for at in range(0, len(names), 512):
+                try:
+                    shared.remove(names[at : at + 512])
+                except StoreError:
+                    break  # the store is gone; so is what it held
+        self.published.clear()
+        for replica in self.fleet:
+            if replica.tiers is not None:
+                replica.tiers.close()
 
 
 def _validate(requests: SequenceLike[Request], profile: ModelProfile, policy: Policy, budget: Budget) -> None:
@@ -197,11 +362,28 @@ def _validate(requests: SequenceLike[Request], profile: ModelProfile, policy: Po
         raise InvalidTypeError("requests must be Request records (see hybridcache.workloads.synthesize)")
 
 
-def _record(adapter: CacheAdapter, counters: _Counters, requests: int, wall_s: float, setup: tuple) -> dict:
+def _merged_stats(fleet: list[_Replica]) -> dict:
+    """The adapters' statistics summed over replicas (one replica: its own, unchanged)."""
+    if len(fleet) == 1:
+        return fleet[0].adapter.stats()
+    merged: dict = {}
+    for replica in fleet:
+        for name, value in replica.adapter.stats().items():
+            if isinstance(value, dict):
+                bucket = merged.setdefault(name, {})
+                for key, count in value.items():
+                    bucket[key] = bucket.get(key, 0) + count
+            else:
+                merged[name] = merged.get(name, 0) + value
+    merged["hit_rate"] = merged["hit_tokens"] / merged["query_tokens"] if merged["query_tokens"] else 0.0
+    return merged
+
+
+def _record(fleet: list[_Replica], counters: _Counters, requests: int, wall_s: float, setup: tuple) -> dict:
     profile, policy, budget, block_size = setup
-    stats = adapter.stats()
-    geometry = adapter.geometry
-    return {
+    stats = _merged_stats(fleet)
+    geometry = fleet[0].adapter.geometry
+    record = {
         "policy": policy.name,
         "admission": policy.admission.name,
         "eviction": policy.eviction.name,
@@ -232,8 +414,14 @@ def _record(adapter: CacheAdapter, counters: _Counters, requests: int, wall_s: f
         "shortened": stats["shortened"],
         "trie_hit_rate": stats["hit_rate"],
         "wall_s": wall_s,
-        "alpha": getattr(adapter.eviction, "alpha", None),
+        "alpha": getattr(fleet[0].adapter.eviction, "alpha", None),
     }
+    if len(fleet) > 1:
+        record["per_replica"] = [
+            {"requests": r.requests, "hit_tokens": r.hit_tokens, "alpha": getattr(r.adapter.eviction, "alpha", None)}
+            for r in fleet
+        ]
+    return record
 
 
 def with_ttft(record: dict, device_tflops: float) -> dict:

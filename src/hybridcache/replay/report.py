@@ -1,0 +1,56 @@
+"""The multi-replica tables of ``hybridcache replay``: hit rate vs replicas per routing, and
+what the tiers did per run.
+
+Owns no state; reads the records ``driver.replay`` returns.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _setting(record: dict) -> tuple:
+    budget = record["cache_bytes"] if record["cache_bytes"] is not None else record["kv_bytes"] + record["state_bytes"]
+    return record["policy"], f"{budget / 1e9:g} GB", record["routing"], record["shared_tier"]
+
+
+def _bytes(value: float) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.1f} {unit}"
+    return f"{value:.0f} B"
+
+
+def print_fleet(records: list[dict], console: Console) -> None:
+    counts = sorted({record["replicas"] for record in records})
+    rows: dict[tuple, dict[int, dict]] = {}
+    for record in records:
+        rows.setdefault(_setting(record), {})[record["replicas"]] = record
+    table = Table(title="token hit rate vs replicas (each replica: the whole budget)")
+    for column in ("policy", "budget/replica", "routing", "shared tier"):
+        table.add_column(column)
+    for count in counts:
+        table.add_column(f"{count} repl.", justify="right")
+    for setting, by_count in rows.items():
+        cells = [f"{100 * by_count[c]['token_hit_rate']:.2f} %" if c in by_count else "" for c in counts]
+        table.add_row(*setting, *cells)
+    console.print(table)
+    tiered = [record for record in records if "tiers" in record]
+    if not tiered:
+        return
+    table = Table(title="tiers: restores, bytes moved, cost, storage, misses")
+    for column in ("repl.", "routing", "shared", "remote hit tok", "restores", "moved/hit nominal",
+                   "moved/hit wire", "restore s / recompute s", "stored B/unique tok", "misses"):
+        table.add_column(column, justify="left" if column in ("routing", "shared", "misses") else "right")
+    for record in tiered:
+        tiers = record["tiers"]
+        misses = ", ".join(f"{reason} {count:,}" for reason, count in sorted(tiers["misses"].items()))
+        table.add_row(
+            str(record["replicas"]), record["routing"], record["shared_tier"],
+            f"{record['remote_hit_tokens']:,}", f"{tiers['restores']:,}",
+            _bytes(tiers["bytes_moved_per_hit_nominal"]), _bytes(tiers["bytes_moved_per_hit_actual"]),
+            f"{tiers['restore_s']:.2f} / {tiers['recompute_s']:.2f}",
+            f"{tiers['stored_bytes_per_unique_token']:,.0f}", misses or "-",
+        )
+    console.print(table)
