@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hybridcache.errors import TopologyError
-from hybridcache.prefix_cache.node import NO_SLOT, NodePath, NodeTable
+from hybridcache.prefix_cache.node import NO_SLOT, RECENT_PATHS, NodePath, NodeTable
 from hybridcache.sequence import MultimodalSpan, Namespace
 
 from ._helpers import snapshot
@@ -228,6 +228,60 @@ def test_path_to_and_path_blocks():
     ids = table.path_blocks(bent)
     assert ids.tolist() == [10, 20, 21] and not ids.flags.writeable and bent.blocks is None
     assert bent.slot_at(table, 0) == root and bent.slot_at(table, 2) == int(branch[0])
+
+
+def fragmented_path(table: NodeTable, root: int, length: int) -> list[int]:
+    """A path grown one node at a time into reused, scattered slots: one run per node."""
+    spare = chain(table, root, 1000, 2 * length, first_block=1000)
+    for slot in spare[::-1].tolist():
+        table.detach_leaf(slot)
+    table._free_slots[:] = table._free_slots[::2] + table._free_slots[1::2]  # no two in a row
+    grown, parent = [], root
+    for position in range(length):
+        parent = int(chain(table, parent, position + 1, 1, first_block=position)[0])
+        grown.append(parent)
+    return grown
+
+
+def test_path_to_resumes_from_a_remembered_ancestor_and_equals_a_walk():
+    table = NodeTable()
+    root = table.root(Namespace())
+    grown = fragmented_path(table, root, 12)
+    walks = []
+    for slot in grown:
+        path = table.path_to(slot)
+        runs, top = table.path_runs(slot, 0)
+        assert (path.runs, path.root, path.depth) == (runs, top, int(table.depth[slot]))
+        walks.append(len(runs))
+    assert walks == list(range(1, 13))  # every node its own run: the memo, not the layout, helps
+    assert table.path_to(grown[-1]) is table.path_to(grown[-1])  # remembered, shared
+    assert table.path_blocks(table.path_to(grown[-1])).tolist() == list(range(12))
+    table.check_invariants()
+
+
+def test_path_to_ignores_a_remembered_path_whose_node_was_detached():
+    table = NodeTable()
+    root = table.root(Namespace())
+    grown = fragmented_path(table, root, 4)
+    stale = table.path_to(grown[-1])
+    table.detach_leaf(grown[-1])
+    table.check_invariants()  # a stale memo entry is skipped, not compared
+    other = chain(table, grown[1], 500, 1, first_block=77)
+    assert int(other[0]) == grown[-1]  # the freed slot is reused at another place
+    path = table.path_to(int(other[0]))
+    assert path is not stale and path.runs == table.path_runs(int(other[0]), 0)[0] and path.depth == 3
+    assert table.path_blocks(path).tolist() == [0, 1, 77]
+    table.check_invariants()
+
+
+def test_path_memo_is_bounded():
+    table = NodeTable()
+    root = table.root(Namespace())
+    leaves = [int(chain(table, root, 10 * i + 1, 1, first_block=i)[0]) for i in range(RECENT_PATHS + 5)]
+    for slot in leaves:
+        table.path_to(slot)
+    assert len(table._recent_paths) == RECENT_PATHS and leaves[0] not in table._recent_paths
+    table.check_invariants()
 
 
 def test_check_path_catches_a_drifted_path_and_ignores_a_stale_one():

@@ -1,7 +1,7 @@
 """Trie topology.
 
-Owns: every trie node record (struct of arrays indexed by slot), the namespace roots and the
-prefix-key index of attached nodes.
+Owns: every trie node record (struct of arrays indexed by slot), the namespace roots, the
+prefix-key index of attached nodes and a bounded memo of recently taken ``NodePath``s.
 
 Topology is monotonic: a node attaches once and only leaves detach, so while a node is
 attached its whole ancestry is attached and unchanged. A node handle is ``(slot,
@@ -12,7 +12,9 @@ O(1) that nothing it derived from the table can have changed.
 Runs: ``run_head[s]`` is the first slot of the longest run ``h, h+1, ..., s`` in which every
 slot is the parent of the next. A path is walked run by run (``path_runs``) rather than node by
 node, and nodes attached together get consecutive slots, so a path made by one request is a
-single run.
+single run. A path grown a chunk at a time into reused slots is one run per chunk, so
+``path_to`` starts from the memoized path of the nearest ancestor it meets (the previous chunk's
+end, typically): a path of r runs costs one run walked plus one list copy, not r walks.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from hybridcache.prefix_cache.key_index import KeyIndex
 from hybridcache.types import NO_SLOT, MultimodalSpan, Namespace
 
 Runs = list[tuple[int, int]]
+
+# Paths remembered by ``path_to``: enough for every sequence of a large batch growing at once.
+RECENT_PATHS = 1024
 
 
 @dataclass(eq=False)
@@ -80,6 +85,9 @@ class NodeTable:
         self._root_namespaces: dict[int, Namespace] = {}  # the inverse of ``_roots``
         # Roots with no child: a namespace that caches nothing below its root can go.
         self._childless_roots: set[int] = set()
+        # slot -> the last NodePath taken to it, oldest first (dict order); an entry is used only
+        # while its node keeps the generation stamped on it.
+        self._recent_paths: dict[int, NodePath] = {}
         self._free_slots: list[int] = []
         self._high = 0
         self._num_attached = 0
@@ -263,9 +271,35 @@ class NodeTable:
         return runs, slot
 
     def path_to(self, slot: int) -> NodePath:
-        """The path root..``slot`` of an attached node, stamped with its generation."""
-        runs, root = self.path_runs(slot, 0)
-        return NodePath(slot, int(self.depth[slot]), runs, root, int(self.generation[slot]))
+        """The path root..``slot`` of an attached node, stamped with its generation.
+
+        Walks runs up from ``slot`` until it meets a node whose path is remembered and still
+        valid, then copies that path's runs; the result is remembered in turn (the oldest memo
+        entry goes past ``RECENT_PATHS``). A remembered path of ``slot`` itself is returned as
+        is: a path is shared by everyone who holds it, and never mutated.
+        """
+        recent = self._recent_paths
+        known = recent.get(slot)
+        if known is not None and self.is_valid(slot, known.generation):
+            return known
+        depth, run_head, parent = self.depth, self.run_head, self.parent
+        runs: Runs = []
+        node = slot
+        while depth[node] > 0:
+            head = int(run_head[node])
+            runs.append((head, node))
+            node = int(parent[head])
+            known = recent.get(node)
+            if known is not None and self.is_valid(node, known.generation):
+                runs.extend(known.runs)
+                node = known.root
+                break
+        path = NodePath(slot, int(depth[slot]), runs, node, int(self.generation[slot]))
+        recent.pop(slot, None)
+        recent[slot] = path
+        if len(recent) > RECENT_PATHS:
+            del recent[next(iter(recent))]
+        return path
 
     @staticmethod
     def _along(column: np.ndarray, runs: Runs) -> np.ndarray:
@@ -365,6 +399,10 @@ class NodeTable:
         assert set(self.extra_identity) <= set(nodes.tolist()), "identity kept for a detached node"
         assert np.array_equal(self.mm_count[nodes], self.mm_count[parents] + has_mm[nodes]), "mm counts drifted"
         self._index.check_invariants()
+        assert len(self._recent_paths) <= RECENT_PATHS, "path memo over its bound"
+        for slot, path in self._recent_paths.items():
+            assert path.node == slot, "path memo filed under another slot"
+            self.check_path(path)
         entries = self._index.items()
         assert sorted(slot for _, slot in entries) == nodes.tolist(), "key index differs from attached nodes"
         assert all(int(self.key[slot]) == key for key, slot in entries), "index key differs from node key"
