@@ -13,12 +13,24 @@ from hybridcache.tiers.backends import DiskStore, HostMemoryStore, PutOutcome
 
 @pytest.fixture(params=["host", "disk"])
 def bounded(request, tmp_path):
-    def make(capacity: int):
+    def make(capacity: int, charge=None):
         if request.param == "host":
-            return HostMemoryStore(capacity)
-        return DiskStore(tmp_path / f"disk-{capacity}", capacity)
+            return HostMemoryStore(capacity, charge=charge)
+        return DiskStore(tmp_path / f"disk-{capacity}", capacity, charge=charge)
 
     return make
+
+
+def test_a_charge_counts_what_objects_stand_for(bounded):
+    store = bounded(1000, charge=lambda key, size: 400)  # each tiny object stands for 400 bytes
+    store.put_if_absent([("a", b"a"), ("b", b"b")])
+    assert store.used_bytes == 800
+    assert store.put_if_absent([("c", b"c")]) == [PutOutcome.STORED]
+    assert store.exists(["a", "b", "c"]) == [False, True, True] and store.used_bytes == 800
+    store.remove(["b"])
+    assert store.used_bytes == 400
+    with pytest.raises(InvalidTypeError):
+        bounded(10, charge="400")
 
 
 def test_least_recently_used_goes_first(bounded):

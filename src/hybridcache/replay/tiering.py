@@ -10,8 +10,8 @@ Payloads are virtual. Every object carries a real header (the namespace fingerpr
 ids it covers, its own key, a payload checksum), so every tier hit is verified by the same code
 the engine uses; its payload is a one-byte stand-in. What an object *stands for* is accounted
 from the model profile: a KV chunk weighs ``kv_bytes_per_token * chunk`` bytes, a checkpoint one
-profile state. Host and disk budgets are charged those nominal sizes (``NominalHostStore``,
-``NominalDiskStore``), the cost model is told them through ``TieredStore``'s ``size_hint``, and its
+profile state. Host and disk budgets are charged those nominal sizes (the stores' ``charge``),
+the cost model is told them through ``TieredStore``'s ``size_hint``, and its
 per-byte rates are fixed (no smoothing: the loopback's speed on stand-in bytes says nothing
 about a real link).
 """
@@ -93,59 +93,9 @@ class NominalSizes:
         """``TieredStore``'s size_hint: what an object of ``kind`` covering ``tokens`` carries."""
         return self.kv_per_token * tokens if kind is ObjectKind.KV_CHUNK else self.checkpoint
 
-    def of_key(self, key: str) -> int:
+    def of_key(self, key: str, size: int) -> int:
+        """A host or disk store's ``charge``: an object counts what it stands for, not ``size``."""
         return self.chunk if ObjectKey.from_name(key).kind is ObjectKind.KV_CHUNK else self.checkpoint
-
-
-class NominalHostStore(HostMemoryStore):
-    """T1 whose budget is charged each object's nominal size instead of its stand-in bytes."""
-
-    def __init__(self, capacity_bytes: int, sizes: NominalSizes) -> None:
-        super().__init__(capacity_bytes)
-        self._sizes = sizes
-
-    def _put_one(self, key: str, value: bytes, evicted: list[tuple[str, bytes]]) -> PutOutcome:
-        if key in self._objects:
-            return PutOutcome.PRESENT
-        size = self._sizes.of_key(key)
-        if size > self.capacity_bytes:
-            return PutOutcome.REJECTED
-        while self._used + size > self.capacity_bytes:
-            victim = self._objects.popitem(last=False)
-            self._used -= self._sizes.of_key(victim[0])
-            self._evictions += 1
-            evicted.append(victim)
-        self._objects[key] = value
-        self._used += size
-        return PutOutcome.STORED
-
-    def _remove(self, keys: list[str], timeout: float) -> list[bool]:
-        with self._lock:
-            removed = [self._objects.pop(key, None) is not None for key in keys]
-            self._used -= sum(self._sizes.of_key(key) for key, gone in zip(keys, removed) if gone)
-            return removed
-
-
-class NominalDiskStore(DiskStore):
-    """T2 (real files, fsynced and renamed) whose budget is charged nominal sizes; its index
-    records each object's nominal size, which is what eviction and removal subtract."""
-
-    def __init__(self, root: Path, capacity_bytes: int, sizes: NominalSizes) -> None:
-        super().__init__(root, capacity_bytes)
-        self._sizes = sizes
-
-    def _put_one(self, key: str, value: bytes) -> PutOutcome:
-        if key in self._index:
-            return PutOutcome.PRESENT
-        size = self._sizes.of_key(key)
-        if size > self.capacity_bytes:
-            return PutOutcome.REJECTED
-        self._evict_until_fits(size)
-        if not self._write_atomically(self._path(key), value):
-            return PutOutcome.PRESENT
-        self._index[key] = size
-        self._used += size
-        return PutOutcome.STORED
 
 
 def replay_fingerprint(profile: ModelProfile, block_size: int, chunk_size: int, run_id: str) -> NamespaceFingerprint:
@@ -181,10 +131,10 @@ class ReplicaTiers:
         """``recompute_s_per_token``: the cost model's recompute rate; ``device_flops``: FLOP/s
         of the recompute estimate reported per restore (from the profile's FLOPs)."""
         self.fingerprint, self.sizes, self.profile, self.device_flops = fingerprint, sizes, profile, device_flops
-        host = NominalHostStore(setup.host_bytes, sizes) if setup.host_bytes else None
+        host = HostMemoryStore(setup.host_bytes, charge=sizes.of_key) if setup.host_bytes else None
         disk = None
         if setup.disk_bytes:
-            disk = NominalDiskStore(Path(setup.disk_root) / f"replica-{index}", setup.disk_bytes, sizes)
+            disk = DiskStore(Path(setup.disk_root) / f"replica-{index}", setup.disk_bytes, charge=sizes.of_key)
         priors = RestoreCost()
         cost = RestoreCost(
             recompute_s_per_token=recompute_s_per_token,

@@ -20,6 +20,7 @@ import os
 import threading
 from collections import OrderedDict
 from pathlib import Path
+from typing import Callable
 
 from hybridcache.errors import InvalidArgumentError, InvalidTypeError, StoreError, StoreLockedError
 from hybridcache.tiers.backends.base import DEFAULT_TIMEOUT_S, ObjectStore, PutOutcome
@@ -30,8 +31,20 @@ _SUFFIX = ".obj"
 class DiskStore(ObjectStore):
     """Objects as files under ``root``; see the module docstring for the write protocol."""
 
-    def __init__(self, root: str | os.PathLike, capacity_bytes: int, *, default_timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        capacity_bytes: int,
+        *,
+        default_timeout: float = DEFAULT_TIMEOUT_S,
+        charge: Callable[[str, int], int] | None = None,
+    ) -> None:
+        """``charge(key, size)``: the bytes an object counts against the budget (None: its
+        size); a caller whose objects stand in for larger ones (the replay) charges those."""
         super().__init__(default_timeout=default_timeout)
+        if charge is not None and not callable(charge):
+            raise InvalidTypeError("charge must be callable")
+        self._charge = (lambda key, size: size) if charge is None else charge
         if not isinstance(root, (str, os.PathLike)):
             raise InvalidTypeError("root must be a path")
         if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int):
@@ -92,8 +105,8 @@ class DiskStore(ObjectStore):
         except OSError as error:
             raise StoreError(f"cannot scan disk tier at {self.root}: {error}") from error
         for _, key, size in sorted(found):
-            self._index[key] = size
-            self._used += size
+            self._index[key] = self._charge(key, size)
+            self._used += self._index[key]
         self._evict_until_fits(0)
 
     # --- operations ----------------------------------------------------------------------------
@@ -113,13 +126,14 @@ class DiskStore(ObjectStore):
     def _put_one(self, key: str, value: bytes) -> PutOutcome:
         if key in self._index:
             return PutOutcome.PRESENT
-        if len(value) > self.capacity_bytes:
+        size = self._charge(key, len(value))
+        if size > self.capacity_bytes:
             return PutOutcome.REJECTED
-        self._evict_until_fits(len(value))
+        self._evict_until_fits(size)
         if not self._write_atomically(self._path(key), value):
             return PutOutcome.PRESENT
-        self._index[key] = len(value)
-        self._used += len(value)
+        self._index[key] = size
+        self._used += size
         return PutOutcome.STORED
 
     def _write_atomically(self, final: Path, value: bytes) -> bool:

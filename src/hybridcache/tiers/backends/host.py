@@ -25,10 +25,16 @@ class HostMemoryStore(ObjectStore):
         *,
         default_timeout: float = DEFAULT_TIMEOUT_S,
         on_evict: Callable[[str, bytes], None] | None = None,
+        charge: Callable[[str, int], int] | None = None,
     ) -> None:
+        """``charge(key, size)``: the bytes an object counts against the budget (None: its
+        size); a caller whose objects stand in for larger ones (the replay) charges those."""
         super().__init__(default_timeout=default_timeout)
         if on_evict is not None and not callable(on_evict):
             raise InvalidTypeError("on_evict must be callable")
+        if charge is not None and not callable(charge):
+            raise InvalidTypeError("charge must be callable")
+        self._charge = charge
         if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int):
             raise InvalidTypeError("capacity_bytes must be an int")
         if capacity_bytes <= 0:
@@ -70,18 +76,22 @@ class HostMemoryStore(ObjectStore):
                 self._on_evict(key, value)
         return outcomes
 
+    def _charged(self, key: str, value: bytes) -> int:
+        return len(value) if self._charge is None else self._charge(key, len(value))
+
     def _put_one(self, key: str, value: bytes, evicted: list[tuple[str, bytes]]) -> PutOutcome:
         if key in self._objects:
             return PutOutcome.PRESENT
-        if len(value) > self.capacity_bytes:
+        size = self._charged(key, value)
+        if size > self.capacity_bytes:
             return PutOutcome.REJECTED
-        while self._used + len(value) > self.capacity_bytes:
+        while self._used + size > self.capacity_bytes:
             victim = self._objects.popitem(last=False)
-            self._used -= len(victim[1])
+            self._used -= self._charged(*victim)
             self._evictions += 1
             evicted.append(victim)
         self._objects[key] = value
-        self._used += len(value)
+        self._used += size
         return PutOutcome.STORED
 
     def _get(self, keys: list[str], timeout: float) -> list[bytes | None]:
@@ -100,7 +110,7 @@ class HostMemoryStore(ObjectStore):
             for key in keys:
                 data = self._objects.pop(key, None)
                 if data is not None:
-                    self._used -= len(data)
+                    self._used -= self._charged(key, data)
                 removed.append(data is not None)
             return removed
 
