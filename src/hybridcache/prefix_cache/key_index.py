@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from hybridcache.errors import TopologyError
+
 _TOMBSTONE = -1
 _MIN_MERGE = 1024
 
@@ -35,7 +37,7 @@ class KeyIndex:
     def _array_position(self, key: int) -> int:
         """Position of the live entry for ``key`` in the arrays, or -1."""
         keys = self._keys
-        position = int(np.searchsorted(keys, np.uint64(key)))
+        position = int(keys.searchsorted(np.uint64(key)))  # the method: no dispatch wrapper
         while position < keys.size and int(keys[position]) == key:
             if self._slots[position] != _TOMBSTONE:
                 return position
@@ -81,14 +83,31 @@ class KeyIndex:
         return bool(np.any((self._keys[positions] == keys)))  # tombstones count: the slow path checks
 
     def remove(self, key: int, slot: int) -> None:
+        """Drop the entry ``key -> slot`` (one that exists). Without a collision on the key
+        (the rule) this is one dict look-up, or one binary search of the arrays."""
         extra = self._collisions.get(key)
+        if extra is None:
+            recent = self._recent.get(key)
+            if recent is not None:
+                if recent != slot:
+                    raise TopologyError(f"key {key} does not map to slot {slot}")
+                del self._recent[key]
+                return
+            position = self._array_position(key) if self._keys.size else -1
+            if position < 0 or self._slots[position] != slot:
+                raise TopologyError(f"key {key} does not map to slot {slot}")
+            self._slots[position] = _TOMBSTONE
+            self._live_in_arrays -= 1
+            return
         if self.first(key) == slot:
             self._drop_primary(key)
             if extra:
                 self._recent[key] = extra.pop(0)
-        else:
+        elif slot in extra:
             extra.remove(slot)
-        if extra is not None and not extra:
+        else:
+            raise TopologyError(f"key {key} does not map to slot {slot}")
+        if not extra:
             del self._collisions[key]
 
     def _drop_primary(self, key: int) -> None:
