@@ -17,6 +17,7 @@ from hybridcache.tiers.backends import DiskStore, HostMemoryStore, RedisStore
 
 from hybridcache.tiers import local_servers as servers
 from .remote import RemoteStore
+from .replicas import ReplicaCluster
 
 BACKENDS = ("host", "disk", "redis", "mooncake")
 CAPACITY = 64 << 20
@@ -62,3 +63,26 @@ def new_key():
     run = uuid.uuid4().hex[:12]
     counter = itertools.count()
     return lambda: f"k-{run}-{next(counter)}"
+
+
+def _replica_cluster(backend: str, workdir, request) -> ReplicaCluster:
+    if backend == "mooncake":
+        return ReplicaCluster(workdir, "mooncake")
+    server = request.getfixturevalue("redis_server")
+    return ReplicaCluster(workdir, "redis", redis_url(server), key_prefix=f"r{uuid.uuid4().hex[:8]}:")
+
+
+@pytest.fixture(params=("redis", "mooncake"))
+def replica_cluster(request, tmp_path):
+    """Engine processes sharing one store: a key prefix of the session's Redis, or a Mooncake
+    cluster of their own inside a private network namespace; stopped by pid at the end."""
+    cluster = _replica_cluster(request.param, tmp_path, request)
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture
+def redis_replica_cluster(request, tmp_path):
+    cluster = _replica_cluster("redis", tmp_path, request)
+    yield cluster
+    cluster.close()
