@@ -293,3 +293,20 @@ def test_a_disk_only_store_is_written_through(tmp_path):
     store = TieredStore(disk=DiskStore(tmp_path / "disk", 1 << 24))
     assert publish(store, keys, CHUNK).checkpoint_stored == {"disk": True}
     assert_restores(store.find_restore(keys, local_step=0, local_kv_tokens=0), keys, CHUNK)
+
+
+@pytest.mark.parametrize("corrupted_chunk", [0, 1, 2])
+def test_a_chunk_failing_verification_falls_back_below_it(corrupted_chunk):
+    keys = chain()
+    shared = FaultInjectingStore(HostMemoryStore(1 << 24))
+    store = TieredStore(shared=shared, size_hint=lambda kind, tokens: 1)
+    for step in STEPS:
+        publish(store, keys, step)
+    shared.add(Fault.corrupt(keys=[keys.chunk_key(corrupted_chunk).name]))
+    restore = store.find_restore(keys, local_step=0, local_kv_tokens=0)
+    if corrupted_chunk == 0:
+        assert restore is None
+    else:
+        assert_restores(restore, keys, corrupted_chunk * CHUNK)
+    assert store.misses["checksum_mismatch"] == 1
+    store.check_invariants()

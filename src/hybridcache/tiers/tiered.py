@@ -314,10 +314,9 @@ class TieredStore:
         size = chain.chunk_size
         # Chunks [first_chunk, complete) are all located: a step is whole when its checkpoint is
         # located and it ends by then. Linear in the chunks, where checking each step's own
-        # chunk list is quadratic (a 20k-token prompt has 80 steps of up to 80 chunks).
-        complete = first_chunk
-        while complete < steps[0] // size and where.get(chain.chunk_key(complete).name):
-            complete += 1
+        # chunk list is quadratic (a 20k-token prompt has 80 steps of up to 80 chunks). A chunk
+        # that fails verification loses its locations, and ``complete`` drops to it.
+        complete = self._located_run(chain, where, first_chunk, steps[0] // size)
         for step in steps:
             lowest = min(first_chunk, step // size)
             if step // size > complete or not where.get(chain.checkpoint_key(step).name):
@@ -329,7 +328,16 @@ class TieredStore:
                 self.counters["restores"] += 1
                 self.counters["restored_tokens"] += step - local_step
                 return restore
+            complete = self._located_run(chain, where, first_chunk, complete)
         return None
+
+    @staticmethod
+    def _located_run(chain: KeyChain, where: dict[str, list[str]], first: int, end: int) -> int:
+        """The end of the run of chunks from ``first`` (below ``end``) that some tier still holds."""
+        index = first
+        while index < end and where.get(chain.chunk_key(index).name):
+            index += 1
+        return index
 
     def _locate(self, names: list[str]) -> dict[str, list[str]]:
         """Which tiers hold each name: one batch ``exists`` per tier, in tier order."""
