@@ -196,13 +196,17 @@ def _budget_label(budget: Budget) -> str:
 
 def _print(records: list[dict], console: Console) -> None:
     table = Table(title="hybridcache replay")
-    for column in ("policy", "budget", "token hit", "request hit", "of bound", "checkpoints", "TTFT saved/req", "wall s"):
-        table.add_column(column, justify="left" if column in ("policy", "budget") else "right")
+    replicated = any(record.get("replicas", 1) > 1 or record.get("shared_tier", "none") != "none" for record in records)
+    setting = ("replicas", "routing", "shared") if replicated else ()
+    for column in ("policy", "budget", *setting, "token hit", "request hit", "of bound", "checkpoints", "TTFT saved/req", "wall s"):
+        table.add_column(column, justify="left" if column in ("policy", "budget", "routing", "shared") else "right")
     for record in records:
         budget = Budget(record["kv_bytes"], record["state_bytes"], record["cache_bytes"])
+        where = (str(record["replicas"]), record["routing"], record["shared_tier"]) if replicated else ()
         table.add_row(
             record["policy"],
             _budget_label(budget),
+            *where,
             f"{100 * record['token_hit_rate']:.2f} %",
             f"{100 * record['request_hit_rate']:.1f} %",
             f"{100 * record['bound_fraction']:.1f} %",
