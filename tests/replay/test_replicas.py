@@ -3,12 +3,17 @@ real Redis and Mooncake shared tiers, host and disk tiers."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from hybridcache.errors import InvalidArgumentError
 from hybridcache.replay import replay, resolve_policy
 from hybridcache.replay.routing import choose
+from hybridcache.replay.shared_tier import only_loopback
 from hybridcache.replay.tiering import TierSetup
 from hybridcache.sequence import Sequence
 from hybridcache.tiers.backends import HostMemoryStore
@@ -155,3 +160,13 @@ def test_real_shared_tiers_serve_exact_cross_replica_hits(request_fixture_store,
 @pytest.fixture
 def request_fixture_store(request):
     return request.getfixturevalue
+
+
+
+def test_loopback_only_is_told_from_the_process_network_namespace():
+    probe = "from hybridcache.replay.shared_tier import only_loopback; print(only_loopback())"
+    inside = subprocess.run(["unshare", "-n", sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert inside.returncode == 0, inside.stderr
+    assert inside.stdout.strip() == "True"
+    interfaces = [line.split(":")[0].strip() for line in Path("/proc/self/net/dev").read_text().splitlines()[2:]]
+    assert only_loopback() is (interfaces == ["lo"])

@@ -12,7 +12,6 @@ for the working set (what it would hold is reported as stored bytes). Their obje
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -50,11 +49,14 @@ def mooncake_address(url: str) -> tuple[str, str]:
 
 
 def only_loopback() -> bool:
-    """True inside a network namespace whose only interface is loopback (``unshare -n``)."""
+    """True inside a network namespace whose only interface is loopback (``unshare -n``).
+    Read from ``/proc/self/net/dev``, which follows the process's namespace (``/sys/class/net``
+    follows the namespace sysfs was mounted in)."""
     try:
-        return set(os.listdir("/sys/class/net")) <= {"lo"}
+        lines = Path("/proc/self/net/dev").read_text().splitlines()[2:]
     except OSError:
         return False
+    return {line.split(":", 1)[0].strip() for line in lines} <= {"lo"}
 
 
 @contextlib.contextmanager
