@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hybridcache.errors import InvalidArgumentError, LifecycleError
-from hybridcache.policies import BRANCH, SPECULATIVE, AutoEviction, MarconiEviction
+from hybridcache.policies import BRANCH, SPECULATIVE, AutoEviction, MarconiEviction, resolve_policy
 from hybridcache.policies.tuning import AlphaTuner
 from hybridcache.prefix_cache.checkpoint_record import CheckpointState
 from tests.replay._helpers import PROFILE, budget, request, run
@@ -100,3 +100,29 @@ def test_marconi_autotunes_during_a_replay():
     requests = [request(i, np.concatenate([shared, rng.integers(0, 50_000, 100)])) for i in range(12)]
     record_, _ = run(requests, "marconi", budget(24, 4))
     assert record_["alpha"] in AlphaTuner().grid
+
+
+@pytest.mark.parametrize("eviction, turn_end_kept", [("lru", False), ("leaf-lru", True)])
+def test_leaf_lru_keeps_a_turn_end_state_with_its_leaf_under_kv_pressure(eviction, turn_end_kept):
+    # an old one-off request, then a turn, then a large one-off that needs blocks: lru drops the
+    # mid-block turn-end states first (one frozen block each), leaf-lru the oldest leaves with
+    # their states, so the follow-up of the turn still resumes after its last decoded token
+    rng = np.random.default_rng(11)
+    old = request(0, rng.integers(0, 50_000, 4 * 32 + 5), output_length=3)
+    turn = request(1, rng.integers(0, 50_000, 4 * 32 + 5), output_length=3)
+    large = request(2, rng.integers(0, 50_000, 6 * 32))
+    follow_up = request(3, np.concatenate([turn.tokens, rng.integers(0, 50_000, 20)]))
+    _, hits = run([old, turn, large, follow_up], "marconi", budget(13, 8), eviction=eviction)
+    assert hits[3] == (4 * 32 + 5 + 3 - 1 if turn_end_kept else 0)
+
+
+def test_leaf_lru_and_marconi_keep_states_with_their_leaves_when_bound():
+    trie = SimpleNamespace(mid_block_checkpoints_first=True)
+    resolve_policy("marconi", eviction="leaf-lru").eviction.new_state(None).bind(trie)
+    assert trie.mid_block_checkpoints_first is False
+    trie = SimpleNamespace(mid_block_checkpoints_first=True, pool=SimpleNamespace(clock=0))
+    MarconiEviction().new_state(None).bind(trie)
+    assert trie.mid_block_checkpoints_first is False
+    assert resolve_policy("reference").eviction.new_state(None) is None  # the library's order
+    with pytest.raises(InvalidArgumentError):
+        resolve_policy("marconi", eviction="leaf-lru:2")

@@ -32,7 +32,7 @@ from ._helpers import (
     leaves,
     tokens,
 )
-from ._hybrid import indexed, make_hybrid, produce, request_key, world
+from ._hybrid import indexed, make_hybrid, produce, request_key, store_kv, world
 
 NS = Namespace()
 
@@ -738,6 +738,57 @@ def test_kv_eviction_takes_frozen_blocks_first():
     assert partial.state is CheckpointState.RELEASED and leaves(trie) == leaf  # the leaf stays
     assert trie.stats.evicted_checkpoints == 1 and trie.stats.evicted_blocks == 0
     trie.check_invariants([])
+
+
+def test_kv_eviction_with_states_kept_by_their_leaves_takes_the_lru_leaf_and_its_frozen_block():
+    """Without ``mid_block_checkpoints_first`` a mid-block checkpoint goes with its anchor
+    leaf, not ahead of it."""
+    pool, states, trie = make_hybrid()
+    trie.mid_block_checkpoints_first = False
+    _, partial = produce(trie, tokens(40), 40)
+    _, newer = produce(trie, tokens(40, start=100), 40)
+    free_blocks = pool.num_free
+    assert trie.free_kv_blocks(1) == 2  # the older leaf's block and its record's frozen block
+    assert partial.state is CheckpointState.RELEASED and newer.is_published
+    assert pool.num_free == free_blocks + 2
+    assert trie.stats.evicted_checkpoints == 1 and trie.stats.evicted_blocks == 1
+    trie.check_invariants([])
+
+
+def test_kv_eviction_with_states_kept_by_their_leaves_takes_frozen_blocks_when_no_leaf_can_go():
+    pool, states, trie = make_hybrid()
+    trie.mid_block_checkpoints_first = False
+    producer, partial = produce(trie, tokens(40), 40, free=False)  # the producer holds every block
+    leaf = leaves(trie)
+    assert trie.free_kv_blocks(1) == 1
+    assert partial.state is CheckpointState.RELEASED and leaves(trie) == leaf
+    assert trie.stats.evicted_checkpoints == 1 and trie.stats.evicted_blocks == 0
+    trie.check_invariants([producer])
+
+
+@pytest.mark.parametrize("mid_block_first", [True, False])
+def test_mid_block_save_with_no_free_block_evicts_a_leaf_only_where_states_go_with_leaves(mid_block_first):
+    """With no free block, a mid-block save is refused by default (its block would come from
+    another mid-block state); where states go with their leaves it evicts the LRU leaf, never
+    the saving sequence's own path."""
+    pool, states, trie = make_hybrid(num_blocks=5)
+    trie.mid_block_checkpoints_first = mid_block_first
+    _, other = produce(trie, tokens(20, start=500), 20)  # one block and one frozen block, trie only
+    seq = Sequence(tokens(40))
+    admit(trie, seq)
+    assert pool.num_free == 0
+    slot = trie.checkpoints.reserve_save(seq)
+    if mid_block_first:
+        assert slot == NO_SAVE and other.is_published and trie.stats.evicted_checkpoints == 0
+        trie.check_invariants([seq])
+        return
+    assert slot > 0
+    record = seq.prefix_state.checkpoints.pending_save
+    assert record.is_partial and record.frozen_block >= 0
+    assert other.state is CheckpointState.RELEASED and trie.stats.evicted_checkpoints == 1
+    assert (trie.stats.evicted_blocks, pool.num_free) == (1, 1)  # the leaf, and its frozen block with it
+    assert [pool.refcount_of(int(b)) for b in seq.block_table] == [2, 2, 1]  # the saving path stays
+    trie.check_invariants([seq])
 
 
 def test_kv_eviction_skips_a_leaf_anchoring_a_pinned_checkpoint():

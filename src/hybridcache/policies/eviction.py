@@ -12,7 +12,15 @@ Theta(n) touches), after which stale entries are re-filed lazily as they surface
 Owns (``MarconiEviction``, ``AutoEviction``): the cache it is bound to (``bind``), a memo of
 each live record's score at its last touch, what the producer said about each record
 (``note_save``: the step of the state it was computed from, why it was saved), and the
-scale constants. ``LRUEviction`` owns nothing.
+scale constants. ``LeafLRUState`` owns only the cache it is bound to; ``LRUEviction`` owns
+nothing.
+
+Under KV pressure the library drops mid-block checkpoints (one frozen block each) ahead of
+any leaf (``BlockTrie.mid_block_checkpoints_first``), which suits admissions that write
+mid-block states beside aligned ones. ``leaf-lru`` and ``marconi`` turn it off when they
+bind: a state then goes with its anchor leaf, least recently used first, as in Marconi's
+radix tree, where a leaf node's state is evicted with its edge and every state is a branch
+point or a turn end some hit needs.
 
 ``marconi`` (Marconi, MLSys'25): score = recency + alpha * FLOP efficiency, each min-max
 normalized over the candidates; FLOP efficiency = FLOPs the item saves relative to its parent
@@ -44,12 +52,39 @@ from hybridcache.profiles import ModelProfile
 
 @dataclass(frozen=True)
 class LRUEviction:
-    """The library's own order: least recently used checkpoints and trie leaves first."""
+    """The library's own order: least recently used checkpoints and trie leaves first, with
+    ``states_with_leaves`` (``leaf-lru``) a mid-block checkpoint going with its leaf."""
 
     name: str = "lru"
+    states_with_leaves: bool = False
 
-    def new_state(self, profile: ModelProfile | None) -> None:
-        return None
+    def new_state(self, profile: ModelProfile | None) -> "LeafLRUState | None":
+        return LeafLRUState() if self.states_with_leaves else None
+
+
+class LeafLRUState:
+    """Recency, as the library scores by default, with states kept with their leaves."""
+
+    def __init__(self) -> None:
+        self._trie = None
+
+    def bind(self, trie) -> None:
+        if self._trie is not None:
+            raise LifecycleError("an eviction policy state serves one cache")
+        self._trie = trie
+        trie.mid_block_checkpoints_first = False
+
+    def note_save(self, record: CheckpointRecord, parent_step: int, kind: str) -> None:
+        """Recency needs nothing from the producer; the kind is still checked."""
+        if kind not in KINDS:
+            raise InvalidArgumentError(f"kind must be one of {KINDS}, got {kind!r}")
+
+    def kv_score(self, slot: int) -> int:
+        trie = self._trie
+        return trie.pool.stamp_of(int(trie.nodes.block[slot]))
+
+    def checkpoint_score(self, record: CheckpointRecord) -> int:
+        return record.stamp
 
 
 @dataclass
@@ -142,6 +177,10 @@ class MarconiState(_Scored):
         self._range_efficiency = 1.0
         self._kv_weight = 0.0
         self._max_depth = 2
+
+    def bind(self, trie) -> None:
+        super().bind(trie)
+        trie.mid_block_checkpoints_first = False  # a state goes with its leaf edge, as in Marconi
 
     def set_alpha(self, alpha: float) -> None:
         if not alpha >= 0:

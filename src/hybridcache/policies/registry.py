@@ -64,6 +64,11 @@ def _lru(argument: str | None) -> LRUEviction:
     return LRUEviction()
 
 
+def _leaf_lru(argument: str | None) -> LRUEviction:
+    _no_argument("eviction", "leaf-lru", argument)
+    return LRUEviction("leaf-lru", states_with_leaves=True)
+
+
 def _marconi_eviction(argument: str | None) -> MarconiEviction:
     if argument is None:
         return MarconiEviction()
@@ -87,7 +92,12 @@ ADMISSIONS: dict[str, Callable] = {
     "marconi": _marconi_admission,
     "auto": _auto_admission,
 }
-EVICTIONS: dict[str, Callable] = {"lru": _lru, "marconi": _marconi_eviction, "auto": _auto_eviction}
+EVICTIONS: dict[str, Callable] = {
+    "lru": _lru,
+    "leaf-lru": _leaf_lru,
+    "marconi": _marconi_eviction,
+    "auto": _auto_eviction,
+}
 POLICIES: dict[str, tuple[str, str]] = {
     "reference": ("reference", "lru"),
     "interval": ("interval", "lru"),

@@ -57,13 +57,18 @@ class CheckpointLifecycle(CheckpointStore):
         *,
         owner: int = -1,
         score: Callable[[CheckpointRecord], object] | None = None,
+        free_kv_blocks: Callable[[int, int], int] | None = None,
     ) -> None:
         """``owner`` is the id of the trie whose sequences this lifecycle serves: a sequence
         claimed by another trie is refused by every call that takes one. ``score(record)``
         orders both eviction heaps (lowest goes first; default: the record's recency stamp):
-        the eviction policy seam (see ``lru``)."""
+        the eviction policy seam (see ``lru``). ``free_kv_blocks(n, keep)`` is the owner's KV
+        eviction (``BlockTrie.free_kv_blocks``, keeping node ``keep`` and so its path), asked
+        for the frozen block of a mid-block save when the pool has none free, keeping the
+        saving sequence's cursor; without it such a save is refused under KV pressure."""
         super().__init__(nodes, index, pool, states, block_size, max_per_anchor, score)
         self._owner = owner
+        self._free_kv_blocks = free_kv_blocks
 
     def invalidate_searches(self) -> None:
         """Something that could turn a remembered miss into a hit happened (blocks computed,
@@ -100,7 +105,7 @@ class CheckpointLifecycle(CheckpointStore):
         anchor = self._anchor_for(seq, step)
         if anchor is None or self._has_equal_record(anchor, seq, step):
             return NO_SAVE
-        if partial and self._pool.num_free == 0:
+        if partial and self._pool.num_free == 0 and not self._make_kv_room(seq):
             return NO_SAVE
         if self._states.num_free_checkpoint == 0 and self.evict(1) == 0:
             return NO_SAVE
@@ -151,6 +156,13 @@ class CheckpointLifecycle(CheckpointStore):
         if previous is not None and previous.step == step and previous.is_published:
             return NO_SAVE
         return self.reserve_save(seq, step, is_decode=True)
+
+    def _make_kv_room(self, seq: Sequence) -> bool:
+        """Evict for one frozen block, keeping the sequence's cursor (valid here: the anchor
+        lies on its path), and so the anchor, attached."""
+        if self._free_kv_blocks is None:
+            return False
+        return self._free_kv_blocks(1, seq.prefix_state.trie.cursor) > 0 and self._pool.num_free > 0
 
     def _anchor_for(self, seq: Sequence, step: int) -> int | None:
         state = seq.prefix_state

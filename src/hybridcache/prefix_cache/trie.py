@@ -1,7 +1,8 @@
 """BlockTrie: the prefix-cache facade.
 
-Owns: the composition of the prefix-cache components, chosen once here, and the claim of a
-sequence (``prefix_state.trie.owner``: the trie whose node handles its cached facts refer to). Every
+Owns: the composition of the prefix-cache components, chosen once here, the claim of a
+sequence (``prefix_state.trie.owner``: the trie whose node handles its cached facts refer to)
+and the order between the KV-pressure evictions (``mid_block_checkpoints_first``). Every
 public call validates its arguments, refuses another trie's sequence, and delegates:
 
 * ``PathLookup`` (lookup.py): exact path verification;
@@ -65,7 +66,9 @@ class BlockTrie:
     ) -> None:
         """``state_pool`` makes the trie hybrid (every hit needs a published checkpoint);
         ``kv_score(slot)`` orders KV leaf eviction (default: the block's recency stamp);
-        ``checkpoint_score(record)`` orders checkpoint eviction (default: its recency stamp)."""
+        ``checkpoint_score(record)`` orders checkpoint eviction (default: its recency stamp).
+        An eviction policy may also set ``mid_block_checkpoints_first`` when it binds (see
+        ``free_kv_blocks``)."""
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 2 or block_size % 2:
             raise InvalidArgumentError(f"block_size must be an even int >= 2, got {block_size!r}")
         if not isinstance(pool, BlockPool):
@@ -87,6 +90,8 @@ class BlockTrie:
         self.experts = RoutedExpertStore(block_size)
         self.experts.ensure_capacity(self.nodes.capacity)
         self.kv = KVLifecycle(self.nodes, pool, kv_score)
+        # KV pressure takes frozen blocks of mid-block checkpoints before leaves (see free_kv_blocks)
+        self.mid_block_checkpoints_first = True
         self.stats = PrefixCacheStats()
         self.state_pool = state_pool
         self.lookup = PathLookup(self.nodes, self.tokens, self.keyer, block_size, self.track_pending)
@@ -109,6 +114,7 @@ class BlockTrie:
                 max_per_anchor,
                 owner=self.trie_id,
                 score=score,
+                free_kv_blocks=self._free_block_for_frozen_copy,
             )
         self.book = MatchBook(self.pool, self.kv, self.stats, self.checkpoints)
         if self.index is None:
@@ -249,24 +255,60 @@ class BlockTrie:
     # --- eviction and release ------------------------------------------------------------------
 
     def free_kv_blocks(self, count: int) -> int:
-        """Free up to ``count`` KV blocks: frozen blocks of least recently used mid-block
-        checkpoints first, then least recently used trie leaves (with their checkpoints).
-        A leaf anchoring a pinned checkpoint is never evicted. Returns the blocks freed."""
+        """Free at least ``count`` KV blocks where the cache allows, from two sources: the
+        frozen blocks of least recently used unpinned mid-block checkpoints, and least recently
+        used trie leaves only the trie holds, each with its checkpoints (their frozen blocks
+        too, so possibly more than ``count``). A leaf anchoring a pinned checkpoint is never
+        evicted. Returns the blocks freed.
+
+        With ``mid_block_checkpoints_first`` (the default) frozen blocks go first: a policy
+        that writes mid-block states beside aligned ones (a prompt end next to its last block
+        boundary, chunk ends) loses the least per freed block that way. Without it leaves go
+        first and a mid-block checkpoint goes with its anchor leaf, frozen blocks only when no
+        leaf can go: where every state is one a hit needs (Marconi's branch points and turn
+        ends), dropping it to keep its leaf would keep KV that no hybrid hit can resume from
+        (Marconi, too, evicts a state with its leaf edge)."""
         count = as_int("count", count, 0)
         if not self.enabled or count == 0:
             return 0
+        return self._free_kv_blocks_keeping(count, None)
+
+    def _free_block_for_frozen_copy(self, count: int, keep: int) -> int:
+        """What a mid-block save with no free block may evict for its frozen copy: only where
+        states go with their leaves (the LRU leaf gives it, as Marconi makes room for a state
+        it inserts). With ``mid_block_checkpoints_first`` the block would come from another
+        mid-block checkpoint, one such state traded for another, so the save is refused as
+        before (measured: more state churn and a lower hit rate with scarce state slots)."""
+        if self.mid_block_checkpoints_first:
+            return 0
+        return self._free_kv_blocks_keeping(count, keep)
+
+    def _free_kv_blocks_keeping(self, count: int, keep: int | None) -> int:
+        """``free_kv_blocks``, keeping node ``keep`` attached, and so its whole path (only
+        leaves go): the cursor of a sequence whose mid-block save evicts for its frozen block,
+        since a block the sequence writes a private copy of is held by the trie alone."""
         checkpoints = self.checkpoints
-        freed = checkpoints.evict_frozen(count)
-        self.stats.evicted_checkpoints += freed
+
+        def protected(slot: int) -> bool:
+            return slot == keep or checkpoints.is_anchor_protected(slot)
+
+        freed = 0
+        if self.mid_block_checkpoints_first:
+            freed = checkpoints.evict_frozen(count)
+            self.stats.evicted_checkpoints += freed
         if freed < count:
-            evicted = self.kv.evict(count - freed, checkpoints.is_anchor_protected)
+            evicted = self.kv.evict(count - freed, protected)
+            freed += len(evicted)
             for slot in evicted:
                 self.experts.forget(slot)
                 released = checkpoints.release_anchored(slot)
                 freed += released.frozen_blocks
                 self.stats.evicted_checkpoints += released.records
             self.stats.evicted_blocks += len(evicted)
-            freed += len(evicted)
+        if freed < count and not self.mid_block_checkpoints_first:
+            frozen = checkpoints.evict_frozen(count - freed)
+            self.stats.evicted_checkpoints += frozen
+            freed += frozen
         self._release_empty_namespaces()
         return freed
 
