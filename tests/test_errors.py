@@ -39,6 +39,7 @@ from hybridcache.errors import (
     StoreError,
     StoreLockedError,
     StoreTimeoutError,
+    ServerStartError,
     StoreUnavailableError,
     TopologyError,
     TraceFormatError,
@@ -85,6 +86,7 @@ HIERARCHY = {
     StoreError: (HybridCacheError, OSError),
     StoreUnavailableError: (StoreError, OSError),
     StoreTimeoutError: (StoreError, OSError),
+    ServerStartError: (StoreError, OSError),
 }
 FAMILIES = (ValueError, TypeError, IndexError, RuntimeError, MemoryError, OSError)
 
