@@ -147,7 +147,7 @@ def test_tier_options_are_checked():
         replay(sharing_trace(), PROFILE, resolve_policy("reference"), BIG, 32, routing="random")
 
 
-@pytest.mark.parametrize("store_fixture, name", [("redis_shared", "redis"), ("mooncake_shared", "mooncake")])
+@pytest.mark.parametrize("store_fixture, name", [("redis_shared", "redis"), ("mooncake_remote", "mooncake")])
 def test_real_shared_tiers_serve_exact_cross_replica_hits(request_fixture_store, store_fixture, name):
     store = request_fixture_store(store_fixture)
     record, check = run_fleet(sharing_trace(), "reference", BIG, 2, tiers=shared_setup(store, name))

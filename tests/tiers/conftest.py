@@ -1,9 +1,5 @@
-"""Fixtures for the tier tests: real servers on free loopback ports, one store per backend.
-
-``redis-server`` runs for the session on 127.0.0.1; Mooncake (master, segment holder and the
-client under test) runs for the session inside a private network namespace, driven through
-:class:`tiers.remote.RemoteStore`. Both are stopped by pid at the end of the session. A
-missing server binary fails the tests that need it.
+"""Fixtures for the tier tests: one store per backend, over the session's real servers
+(``tests/conftest.py``). A missing server binary fails the tests that need it.
 """
 
 from __future__ import annotations
@@ -16,25 +12,10 @@ import pytest
 from hybridcache.tiers.backends import DiskStore, HostMemoryStore, RedisStore
 
 from hybridcache.tiers import local_servers as servers
-from .remote import RemoteStore
 from .replicas import ReplicaCluster
 
 BACKENDS = ("host", "disk", "redis", "mooncake")
 CAPACITY = 64 << 20
-
-
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory):
-    server = servers.start_redis(tmp_path_factory.mktemp("redis"))
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="session")
-def mooncake_remote(tmp_path_factory):
-    remote = RemoteStore(tmp_path_factory.mktemp("mooncake"))
-    yield remote
-    remote.close()
 
 
 def redis_url(server: servers.Server) -> str:
