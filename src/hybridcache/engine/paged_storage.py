@@ -23,6 +23,16 @@ from hybridcache.errors import InvalidArgumentError, InvalidBlockIdError, Invali
 TensorKey = tuple[int, str]  # (layer index, tensor name)
 
 
+def _write_all_or_nothing(tensors: dict, index: object, arrays: object, what: str) -> None:
+    """Write ``arrays`` (by ``"layer.name"``) at ``index`` of every tensor, or raise before any."""
+    checked_names(arrays, [_name(key) for key in tensors], what)
+    staged = {key: tensor[index].clone() for key, tensor in tensors.items()}
+    for key, target in staged.items():
+        write_into(target, arrays[_name(key)], _name(key))
+    for key, target in staged.items():
+        tensors[key][index] = target
+
+
 def _name(key: TensorKey) -> str:
     return f"{key[0]}.{key[1]}"
 
@@ -133,13 +143,7 @@ class PagedStorage:
     def write_blocks(self, blocks: list[int], arrays: dict[str, np.ndarray]) -> None:
         """Overwrite whole ``blocks`` with arrays shaped as ``read_blocks`` gives them; checks
         every array before writing any."""
-        ids = self._ids("block", blocks)
-        checked_names(arrays, [_name(key) for key in self.kv], "block arrays")
-        staged = {key: tensor[ids].clone() for key, tensor in self.kv.items()}
-        for key, target in staged.items():
-            write_into(target, arrays[_name(key)], _name(key))
-        for key, target in staged.items():
-            self.kv[key][ids] = target
+        _write_all_or_nothing(self.kv, self._ids("block", blocks), arrays, "block arrays")
 
     def read_slot(self, slot: int) -> dict[str, np.ndarray]:
         """One slot's state: per ``"layer.name"`` its array."""
@@ -147,13 +151,7 @@ class PagedStorage:
         return {_name(key): to_array(tensor[slot]) for key, tensor in self.states.items()}
 
     def write_slot(self, slot: int, arrays: dict[str, np.ndarray]) -> None:
-        slot = self._one_id("slot", slot)
-        checked_names(arrays, [_name(key) for key in self.states], "state arrays")
-        staged = {key: tensor[slot].clone() for key, tensor in self.states.items()}
-        for key, target in staged.items():
-            write_into(target, arrays[_name(key)], _name(key))
-        for key, target in staged.items():
-            self.states[key][slot] = target
+        _write_all_or_nothing(self.states, self._one_id("slot", slot), arrays, "state arrays")
 
     def _ids(self, kind: str, ids: object) -> list[int]:
         items = _as_id_list(f"{kind}s", ids)
