@@ -7,6 +7,7 @@ import pytest
 
 from hybridcache.errors import InvalidArgumentError, LifecycleError
 from hybridcache.policies import BRANCH, SPECULATIVE, AutoEviction, MarconiEviction, resolve_policy
+from hybridcache.policies.eviction import PROVEN_GRACE
 from hybridcache.policies.tuning import AlphaTuner
 from hybridcache.prefix_cache.checkpoint_record import CheckpointState
 from tests.replay._helpers import PROFILE, budget, request, run
@@ -79,6 +80,31 @@ def test_auto_evicts_kv_that_no_checkpoint_uses_first():
     third = request(2, np.concatenate([shared, rng.integers(0, 50_000, 40)]))
     _, hits = run([first, second, third], "auto:128", budget(16, 8))
     assert hits[2] == 128
+
+
+class _LeafTrie(_Trie):
+    """Three leaves (slots 0, 1, 2) on blocks of the same index, stamps as given."""
+
+    def __init__(self, stamps, records):
+        super().__init__()
+        self.pool = SimpleNamespace(clock=max(stamps), num_blocks=100, stamp_of=lambda block: stamps[block])
+        self.nodes = SimpleNamespace(block=list(range(len(stamps))))
+        self.checkpoints = SimpleNamespace(records_at=lambda slot: records[slot])
+
+
+def test_auto_grace_for_proven_leaves_is_bounded():
+    proven = record(64, 1, 1, hits=1)
+    unproven = record(64, 1, 2)
+    grace = PROVEN_GRACE * 100
+    stamps = [500, 100, 100 + grace + 1]  # dead and recent, proven and old, unproven and newer
+    state = AutoEviction().new_state(PROFILE)
+    state.bind(_LeafTrie(stamps, [(), (proven,), (unproven,)]))
+    for item in (proven, unproven):
+        state.note_save(item, 0, SPECULATIVE)
+    dead, old_proven, newer = (state.kv_score(slot) for slot in range(3))
+    assert dead < old_proven  # KV no checkpoint uses goes first, however recent
+    assert old_proven < newer  # a proven leaf's grace runs out: it does not stay forever
+    assert state.kv_score(1) > (1, 100)  # but it is counted younger than its stamp
 
 
 def test_tuner_schedule():
