@@ -98,10 +98,15 @@ class CacheAdapter:
     def adopt(self, prefix: np.ndarray, step: int) -> int:
         """Cache ``prefix`` (``step`` tokens) with a checkpoint at ``step``, restored from a tier:
         the replay has no tensors, so the write fills nothing and succeeds. The tokens gained."""
-        before = self.states.num_checkpoint
+        before = self._checkpoint_count()
         gained = self.cache.adopt(Sequence(prefix), step, lambda adoption: True)
-        self.evicted_for_slots += before - self.states.num_checkpoint + (gained > 0)
+        self.evicted_for_slots += before - self._checkpoint_count() + (gained > 0)
         return gained
+
+    def _checkpoint_count(self) -> int:
+        """Live checkpoints plus those the trie's own statistics count as evicted: a drop in it
+        is a release the trie does not count (one for a state slot, say)."""
+        return self.states.num_checkpoint + self.trie.stats.evicted_checkpoints
 
     def admit(self, turn: Turn, chunk_tokens: int, stop_at=None) -> int | None:
         """Admit the turn for a first chunk of at most ``chunk_tokens``, ended earlier where
@@ -126,9 +131,9 @@ class CacheAdapter:
         computed from). Returns whether a checkpoint was published."""
         seq, states = turn.seq, self.states
         if save is not None:
-            before = states.num_checkpoint
+            before = self._checkpoint_count()
             record = self.cache.reserve_save(seq, end)
-            self.evicted_for_slots += before - states.num_checkpoint + (record is not None)
+            self.evicted_for_slots += before - self._checkpoint_count() + (record is not None)
             if record is not None and self.eviction is not None:
                 self.eviction.note_save(record, parent_step, save)
         pending = seq.prefix_state.checkpoints.pending_save
