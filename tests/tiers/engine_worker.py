@@ -15,7 +15,8 @@ import os
 import traceback
 from dataclasses import dataclass, field
 
-from hybridcache.engine.engine import Engine, EngineConfig
+from hybridcache.engine.engine import Engine
+from hybridcache.engine.engine_config import EngineConfig
 from hybridcache.engine.requests import Request
 from hybridcache.sequence import Sequence
 from hybridcache.tiers import KeyChain, ObjectKey, ObjectKind

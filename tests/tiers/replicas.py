@@ -17,7 +17,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from hybridcache.engine.engine import Engine, EngineConfig
+from hybridcache.engine.engine import Engine
+from hybridcache.engine.engine_config import EngineConfig
 from hybridcache.engine.requests import Request
 from hybridcache.tiers.backends import Fault
 

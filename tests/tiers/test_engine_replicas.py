@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import redis
 
-from hybridcache.engine.engine import EngineConfig
+from hybridcache.engine.engine_config import EngineConfig
 from hybridcache.engine.requests import Request
 from hybridcache.tiers import local_servers as servers
 from hybridcache.tiers.backends import Fault, FaultKind, Operation
