@@ -310,3 +310,20 @@ def test_a_chunk_failing_verification_falls_back_below_it(corrupted_chunk):
         assert_restores(restore, keys, corrupted_chunk * CHUNK)
     assert store.misses["checksum_mismatch"] == 1
     store.check_invariants()
+
+
+def test_reachable_step_is_existence_only_and_can_take_a_shared_lookup():
+    keys = chain()
+    host, shared = HostMemoryStore(1 << 24), HostMemoryStore(1 << 24)
+    writer = TieredStore(shared=shared)
+    for step in STEPS:
+        publish(writer, keys, step)
+    shared.remove([keys.chunk_key(2).name])
+    reader = TieredStore(host=host, shared=shared)
+    assert reader.reachable_step(keys, local_step=0, local_kv_tokens=0) == 2 * CHUNK
+    assert reader.reachable_step(keys, local_step=2 * CHUNK, local_kv_tokens=2 * CHUNK) == 2 * CHUNK  # none deeper
+    assert host.used_bytes == 0 and not reader.misses  # nothing read, promoted or counted as a miss
+    names = [keys.checkpoint_key(step).name for step in STEPS] + [keys.chunk_key(i).name for i in range(3)]
+    located = writer.locate(names, ["shared"])
+    assert reader.reachable_step(keys, local_step=0, local_kv_tokens=0, shared_located=located) == 2 * CHUNK
+    assert reader.reachable_step(keys, local_step=0, local_kv_tokens=0, shared_located={}) == 0

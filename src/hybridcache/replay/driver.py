@@ -41,7 +41,6 @@ from hybridcache.replay.tiering import (
     NominalSizes,
     ReplicaTiers,
     TierSetup,
-    exists_or_absent,
     replay_fingerprint,
     restore_limit,
     tier_report,
@@ -281,7 +280,10 @@ def _route(fleet: list[_Replica], routing: str, request: Request, number: int, c
     if run is None or chain is None:
         return choose([step for step, _ in probes], number)
     shared = run.shared_presence(chain)
-    scores = [r.tiers.reachable_step(chain, step, kv, shared) for r, (step, kv) in zip(fleet, probes)]
+    scores = [
+        replica.tiers.store.reachable_step(chain, local_step=step, local_kv_tokens=kv, shared_located=shared)
+        for replica, (step, kv) in zip(fleet, probes)
+    ]
     return choose(scores, number)
 
 
@@ -311,14 +313,14 @@ class _TierRun:
         limit = restore_limit(request.prompt_length, self.chunk)
         return KeyChain(self.fingerprint, request.prompt[:limit]) if limit > 0 else None
 
-    def shared_presence(self, chain: KeyChain) -> dict[str, bool]:
-        """Which of the chain's objects the shared store holds: one lookup for every replica."""
-        shared = self.setup.shared
-        if shared is None:
-            return {}
+    def shared_presence(self, chain: KeyChain) -> dict[str, list[str]] | None:
+        """Where the chain's objects are in the shared store: one lookup for every replica
+        (None without a shared tier)."""
+        if self.setup.shared is None:
+            return None
         names = [chain.checkpoint_key(step).name for step in chain.checkpoint_steps()]
         names += [chain.chunk_key(index).name for index in range(chain.num_chunks)]
-        return dict(zip(names, exists_or_absent(shared, names)))
+        return self.fleet[0].tiers.store.locate(names, ["shared"])
 
     def publish(self, replica: _Replica, request: Request, turn: Turn, ends: list[int]) -> None:
         """Publish what the turn computed beyond its hit: every chunk-aligned chunk end (the engine

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from hybridcache.errors import InvalidArgumentError, InvalidTypeError, StoreError
+from hybridcache.errors import InvalidArgumentError, InvalidTypeError
 from hybridcache.profiles import ModelProfile
 from hybridcache.replay.adapter import CacheAdapter, Turn
-from hybridcache.tiers.backends.base import ObjectStore, PutOutcome
+from hybridcache.tiers.backends.base import ObjectStore
 from hybridcache.tiers.backends.disk import DiskStore
 from hybridcache.tiers.backends.host import HostMemoryStore
 from hybridcache.tiers.fingerprint import DEFAULT_CHUNK_SIZE, NamespaceFingerprint
@@ -207,30 +207,6 @@ class ReplicaTiers:
             self.counters[f"{tier}_read_bytes_actual"] += after[f"{tier}_bytes_read"] - before[f"{tier}_bytes_read"]
         return nominal
 
-    # --- routing ---------------------------------------------------------------------------------
-
-    def reachable_step(self, chain: KeyChain, local_step: int, local_kv: int, shared: dict[str, bool]) -> int:
-        """The deepest step beyond ``local_step`` whose checkpoint and every chunk the device
-        cache lacks exist in this replica's tiers or the shared one (``shared``: presence there,
-        looked up once per request for every replica); ``local_step`` when none. Existence only:
-        nothing is read, promoted or refreshed."""
-        size = chain.chunk_size
-        steps = [step for step in reversed(chain.checkpoint_steps()) if step > local_step]
-        if not steps:
-            return local_step
-        first = min(max(local_kv, local_step), steps[0]) // size
-        names = [chain.checkpoint_key(step).name for step in steps]
-        names += [chain.chunk_key(index).name for index in range(first, steps[0] // size)]
-        present = [shared.get(name, False) for name in names]
-        for store in self.local_stores:
-            present = [seen or here for seen, here in zip(present, exists_or_absent(store, names))]
-        found = dict(zip(names, present))
-        for step in steps:
-            chunks = range(min(first, step // size), step // size)
-            if found[chain.checkpoint_key(step).name] and all(found[chain.chunk_key(i).name] for i in chunks):
-                return step
-        return local_step
-
     def stats(self) -> dict:
         return {**self.counters, "store": self.store.stats()}
 
@@ -238,14 +214,6 @@ class ReplicaTiers:
         """Close this replica's own tiers; the shared store is the run's to close."""
         for store in self.local_stores:
             store.close()
-
-
-def exists_or_absent(store: ObjectStore, names: list[str]) -> list[bool]:
-    """Presence of ``names``; a failing store holds nothing usable (the restore would miss too)."""
-    try:
-        return store.exists(names)
-    except StoreError:
-        return [False] * len(names)
 
 
 def tier_report(setup: TierSetup, sizes: NominalSizes, replicas: list[ReplicaTiers]) -> dict:

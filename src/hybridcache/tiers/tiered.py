@@ -291,17 +291,10 @@ class TieredStore:
         """The deepest verified restore beyond ``local_step`` (the device cache's hit), given
         that the device cache holds the KV of ``[0, local_kv_tokens)``; None when no deeper
         step is restorable or worth restoring (each rejected step counted in ``misses``)."""
-        if not isinstance(chain, KeyChain):
-            raise InvalidTypeError("chain must be a KeyChain")
-        local_step = as_int("local_step", local_step, 0)
-        local_kv_tokens = as_int("local_kv_tokens", local_kv_tokens, 0)
-        size = chain.chunk_size
-        steps = [s for s in reversed(chain.checkpoint_steps()) if s > local_step]
+        steps, first_chunk, names = self._candidates(chain, local_step, local_kv_tokens)
         if not steps:
             return None
-        first_chunk = min(max(local_kv_tokens, local_step), steps[0]) // size
-        wanted = [chain.checkpoint_key(s) for s in steps] + [chain.chunk_key(i) for i in range(first_chunk, steps[0] // size)]
-        where = self._locate([key.name for key in wanted])
+        where = self.locate(names)
         fetched: dict[str, StoredObject] = {}
         self._promotions = []
         self.counters["restore_lookups"] += 1
@@ -309,6 +302,43 @@ class TieredStore:
             return self._first_restorable(chain, steps, first_chunk, where, fetched, local_step)
         finally:
             self._promote()  # only now: a promotion may evict from host what this restore reads
+
+    def reachable_step(
+        self, chain: KeyChain, *, local_step: int, local_kv_tokens: int, shared_located: dict | None = None
+    ) -> int:
+        """The deepest step ``find_restore`` could try, by existence only (nothing is read,
+        verified, promoted or refreshed); ``local_step`` when none. ``shared_located``: what
+        ``locate`` found in the shared tier, when one lookup serves many callers (a router
+        scoring replicas that share it); the shared tier is then not asked again."""
+        steps, first_chunk, names = self._candidates(chain, local_step, local_kv_tokens)
+        if not steps:
+            return local_step
+        asked = [tier for tier in self.tiers if tier != "shared" or shared_located is None]
+        where = self.locate(names, asked)
+        for name in names if shared_located is not None else ():
+            where[name] += shared_located.get(name, [])
+        complete = self._located_run(chain, where, first_chunk, steps[0] // chain.chunk_size)
+        for step in steps:
+            if step // chain.chunk_size <= complete and where[chain.checkpoint_key(step).name]:
+                return step
+        return local_step
+
+    @staticmethod
+    def _candidates(chain: KeyChain, local_step: object, local_kv_tokens: object) -> tuple[list[int], int, list[str]]:
+        """The steps beyond ``local_step`` (deepest first), the first chunk the device lacks,
+        and the names of every object those steps may need."""
+        if not isinstance(chain, KeyChain):
+            raise InvalidTypeError("chain must be a KeyChain")
+        local_step = as_int("local_step", local_step, 0)
+        local_kv_tokens = as_int("local_kv_tokens", local_kv_tokens, 0)
+        size = chain.chunk_size
+        steps = [step for step in reversed(chain.checkpoint_steps()) if step > local_step]
+        if not steps:
+            return steps, 0, []
+        first_chunk = min(max(local_kv_tokens, local_step), steps[0]) // size
+        names = [chain.checkpoint_key(step).name for step in steps]
+        names += [chain.chunk_key(index).name for index in range(first_chunk, steps[0] // size)]
+        return steps, first_chunk, names
 
     def _first_restorable(self, chain, steps, first_chunk, where, fetched, local_step) -> Restore | None:
         size = chain.chunk_size
@@ -339,10 +369,12 @@ class TieredStore:
             index += 1
         return index
 
-    def _locate(self, names: list[str]) -> dict[str, list[str]]:
-        """Which tiers hold each name: one batch ``exists`` per tier, in tier order."""
+    def locate(self, names: list[str], tiers: list[str] | None = None) -> dict[str, list[str]]:
+        """Which of ``tiers`` (default: all, in tier order) hold each name: one batch
+        ``exists`` per tier; a failing tier holds nothing (counted)."""
         where: dict[str, list[str]] = {name: [] for name in names}
-        for tier, store in self.tiers.items():
+        for tier in self.tiers if tiers is None else tiers:
+            store = self.tiers[tier]
             try:
                 present = store.exists(names, timeout=self.timeout)
             except StoreError:
