@@ -356,6 +356,8 @@ class Engine:
             assert entry.in_flight == (id(entry) in set(carried)), "a request is in flight with no forward queued"
         self.prefix_cache.check_invariants(self.scheduler.live_sequences())
         self.scheduler.check_invariants()
+        if self.tiers is not None:
+            self.tiers.store.check_invariants()
 
     def clear_cache(self) -> int:
         """Release every cached block and checkpoint not in use; with no request in progress,
