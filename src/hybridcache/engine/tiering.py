@@ -152,11 +152,13 @@ class EngineTiers:
             multimodal=seq.spans_overlapping(0, restore.step),
         )
         gained = self.cache.adopt(scratch, restore.step, lambda adoption: self._write(adoption, restore))
-        self.counters["remote_hit_tokens" if gained else "adoptions_refused"] += gained or 1
-        if gained:
-            self.counters["restores"] += 1
-            for tier, nbytes in restore.bytes_by_tier.items():
-                self.counters[f"restored_bytes_{tier}"] += nbytes
+        if not gained:
+            self.counters["adoptions_refused"] += 1
+            return 0
+        self.counters["remote_hit_tokens"] += gained
+        self.counters["restores"] += 1
+        for tier, nbytes in restore.bytes_by_tier.items():
+            self.counters[f"restored_bytes_{tier}"] += nbytes
         return gained
 
     def _deepest_step(self, seq: Sequence) -> int:
