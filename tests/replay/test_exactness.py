@@ -9,6 +9,7 @@ from hybridcache.replay import replay, resolve_policy, split_budget
 from hybridcache.replay.driver import mean_prompt_tokens
 from hybridcache.workloads import read_trace, synthesize
 from tests.replay._helpers import PROFILE, budget, request, run
+from tests.paths import SHARED_TRACE
 
 
 def _conversational(seed, count=40):
@@ -50,7 +51,7 @@ def test_ample_reference_cache_reaches_the_turn_ends():
 
 
 def test_synthesized_mooncake_prefix_is_exact():
-    requests = synthesize(read_trace("/work/shared/traces/mooncake-synthetic.jsonl", limit=60)).requests
+    requests = synthesize(read_trace(SHARED_TRACE, limit=60)).requests
     record, hits = run(requests, "reference", budget(40_000, 400))
     assert record["requests"] == 60 and hits[49] > 20_000  # request 49 shares 29,184 tokens
 

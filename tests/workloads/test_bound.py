@@ -3,6 +3,7 @@ import pytest
 
 from hybridcache.workloads import infinite_cache_bound, read_trace, synthesize
 from hybridcache.workloads.records import Request, frozen_array
+from tests.paths import SHARED_TRACE
 
 
 def _oracle(requests):
@@ -47,7 +48,7 @@ def test_bound_equals_brute_force(seed):
 
 
 def test_bound_on_synthesized_trace_prefix():
-    requests = synthesize(read_trace("/work/shared/traces/mooncake-synthetic.jsonl", limit=40)).requests
+    requests = synthesize(read_trace(SHARED_TRACE, limit=40)).requests
     assert infinite_cache_bound(requests).shared_tokens.tolist() == _oracle(requests)
 
 

@@ -5,9 +5,8 @@ import pytest
 
 from hybridcache.errors import InvalidArgumentError, InvalidTypeError
 from hybridcache.workloads import read_trace, synthesize
+from tests.paths import SHARED_TRACE
 from tests.workloads._traces import mooncake, write_lines
-
-SHARED_TRACE = "/work/shared/traces/mooncake-synthetic.jsonl"
 
 
 def _synth(tmp_path, rows, **options):
