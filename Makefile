@@ -1,5 +1,7 @@
 # Two commands for a fresh machine: `make demo` and `make test`.
-PYTHON ?= python3.11
+# The interpreter: PYTHON if given, else python3.11, else python3 when it is 3.11 or newer.
+PYTHON ?= $(shell for candidate in python3.11 python3; do \
+	$$candidate -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && { echo $$candidate; break; }; done)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
@@ -7,6 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 .PHONY: demo test bench-smoke clean
 
 $(STAMP): pyproject.toml
+	@test -x $(BIN)/python || test -n "$(PYTHON)" || { echo "make: no Python 3.11 or newer found (tried python3.11, python3); run make PYTHON=/path/to/python3.11" >&2; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[engine,dev,redis,mooncake]'

@@ -1,4 +1,9 @@
-"""Command line: ``hybridcache demo`` and ``hybridcache bench <scenario>``."""
+"""Command line: ``hybridcache demo``, ``hybridcache bench <scenario>`` and ``hybridcache replay``.
+
+Owns the two consoles: results (tables) go to stdout, progress bars and errors to stderr; both
+follow the terminal's width (or ``COLUMNS``). Every option is checked as it is parsed
+(``hybridcache.cli_args``); an error is one line on stderr and a non-zero exit status.
+"""
 
 from __future__ import annotations
 
@@ -6,56 +11,69 @@ import argparse
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 
-console = Console(width=160)
+from hybridcache import cli_args
+from hybridcache.errors import HybridCacheError
+
+console = Console()
+errors = Console(stderr=True)
 SCENARIO_NAMES = (
     "match", "match-partial", "kv-match", "miss", "rollback", "rematch", "publish", "evict", "memory", "soak-engine",
 )
 
 
-def _int_list(text: str) -> list[int]:
-    return [int(part) for part in text.split(",") if part]
+MAX_BENCH_BATCH = 2**20
+MAX_BENCH_CONTEXT = 2**24
+
+
+def _failed(command: str, error: BaseException) -> int:
+    errors.print(f"hybridcache {command}: error: {type(error).__name__}: {escape(str(error))}", style="red", highlight=False, soft_wrap=True)
+    return 2
 
 
 def _bench(args: argparse.Namespace, argv: list[str]) -> int:
-    from hybridcache.bench import cli_support
     from hybridcache.bench.method import ensure_controlled_process, pin_to_one_cpu
 
     ensure_controlled_process(argv)
     cpu = pin_to_one_cpu()
-    if args.scenario == "soak-engine":
-        return _soak_engine(args)
+    try:
+        return _soak_engine(args) if args.scenario == "soak-engine" else _bench_scenarios(args, cpu)
+    except (HybridCacheError, OSError) as error:  # OSError: an output that could not be written
+        return _failed("bench", error)
+
+
+def _bench_scenarios(args: argparse.Namespace, cpu: int | None) -> int:
+    from hybridcache.bench import cli_support
+
     impls = ["hybridcache"] + ([args.compare] if args.compare else [])
     scenarios = cli_support.ALL_SCENARIOS if args.scenario == "all" else (args.scenario,)
     records = []
     for scenario in scenarios:
         cases = cli_support.cases_for(scenario, args.batch, args.context, args.steps, args.block_size, args.smoke)
-        records.extend(cli_support.run_scenario(scenario, impls, cases, console))
+        records.extend(cli_support.run_scenario(scenario, impls, cases, errors))
     records = cli_support.with_ratios(records)
     cli_support.print_records(records, console, cpu)
     if args.json:
         cli_support.write_json(records, args.json)
-        console.print(f"wrote {args.json}")
+        errors.print(f"wrote {escape(args.json)}", highlight=False)
     if args.plot:
         cli_support.plot(records, args.plot)
-        console.print(f"wrote {args.plot}")
+        errors.print(f"wrote {escape(args.plot)}", highlight=False)
     return 0
 
 
 def _soak_engine(args: argparse.Namespace) -> int:
     from rich.progress import Progress
-    from rich.table import Table
 
     from hybridcache.bench.cli_support import write_json
     from hybridcache.bench.soak_engine import run_soak_engine
 
-    total = 200 if args.smoke else (args.requests or 10_000)
-    with Progress(console=console, transient=True) as progress:
+    total = 200 if args.smoke else args.requests
+    with Progress(console=errors, transient=True) as progress:
         task = progress.add_task("soak-engine", total=total)
         record = run_soak_engine(total, progress=lambda: progress.advance(task))
-    table = Table(title="hybridcache bench soak-engine")
-    table.add_column("measure")
-    table.add_column("value", justify="right")
+    table = cli_args.compact_table("hybridcache bench soak-engine", ["measure", "value"], left=("measure",))
     for key, value in record.items():
         table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
     console.print(table)
@@ -65,22 +83,18 @@ def _soak_engine(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace, _: list[str]) -> int:
-    from rich.markup import escape
-
     from hybridcache.demo import run_demo
-    from hybridcache.errors import HybridCacheError
 
     try:
-        return 0 if run_demo(console, model_dir=args.model, dtype=args.dtype) else 1
+        return 0 if run_demo(console, errors, model_dir=args.model, dtype=args.dtype) else 1
     except HybridCacheError as error:  # a checkpoint that cannot be served: say why, no traceback
-        console.print(f"[bold red]error:[/] {type(error).__name__}: {escape(str(error))}", highlight=False)
-        return 2
+        return _failed("demo", error)
 
 
 def _replay(args: argparse.Namespace, _: list[str]) -> int:
     from hybridcache.replay.cli import run
 
-    return run(args, console)
+    return run(args, console, errors)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,15 +106,18 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(handler=_demo)
     bench = commands.add_parser("bench", help="run a benchmark scenario")
     bench.add_argument("scenario", choices=[*SCENARIO_NAMES, "all"])
-    bench.add_argument("--batch", type=_int_list, help="comma-separated batch sizes (default: 128,512)")
-    bench.add_argument("--context", type=_int_list, help="comma-separated prompt lengths (default: 65536,131072)")
-    bench.add_argument("--steps", type=_int_list, help="published steps for miss (default: 1,64,1024)")
-    bench.add_argument("--block-size", type=int, default=64)
+    bench.add_argument("--batch", type=cli_args.int_list(1, MAX_BENCH_BATCH), help="comma-separated batch sizes (default: 128,512)")
+    bench.add_argument("--context", type=cli_args.int_list(1, MAX_BENCH_CONTEXT),
+                       help="comma-separated prompt lengths (default: 65536,131072)")
+    bench.add_argument("--steps", type=cli_args.int_list(1, MAX_BENCH_CONTEXT), help="published steps for miss (default: 1,64,1024)")
+    bench.add_argument("--block-size", type=cli_args.int_in(2, 2**16, even=True), default=64,
+                       help="block size in tokens, even (default: 64)")
     bench.add_argument("--compare", choices=["lmdeploy"], help="also run the reference implementation")
-    bench.add_argument("--plot", metavar="PATH.png", help="write a p50/p99 chart")
-    bench.add_argument("--requests", type=int, help="requests served by soak-engine (default 10000)")
+    bench.add_argument("--plot", type=cli_args.plot_path, metavar="PATH.png", help="write a p50/p99 chart")
+    bench.add_argument("--requests", type=cli_args.int_in(1, 10**8), default=10_000,
+                       help="requests served by soak-engine (default: 10000)")
     bench.add_argument("--smoke", action="store_true", help="a seconds-long run that only checks the scenario works")
-    bench.add_argument("--json", metavar="PATH", help="write the records as JSON")
+    bench.add_argument("--json", type=cli_args.output_path, metavar="PATH", help="write the records as JSON")
     bench.set_defaults(handler=_bench)
     from hybridcache.replay.cli import add_arguments as add_replay_arguments
 

@@ -27,6 +27,7 @@ from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
+from hybridcache.cli_args import compact_table
 from hybridcache.engine import Engine, EngineConfig, Request, TinyHybridConfig
 from hybridcache.engine.hf import HFModelConfig
 
@@ -165,12 +166,13 @@ def serve(config: EngineConfig, make_turns: Callable[[int], Turns], advance) -> 
     return reports, turns
 
 
-def run_demo(console: Console, seed: int = 0, model_dir: str | None = None, dtype: str = "float32") -> bool:
-    """Serve the workload with caching off, then on; True when every output is identical."""
+def run_demo(console: Console, errors: Console, seed: int = 0, model_dir: str | None = None, dtype: str = "float32") -> bool:
+    """Serve the workload with caching off, then on; True when every output is identical.
+    Results go to ``console``, the progress bar to ``errors`` (stderr)."""
     model = None if model_dir is None else HFModelConfig(model_dir, dtype)
     make_turns = _turns_factory(model_dir, seed)
     runs = []
-    with Progress(console=console, transient=True) as progress:
+    with Progress(console=errors, transient=True) as progress:
         task = progress.add_task(f"serving {CONVERSATIONS} conversations x {TURNS} turns, caching off then on", total=2 * TURNS)
         for caching in (False, True):
             runs.append(serve(engine_config(caching, model), make_turns, lambda: progress.advance(task)))
@@ -207,9 +209,8 @@ def _turns_factory(model_dir: str | None, seed: int) -> Callable[[int], Turns]:
 
 
 def _table(uncached: list[TurnReport], cached: list[TurnReport], model_name: str) -> Table:
-    table = Table(title=f"multi-turn chat on {escape(model_name)}: prefix caching off vs on")
-    for column in ("turn", "prompt tokens", "from cache", "hit rate", "computed off", "computed on", "time off s", "time on s"):
-        table.add_column(column, justify="right", no_wrap=True)
+    columns = ["turn", "prompt tokens", "from cache", "hit rate", "computed off", "computed on", "time off s", "time on s"]
+    table = compact_table(f"multi-turn chat on {escape(model_name)}: prefix caching off vs on", columns)
     for turn, (off, on) in enumerate(zip(uncached, cached), start=1):
         table.add_row(*_row(str(turn), [off], [on]))
     table.add_section()

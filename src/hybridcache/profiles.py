@@ -30,12 +30,15 @@ core must not depend on the trace readers.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Mapping
 from types import MappingProxyType
 
 from hybridcache.errors import InvalidArgumentError, InvalidConfigError
+from hybridcache.files import read_bounded
 
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "float8_e4m3fn": 1}
 
@@ -50,6 +53,17 @@ class ModelProfile:
     attention_flops_coefficient: float  # a token at position t costs coefficient * (t + 1)
     attention_layers: int
     recurrent_layers: int
+
+    def __post_init__(self) -> None:
+        """Budgets divide by both sizes; FLOPs must be finite and non-negative."""
+        for field in ("kv_bytes_per_token", "state_bytes", "attention_layers", "recurrent_layers"):
+            value, minimum = getattr(self, field), 0 if field.endswith("layers") else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise InvalidConfigError(f"ModelProfile.{field} must be an int >= {minimum}, got {value!r}")
+        for field in ("linear_flops_per_token", "recurrent_flops_per_token", "attention_flops_coefficient"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                raise InvalidConfigError(f"ModelProfile.{field} must be a finite number >= 0, got {value!r}")
 
     def prefill_flops(self, start: int, end: int) -> float:
         """FLOPs to prefill positions ``[start, end)`` with ``[0, start)`` already cached."""
@@ -90,12 +104,76 @@ class _Totals:
         )
 
 
+# --- config fields ----------------------------------------------------------------------------
+
+_MAX_DIMENSION = 2**24  # widths, heads, states, experts: far above any published model
+_MAX_LAYERS = 4096
+
+
+class _Fields:
+    """A model config whose fields are checked as the formulas read them: every count or width
+    is an int (not a bool) in ``[minimum, 2**24]``, every layer list a list of known kinds. A
+    bad field raises ``InvalidConfigError`` naming it."""
+
+    def __init__(self, config: dict, model_type: str) -> None:
+        self.config, self.model_type = config, model_type
+
+    def int(self, name: str, minimum: int = 1, maximum: int = _MAX_DIMENSION) -> int:
+        if name not in self.config:
+            raise InvalidConfigError(f"{self.model_type} config lacks {name!r}")
+        return self._checked(name, self.config[name], minimum, maximum)
+
+    def optional_int(self, name: str) -> int | None:
+        value = self.config.get(name)
+        return None if value is None else self._checked(name, value, 1, _MAX_DIMENSION)
+
+    def _checked(self, name: str, value: object, minimum: int, maximum: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+            raise InvalidConfigError(
+                f"{self.model_type} config: {name} must be an int in [{minimum}, {maximum:,}], got {value!r}"
+            )
+        return value
+
+    def kinds(self, name: str, allowed: Mapping[str, str], letters: bool = False) -> list[str]:
+        """The layer kinds listed in ``name`` (a list, or with ``letters`` a string of one-letter
+        kinds), each mapped through ``allowed``."""
+        if name not in self.config:
+            raise InvalidConfigError(f"{self.model_type} config lacks {name!r}")
+        listed = self.config[name]
+        if not isinstance(listed, (list, str) if letters else list) or not 1 <= len(listed) <= _MAX_LAYERS:
+            raise InvalidConfigError(
+                f"{self.model_type} config: {name} must list 1 to {_MAX_LAYERS} layer kinds, got {_shown(listed)}"
+            )
+        unknown = [kind for kind in listed if not isinstance(kind, str) or kind not in allowed]
+        if unknown:
+            raise InvalidConfigError(
+                f"{self.model_type} config: {name} holds unknown layer kinds {_shown(unknown[:3])}; known: {', '.join(allowed)}"
+            )
+        return [allowed[kind] for kind in listed]
+
+    def dtype_bytes(self, name: str, default: str | None) -> int:
+        dtype = self.config.get(name) or default
+        if not isinstance(dtype, str) or dtype not in _DTYPE_BYTES:
+            raise InvalidConfigError(f"unsupported dtype {_shown(dtype)} ({name})")
+        return _DTYPE_BYTES[dtype]
+
+    def with_field(self, name: str, value: object) -> "_Fields":
+        return _Fields({**self.config, name: value}, self.model_type)
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 # --- layer formulas ------------------------------------------------------------------------
 
 
-def _attention(totals: _Totals, cfg: dict, q_gate: bool = False) -> None:
-    hidden, heads, kv_heads = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    head_dim = cfg.get("head_dim") or hidden // heads
+def _attention(totals: _Totals, cfg: _Fields, q_gate: bool = False) -> None:
+    hidden, heads, kv_heads = cfg.int("hidden_size"), cfg.int("num_attention_heads"), cfg.int("num_key_value_heads")
+    head_dim = cfg.optional_int("head_dim") or hidden // heads
+    if head_dim < 1:
+        raise InvalidConfigError(f"{cfg.model_type} config: hidden_size {hidden} < num_attention_heads {heads}")
     totals.kv_bytes += 2 * kv_heads * head_dim * _bytes(cfg)
     q_out = heads * head_dim * (2 if q_gate else 1)  # Qwen3-Next's gated attention doubles q_proj
     totals.linear_params += hidden * (q_out + 2 * kv_heads * head_dim) + heads * head_dim * hidden
@@ -103,9 +181,9 @@ def _attention(totals: _Totals, cfg: dict, q_gate: bool = False) -> None:
     totals.attention_layers += 1
 
 
-def _mamba2(totals: _Totals, cfg: dict, geometry: tuple[int, int, int, int, int]) -> None:
+def _mamba2(totals: _Totals, cfg: _Fields, geometry: tuple[int, int, int, int, int]) -> None:
     heads, head_dim, d_state, groups, d_conv = geometry
-    hidden, d_inner = cfg["hidden_size"], heads * head_dim
+    hidden, d_inner = cfg.int("hidden_size"), heads * head_dim
     conv_dim = d_inner + 2 * groups * d_state
     totals.state_bytes += heads * head_dim * d_state * _ssm_bytes(cfg) + conv_dim * (d_conv - 1) * _bytes(cfg)
     totals.linear_params += hidden * (2 * d_inner + 2 * groups * d_state + heads) + d_inner * hidden
@@ -114,9 +192,9 @@ def _mamba2(totals: _Totals, cfg: dict, geometry: tuple[int, int, int, int, int]
     totals.recurrent_layers += 1
 
 
-def _mamba1(totals: _Totals, cfg: dict) -> None:
-    hidden, d_state, d_conv = cfg["hidden_size"], cfg["mamba_d_state"], cfg["mamba_d_conv"]
-    d_inner, dt_rank = cfg["mamba_expand"] * hidden, cfg["mamba_dt_rank"]
+def _mamba1(totals: _Totals, cfg: _Fields) -> None:
+    hidden, d_state, d_conv = cfg.int("hidden_size"), cfg.int("mamba_d_state"), cfg.int("mamba_d_conv")
+    d_inner, dt_rank = cfg.int("mamba_expand") * hidden, cfg.int("mamba_dt_rank")
     totals.state_bytes += d_inner * d_state * _ssm_bytes(cfg) + d_inner * (d_conv - 1) * _bytes(cfg)
     totals.linear_params += hidden * 2 * d_inner + d_inner * (dt_rank + 2 * d_state) + dt_rank * d_inner + d_inner * hidden
     totals.conv_flops += 2 * d_inner * d_conv
@@ -124,10 +202,10 @@ def _mamba1(totals: _Totals, cfg: dict) -> None:
     totals.recurrent_layers += 1
 
 
-def _gated_delta(totals: _Totals, cfg: dict) -> None:
-    hidden, kernel = cfg["hidden_size"], cfg["linear_conv_kernel_dim"]
-    k_heads, v_heads = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
-    k_dim, v_dim = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+def _gated_delta(totals: _Totals, cfg: _Fields) -> None:
+    hidden, kernel = cfg.int("hidden_size"), cfg.int("linear_conv_kernel_dim")
+    k_heads, v_heads = cfg.int("linear_num_key_heads"), cfg.int("linear_num_value_heads")
+    k_dim, v_dim = cfg.int("linear_key_head_dim"), cfg.int("linear_value_head_dim")
     conv_dim = 2 * k_heads * k_dim + v_heads * v_dim
     totals.state_bytes += v_heads * k_dim * v_dim * _ssm_bytes(cfg) + conv_dim * (kernel - 1) * _bytes(cfg)
     totals.linear_params += hidden * (conv_dim + v_heads * v_dim + 2 * v_heads) + v_heads * v_dim * hidden
@@ -142,112 +220,127 @@ def _mlp(totals: _Totals, hidden: int, intermediate: int, gated: bool = True) ->
 
 def _moe(totals: _Totals, hidden: int, experts: tuple[int, int, int], shared: int) -> None:
     count, top_k, intermediate = experts
+    if top_k > count:
+        raise InvalidConfigError(f"a MoE layer routes to {top_k} of only {count} experts")
     totals.linear_params += hidden * count + top_k * 3 * hidden * intermediate + 3 * hidden * shared
 
 
-def _bytes(cfg: dict) -> int:
-    dtype = cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
-    if dtype not in _DTYPE_BYTES:
-        raise InvalidConfigError(f"unsupported dtype {dtype!r}")
-    return _DTYPE_BYTES[dtype]
+def _bytes(cfg: _Fields) -> int:
+    return cfg.dtype_bytes("dtype", cfg.config.get("torch_dtype") or "bfloat16")
 
 
-def _ssm_bytes(cfg: dict) -> int:
-    dtype = cfg.get("mamba_ssm_cache_dtype")
-    return _bytes(cfg) if dtype is None else _bytes({"dtype": dtype})
+def _ssm_bytes(cfg: _Fields) -> int:
+    return _bytes(cfg) if cfg.config.get("mamba_ssm_cache_dtype") is None else cfg.dtype_bytes("mamba_ssm_cache_dtype", None)
 
 
 # --- architectures -------------------------------------------------------------------------
 
 
-def _qwen3_next(cfg: dict) -> _Totals:
-    totals, hidden = _Totals(), cfg["hidden_size"]
-    experts = (cfg["num_experts"], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"])
-    for kind in cfg["layer_types"]:
-        if kind == "full_attention":
+def _qwen3_next(cfg: _Fields) -> _Totals:
+    totals, hidden = _Totals(), cfg.int("hidden_size")
+    experts = (cfg.int("num_experts"), cfg.int("num_experts_per_tok"), cfg.int("moe_intermediate_size"))
+    shared = cfg.int("shared_expert_intermediate_size", 0)
+    for kind in cfg.kinds("layer_types", {"full_attention": "attention", "linear_attention": "linear"}):
+        if kind == "attention":
             _attention(totals, cfg, q_gate=True)
         else:
             _gated_delta(totals, cfg)
-        _moe(totals, hidden, experts, cfg["shared_expert_intermediate_size"])
+        _moe(totals, hidden, experts, shared)
     return totals
 
 
-def _granite_hybrid(cfg: dict) -> _Totals:
-    totals, hidden = _Totals(), cfg["hidden_size"]
-    mamba = (cfg["mamba_n_heads"], cfg["mamba_d_head"], cfg["mamba_d_state"], cfg["mamba_n_groups"], cfg["mamba_d_conv"])
-    for kind in cfg["layer_types"]:
-        if kind in ("attention", "full_attention"):
+def _mamba2_geometry(cfg: _Fields) -> tuple[int, int, int, int, int]:
+    """(heads, head dim, d_state, groups, d_conv) under the granite / falcon field names."""
+    names = ("mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups", "mamba_d_conv")
+    return tuple(cfg.int(name) for name in names)
+
+
+def _granite_hybrid(cfg: _Fields) -> _Totals:
+    totals, hidden = _Totals(), cfg.int("hidden_size")
+    mamba = _mamba2_geometry(cfg)
+    kinds = cfg.kinds("layer_types", {"attention": "attention", "full_attention": "attention", "mamba": "mamba"})
+    experts = cfg.int("num_local_experts", 0)
+    for kind in kinds:
+        if kind == "attention":
             _attention(totals, cfg)
         else:
             _mamba2(totals, cfg, mamba)
-        if cfg["num_local_experts"]:
-            experts = (cfg["num_local_experts"], cfg["num_experts_per_tok"], cfg["intermediate_size"])
-            _moe(totals, hidden, experts, cfg["shared_intermediate_size"])
+        if experts:
+            routed = (experts, cfg.int("num_experts_per_tok"), cfg.int("intermediate_size"))
+            _moe(totals, hidden, routed, cfg.int("shared_intermediate_size", 0))
         else:
-            _mlp(totals, hidden, cfg["shared_intermediate_size"])
+            _mlp(totals, hidden, cfg.int("shared_intermediate_size"))
     return totals
 
 
-_NEMOTRON_KINDS = {
-    "M": "mamba", "*": "attention", "-": "mlp", "E": "moe", "linear_attention": "mamba", "full_attention": "attention",
-}
+_NEMOTRON_KINDS = MappingProxyType({
+    "M": "mamba", "*": "attention", "-": "mlp", "E": "moe", "mamba": "mamba", "attention": "attention", "mlp": "mlp",
+    "moe": "moe", "linear_attention": "mamba", "full_attention": "attention",
+})
 
 
-def _nemotron_h(cfg: dict) -> _Totals:
-    totals, hidden = _Totals(), cfg["hidden_size"]
-    pattern = cfg.get("hybrid_override_pattern")
-    kinds = [_NEMOTRON_KINDS.get(kind, kind) for kind in (pattern if pattern else cfg["layers_block_type"])]
-    mamba = (cfg["mamba_num_heads"], cfg["mamba_head_dim"], cfg["ssm_state_size"], cfg["n_groups"], cfg["conv_kernel"])
+def _nemotron_h(cfg: _Fields) -> _Totals:
+    totals, hidden = _Totals(), cfg.int("hidden_size")
+    if cfg.config.get("hybrid_override_pattern"):
+        kinds = cfg.kinds("hybrid_override_pattern", _NEMOTRON_KINDS, letters=True)
+    else:
+        kinds = cfg.kinds("layers_block_type", _NEMOTRON_KINDS)
+    mamba = tuple(cfg.int(name) for name in ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel"))
     for kind in kinds:
         if kind == "mamba":
             _mamba2(totals, cfg, mamba)
         elif kind == "attention":
             _attention(totals, cfg)
         elif kind == "mlp":
-            _mlp(totals, hidden, cfg["intermediate_size"], gated=False)  # squared-ReLU, no gate
+            _mlp(totals, hidden, cfg.int("intermediate_size"), gated=False)  # squared-ReLU, no gate
         else:
-            experts = (cfg["n_routed_experts"], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"])
-            _moe(totals, hidden, experts, cfg["moe_shared_expert_intermediate_size"])
+            experts = (cfg.int("n_routed_experts"), cfg.int("num_experts_per_tok"), cfg.int("moe_intermediate_size"))
+            _moe(totals, hidden, experts, cfg.int("moe_shared_expert_intermediate_size", 0))
     return totals
 
 
-def _falcon_h1(cfg: dict) -> _Totals:
-    totals, hidden = _Totals(), cfg["hidden_size"]
-    mamba = (cfg["mamba_n_heads"], cfg["mamba_d_head"], cfg["mamba_d_state"], cfg["mamba_n_groups"], cfg["mamba_d_conv"])
-    for _ in range(cfg["num_hidden_layers"]):  # every layer runs attention and Mamba2 in parallel
+def _falcon_h1(cfg: _Fields) -> _Totals:
+    totals, hidden = _Totals(), cfg.int("hidden_size")
+    mamba = _mamba2_geometry(cfg)
+    for _ in range(cfg.int("num_hidden_layers", 1, _MAX_LAYERS)):  # every layer runs attention and Mamba2 in parallel
         _attention(totals, cfg)
         _mamba2(totals, cfg, mamba)
-        _mlp(totals, hidden, cfg["intermediate_size"])
+        _mlp(totals, hidden, cfg.int("intermediate_size"))
     return totals
 
 
-def _jamba(cfg: dict) -> _Totals:
-    totals, hidden = _Totals(), cfg["hidden_size"]
-    for layer in range(cfg["num_hidden_layers"]):
-        if layer % cfg["attn_layer_period"] == cfg["attn_layer_offset"]:
+def _jamba(cfg: _Fields) -> _Totals:
+    totals, hidden = _Totals(), cfg.int("hidden_size")
+    attention_period, expert_period = cfg.int("attn_layer_period"), cfg.int("expert_layer_period")
+    attention_offset, expert_offset = cfg.int("attn_layer_offset", 0), cfg.int("expert_layer_offset", 0)
+    for layer in range(cfg.int("num_hidden_layers", 1, _MAX_LAYERS)):
+        if layer % attention_period == attention_offset:
             _attention(totals, cfg)
         else:
             _mamba1(totals, cfg)
-        if layer % cfg["expert_layer_period"] == cfg["expert_layer_offset"]:
-            _moe(totals, hidden, (cfg["num_experts"], cfg["num_experts_per_tok"], cfg["intermediate_size"]), 0)
+        if layer % expert_period == expert_offset:
+            experts = (cfg.int("num_experts"), cfg.int("num_experts_per_tok"), cfg.int("intermediate_size"))
+            _moe(totals, hidden, experts, 0)
         else:
-            _mlp(totals, hidden, cfg["intermediate_size"])
+            _mlp(totals, hidden, cfg.int("intermediate_size"))
     return totals
 
 
-def _marconi_7b(cfg: dict) -> _Totals:
+def _marconi_7b(cfg: _Fields) -> _Totals:
     """Marconi's 7B Attention-Mamba2 hybrid; its bytes are the issue's exact figures."""
-    hidden, d_state, d_conv = cfg["hidden_size"], cfg["d_state"], cfg["d_conv"]
+    hidden, d_state, d_conv = cfg.int("hidden_size"), cfg.int("d_state"), cfg.int("d_conv")
+    attention_layers, mamba_layers = cfg.int("attention_layers", 0, _MAX_LAYERS), cfg.int("mamba_layers", 0, _MAX_LAYERS)
     totals = _Totals()
-    for _ in range(cfg["attention_layers"]):
-        _attention(totals, {**cfg, "num_key_value_heads": cfg["num_attention_heads"]})  # full MHA
-    for _ in range(cfg["mamba_layers"]):
-        _mamba2(totals, cfg, (cfg["mamba_heads"], cfg["mamba_head_dim"], d_state, 1, d_conv))
-    for _ in range(cfg["mlp_layers"]):
-        _mlp(totals, hidden, cfg["intermediate_size"], gated=False)
-    totals.kv_bytes = cfg["attention_layers"] * 2 * hidden * 2  # 4 * 2 * 4096 * 2 = 65,536
+    full_mha = cfg.with_field("num_key_value_heads", cfg.int("num_attention_heads"))
+    for _ in range(attention_layers):
+        _attention(totals, full_mha)
+    for _ in range(mamba_layers):
+        _mamba2(totals, cfg, (cfg.int("mamba_heads"), cfg.int("mamba_head_dim"), d_state, 1, d_conv))
+    for _ in range(cfg.int("mlp_layers", 0, _MAX_LAYERS)):
+        _mlp(totals, hidden, cfg.int("intermediate_size"), gated=False)
+    totals.kv_bytes = attention_layers * 2 * hidden * 2  # 4 * 2 * 4096 * 2 = 65,536
     # 24 * (4096 * 128 * 2 + (2 * 4096 + 2 * 128) * 4 * 2) = 26,787,840 B (the KV of ~409 tokens)
-    totals.state_bytes = cfg["mamba_layers"] * (hidden * d_state * 2 + (2 * hidden + 2 * d_state) * d_conv * 2)
+    totals.state_bytes = mamba_layers * (hidden * d_state * 2 + (2 * hidden + 2 * d_state) * d_conv * 2)
     return totals
 
 
@@ -348,39 +441,50 @@ PROFILE_NAMES = tuple(BUILTIN_CONFIGS)
 
 
 def profile_from_config(config: dict, name: str | None = None) -> ModelProfile:
-    """A profile from a config mapping in the transformers ``config.json`` schema."""
-    if not hasattr(config, "get"):
+    """A profile from a config mapping in the transformers ``config.json`` schema. Every field
+    a formula reads is checked (``_Fields``); the model must have attention and recurrent
+    layers, since the cache's budgets divide by both the KV per token and the state size."""
+    if not isinstance(config, Mapping):
         raise InvalidConfigError("a model config must be a mapping")
     model_type = config.get("model_type")
-    if model_type not in _ARCHITECTURES:
-        raise InvalidConfigError(f"unsupported model_type {model_type!r}; supported: {', '.join(_ARCHITECTURES)}")
-    try:
-        totals = _ARCHITECTURES[model_type](dict(config))
-    except KeyError as missing:
-        raise InvalidConfigError(f"{model_type} config lacks {missing}") from None
-    except TypeError as error:
-        raise InvalidConfigError(f"{model_type} config has a field of the wrong type ({error})") from None
+    if not isinstance(model_type, str) or model_type not in _ARCHITECTURES:
+        raise InvalidConfigError(f"unsupported model_type {_shown(model_type)}; supported: {', '.join(_ARCHITECTURES)}")
+    totals = _ARCHITECTURES[model_type](_Fields(dict(config), model_type))
+    if totals.kv_bytes < 1 or totals.state_bytes < 1:
+        raise InvalidConfigError(
+            f"{model_type} config is not a hybrid model: {totals.attention_layers} attention layers "
+            f"({totals.kv_bytes} KV bytes per token), {totals.recurrent_layers} recurrent layers "
+            f"({totals.state_bytes} state bytes); both must be at least one"
+        )
     return totals.profile(name or str(config.get("_name_or_path") or model_type))
 
 
+MAX_CONFIG_BYTES = 16 * 2**20  # a transformers config.json is a few KB
+
+
 def load_profile(name_or_path: str) -> ModelProfile:
-    """A built-in profile by name, or one computed from a ``config.json`` path."""
+    """A built-in profile by name, or one computed from a ``config.json`` path (a regular file
+    of at most ``MAX_CONFIG_BYTES``)."""
     if name_or_path in BUILTIN_CONFIGS:
         return profile_from_config(BUILTIN_CONFIGS[name_or_path], name_or_path)
     path = Path(name_or_path)
-    if not path.is_file():
+    if not path.exists():
         raise InvalidArgumentError(
             f"unknown model profile {name_or_path!r}; built in: {', '.join(PROFILE_NAMES)}, or a config.json path"
         )
+    data = read_bounded(path, MAX_CONFIG_BYTES, InvalidConfigError)
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        config = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as error:  # ValueError: bad JSON, or an int over the digit limit
         raise InvalidConfigError(f"{path}: cannot read a model config ({error})") from None
+    except RecursionError:
+        raise InvalidConfigError(f"{path}: cannot read a model config (JSON nested too deeply)") from None
     return profile_from_config(config, path.parent.name or path.stem)
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:([kmgtp])(i)?)?b?\s*$", re.IGNORECASE)
 _UNIT_POWERS = {"k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
+MAX_SIZE = 2**63  # sizes are int64 downstream
 
 
 def parse_size(text: str) -> int:
@@ -395,4 +499,6 @@ def parse_size(text: str) -> int:
     value = float(number) * (1024 if binary else 1000) ** power
     if value < 1:
         raise InvalidArgumentError(f"size {text!r} is below one byte")
+    if not value < MAX_SIZE:
+        raise InvalidArgumentError(f"size {text!r} is over the {MAX_SIZE:,} bytes (8 EiB) a size may name")
     return int(round(value))

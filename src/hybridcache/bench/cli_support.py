@@ -8,11 +8,11 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
 from hybridcache.bench.implementations import make_impl
 from hybridcache.bench.memory import measure_in_fresh_process
 from hybridcache.bench.scenarios import SCENARIOS, Case
+from hybridcache.cli_args import compact_table
 
 MATCH_GRID = [(128, 65536), (128, 131072), (512, 65536), (512, 131072)]
 DEFAULT_GRIDS = {
@@ -85,10 +85,9 @@ def print_records(records: list[dict], console: Console, cpu: int | None) -> Non
     timed = [r for r in records if r["scenario"] != "memory"]
     memory = [r for r in records if r["scenario"] == "memory"]
     if timed:
-        table = Table(title=f"hybridcache bench (pinned to cpu {cpu})")
-        columns = ("scenario", "impl", "batch", "context", "S", "p50 ms", "p99 ms", "µs/req", "ingest ms", "total ms", "floor ms", "×ref")
-        for column in columns:
-            table.add_column(column, justify="right", no_wrap=True)
+        columns = ["scenario", "impl", "batch", "context", "S", "p50 ms", "p99 ms", "µs/req", "ingest ms", "total ms",
+                   "floor ms", "×ref"]
+        table = compact_table(f"hybridcache bench (pinned to cpu {cpu})", columns, left=("scenario", "impl"))
         for r in timed:
             table.add_row(
                 r["scenario"] + (f" ({r['kind']})" if "kind" in r else ""), r["impl"], str(r["batch"]), str(r["context"]),
@@ -97,9 +96,8 @@ def print_records(records: list[dict], console: Console, cpu: int | None) -> Non
             )
         console.print(table)
     if memory:
-        table = Table(title="hybridcache bench memory")
-        for column in ("impl", "batch", "context", "metadata bytes", "host bytes", "host B/token", "ref/ours meta", "ref/ours host"):
-            table.add_column(column, justify="right", no_wrap=True)
+        columns = ["impl", "batch", "context", "metadata bytes", "host bytes", "host B/token", "ref/ours meta", "ref/ours host"]
+        table = compact_table("hybridcache bench memory", columns, left=("impl",))
         for r in memory:
             table.add_row(
                 r["impl"], str(r["batch"]), str(r["context"]), f"{r['metadata_bytes']:,}", f"{r['host_bytes']:,}",

@@ -13,144 +13,179 @@ import argparse
 import json
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import Progress
-from rich.table import Table
+from rich.markup import escape
+from rich.progress import Progress, TaskID
 
+from hybridcache import cli_args
 from hybridcache.errors import HybridCacheError, InvalidArgumentError
-from hybridcache.profiles import PROFILE_NAMES, ModelProfile, load_profile, parse_size
+from hybridcache.profiles import PROFILE_NAMES, ModelProfile, load_profile
 from hybridcache.replay.driver import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_DEVICE_TFLOPS,
+    DEFAULT_PREFILL_CHUNK,
     Budget,
     mean_prompt_tokens,
+    pool_geometry,
     replay,
     split_budget,
     with_ttft,
 )
-from hybridcache.replay.policies import Policy, resolve_policy
+from hybridcache.replay.policies import ADMISSIONS, EVICTIONS, POLICIES, Policy, resolve_policy
 from hybridcache.replay.report import print_fleet
-from hybridcache.replay.routing import ROUTINGS, check_routing
+from hybridcache.replay.routing import ROUTINGS
 from hybridcache.replay.shared_tier import SHARED_TIERS, check_shared_tier, open_shared_tier
 from hybridcache.replay.tiering import DEFAULT_TIER_CHUNK, TierSetup
 from hybridcache.workloads import FORMATS, infinite_cache_bound, read_trace, synthesize
 
 
+MAX_BLOCK_SIZE = 2**16
+MAX_REPLICAS = 1024
+MAX_CHUNK_TOKENS = 2**24
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("trace", help="a JSONL trace (Mooncake, Qwen-Bailian or explicit tokens)")
-    parser.add_argument("--format", default="auto", choices=["auto", *FORMATS])
-    parser.add_argument("--model", default="marconi-7b", help=f"profile: {', '.join(PROFILE_NAMES)}, or a config.json path")
-    parser.add_argument("--cache-bytes", help="combined budget(s), comma list = sweep (e.g. 400GB,800GB)")
-    parser.add_argument("--kv-bytes", help="KV budget(s); with --state-bytes (comma lists pair up)")
-    parser.add_argument("--state-bytes", help="checkpoint budget(s); with --kv-bytes")
-    parser.add_argument("--policy", default="reference", help="comma list = sweep: reference, interval:N")
-    parser.add_argument("--admission", help="override the policies' admission part")
-    parser.add_argument("--eviction", help="override the policies' eviction part")
-    parser.add_argument("--limit", type=int, help="replay only the first N requests")
-    parser.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, help="library block size in tokens")
-    parser.add_argument("--prefill-chunk", type=int, default=2048, help="prefill chunk of the reference rule")
-    parser.add_argument(
-        "--device-tflops", type=float, default=DEFAULT_DEVICE_TFLOPS, help="sustained TFLOP/s of the TTFT estimate"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="token synthesis seed")
-    parser.add_argument("--replicas", default="1", help="replicas, each with the whole budget; comma list = sweep")
-    parser.add_argument("--routing", default="round-robin", help=f"comma list = sweep: {', '.join(ROUTINGS)}")
-    parser.add_argument("--shared-tier", default="none", help=f"store shared by the replicas: {', '.join(SHARED_TIERS)}")
-    parser.add_argument("--store-url", help="the shared store (redis://HOST:PORT/DB, mooncake://MASTER?metadata=URL); "
-                        "without it a local server is started on a free loopback port")
-    parser.add_argument("--host-bytes", help="T1 host memory per replica (nominal bytes, e.g. 200GB; default none)")
-    parser.add_argument("--disk-bytes", help="T2 local disk per replica (nominal bytes; needs --host-bytes)")
-    parser.add_argument("--tier-chunk", type=int, default=DEFAULT_TIER_CHUNK,
-                        help="tokens per stored KV chunk, a multiple of --block-size")
-    parser.add_argument("--shared-bandwidth", default="12.5GB",
-                        help="bytes/s of a replica's link to the shared tier, for the cost model (12.5GB = 100 Gb/s)")
-    parser.add_argument("--json", metavar="PATH", help="write the records as JSON")
-    parser.add_argument("--plot", metavar="PATH.png", help="write token hit rate vs budget, one curve per policy")
+    """Every option of ``hybridcache replay``, each checked by its converter as it is parsed
+    (``hybridcache.cli_args``); the rules that join several options are in ``check_options``.
+    A new option is one line here, plus a rule there when it depends on another."""
+    parser.formatter_class = cli_args.DefaultsHelpFormatter
+    add = parser.add_argument
+    add("trace", help="a JSONL trace (Mooncake, Qwen-Bailian or explicit tokens), a regular file")
+    add("--format", default="auto", choices=["auto", *FORMATS], help="the trace's format (auto: from its first line)")
+    add("--model", default="marconi-7b", help=f"profile: {', '.join(PROFILE_NAMES)}, or a config.json path")
+    add("--cache-bytes", type=cli_args.size_list, metavar="SIZES",
+        help="combined budget(s), comma list = sweep (e.g. 400GB,800GB); required unless --kv-bytes and --state-bytes")
+    add("--kv-bytes", type=cli_args.size_list, metavar="SIZES", help="KV budget(s); with --state-bytes (comma lists pair up)")
+    add("--state-bytes", type=cli_args.size_list, metavar="SIZES", help="checkpoint budget(s); with --kv-bytes")
+    add("--policy", default="reference",
+        help=f"comma list = sweep: {', '.join(POLICIES)} (interval:N checkpoints every N tokens)")
+    add("--admission", help=f"override the policies' admission part: {', '.join(ADMISSIONS)}")
+    add("--eviction", help=f"override the policies' eviction part: {', '.join(EVICTIONS)}")
+    add("--limit", type=cli_args.int_in(1), metavar="N", help="replay only the first N requests (default: all)")
+    add("--block-size", type=cli_args.int_in(2, MAX_BLOCK_SIZE, even=True), default=DEFAULT_BLOCK_SIZE,
+        help="library block size in tokens (even)")
+    add("--prefill-chunk", type=cli_args.int_in(1, MAX_CHUNK_TOKENS), default=DEFAULT_PREFILL_CHUNK,
+        help="prefill chunk of the reference rule")
+    add("--device-tflops", type=cli_args.positive_float, default=DEFAULT_DEVICE_TFLOPS,
+        help="sustained TFLOP/s of the TTFT estimate")
+    add("--seed", type=cli_args.int_in(0, 2**32 - 1), default=0, help="token synthesis seed")
+    add("--replicas", type=cli_args.int_list(1, MAX_REPLICAS), default="1", metavar="COUNTS",
+        help="replicas, each with the whole budget; comma list = sweep")
+    add("--routing", type=cli_args.name_list(ROUTINGS), default="round-robin", metavar="NAMES",
+        help=f"comma list = sweep: {', '.join(ROUTINGS)}")
+    add("--shared-tier", default="none", choices=SHARED_TIERS, help="store shared by the replicas")
+    add("--store-url", help="the shared store (redis://HOST:PORT/DB, mooncake://MASTER?metadata=URL); "
+        "without it a local server is started on a free loopback port")
+    add("--host-bytes", type=cli_args.size, metavar="SIZE", help="T1 host memory per replica (nominal bytes, e.g. 200GB)")
+    add("--disk-bytes", type=cli_args.size, metavar="SIZE", help="T2 local disk per replica (nominal bytes; needs --host-bytes)")
+    add("--tier-chunk", type=cli_args.int_in(1, MAX_CHUNK_TOKENS), default=DEFAULT_TIER_CHUNK,
+        help="tokens per stored KV chunk, a multiple of --block-size")
+    add("--shared-bandwidth", type=cli_args.size, default="12.5GB", metavar="SIZE",
+        help="bytes/s of a replica's link to the shared tier, for the cost model (12.5GB = 100 Gb/s)")
+    add("--json", type=cli_args.output_path, metavar="PATH", help="write the records as JSON")
+    add("--plot", type=cli_args.plot_path, metavar="PATH.png", help="write token hit rate vs budget, one curve per policy")
 
 
-def _sizes(text: str | None) -> list[int]:
-    return [parse_size(part) for part in text.split(",") if part.strip()] if text else []
+@dataclass(frozen=True)
+class CheckedOptions:
+    """What ``check_options`` derived from the parsed options, before the trace is read."""
+
+    profile: ModelProfile
+    policies: list[Policy]
+    tier_options: dict
 
 
-def _budgets(args: argparse.Namespace, profile: ModelProfile, policy: Policy, mean_prompt: float) -> list[Budget]:
-    combined, kv, state = _sizes(args.cache_bytes), _sizes(args.kv_bytes), _sizes(args.state_bytes)
-    if combined and (kv or state):
+def check_options(args: argparse.Namespace) -> CheckedOptions:
+    """The rules that join options, and the model profile: all checked before the trace is read."""
+    if args.cache_bytes and (args.kv_bytes or args.state_bytes):
         raise InvalidArgumentError("give either --cache-bytes or --kv-bytes with --state-bytes, not both")
-    if combined:
-        return [split_budget(size, profile, policy, mean_prompt) for size in combined]
-    if not kv or len(kv) != len(state):
+    if not args.cache_bytes and (not args.kv_bytes or len(args.kv_bytes) != len(args.state_bytes or [])):
         raise InvalidArgumentError("give --cache-bytes, or --kv-bytes and --state-bytes lists of equal length")
-    return [Budget(k, s) for k, s in zip(kv, state)]
-
-
-def _policies(args: argparse.Namespace) -> list[Policy]:
     names = [name for name in args.policy.split(",") if name.strip()]
     if not names:
         raise InvalidArgumentError("--policy names no policy")
-    return [resolve_policy(name, args.admission, args.eviction, args.prefill_chunk) for name in names]
+    policies = [resolve_policy(name, args.admission, args.eviction, args.prefill_chunk) for name in names]
+    return CheckedOptions(load_profile(args.model), policies, _tier_options(args))
 
 
-def _replica_counts(text: str) -> list[int]:
-    counts = []
-    for part in (piece.strip() for piece in text.split(",")):
-        if not part.isdigit() or int(part) < 1:
-            raise InvalidArgumentError(f"--replicas takes positive integers, got {part!r}")
-        counts.append(int(part))
-    return counts
-
-
-def _routings(text: str) -> list[str]:
-    return [check_routing(part.strip()) for part in text.split(",")]
+def _budgets(args: argparse.Namespace, profile: ModelProfile, policy: Policy, mean_prompt: float) -> list[Budget]:
+    if args.cache_bytes:
+        return [split_budget(size, profile, policy, mean_prompt) for size in args.cache_bytes]
+    return [Budget(k, s) for k, s in zip(args.kv_bytes, args.state_bytes)]
 
 
 def _tier_options(args: argparse.Namespace) -> dict:
     """The tier options, checked before any server starts."""
     check_shared_tier(args.shared_tier, args.store_url)
-    host = parse_size(args.host_bytes) if args.host_bytes else 0
-    disk = parse_size(args.disk_bytes) if args.disk_bytes else 0
+    host, disk = args.host_bytes or 0, args.disk_bytes or 0
     if disk and not host:
         raise InvalidArgumentError("--disk-bytes needs --host-bytes: the disk tier holds host demotions")
     tiered = host or args.shared_tier != "none"
-    if tiered and (args.tier_chunk < 1 or args.tier_chunk % args.block_size):
+    if tiered and args.tier_chunk % args.block_size:
         raise InvalidArgumentError(f"--tier-chunk must be a positive multiple of --block-size {args.block_size}")
     return {"chunk_size": args.tier_chunk, "host_bytes": host, "disk_bytes": disk,
-            "shared_bandwidth": float(parse_size(args.shared_bandwidth))}
+            "shared_bandwidth": float(args.shared_bandwidth)}
 
 
-def run(args: argparse.Namespace, console: Console) -> int:
+def run(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    """The command: tables on ``console``, progress and errors on ``errors`` (stderr)."""
     try:
-        return _run(args, console)
+        return _run(args, console, errors)
     except HybridCacheError as error:
-        console.print(f"[red]hybridcache replay: {error}[/red]")
+        errors.print(f"hybridcache replay: error: {escape(str(error))}", style="red", highlight=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:
-        console.print("[red]hybridcache replay: interrupted (servers stopped, scratch removed)[/red]")
+        errors.print("hybridcache replay: interrupted (servers stopped, scratch removed)", style="red")
         return 130
 
 
-def _run(args: argparse.Namespace, console: Console) -> int:
-    if args.limit is not None and args.limit < 1:
-        raise InvalidArgumentError("--limit must be >= 1")
-    if not args.device_tflops > 0:
-        raise InvalidArgumentError("--device-tflops must be > 0")
+class _RunProgress:
+    """One run's progress bars: requests served, and Marconi's alpha tuning while it replays
+    its window (which can take longer than the run's own requests)."""
+
+    def __init__(self, progress: Progress, label: str, total: int) -> None:
+        self.progress, self.label = progress, label
+        self.task = progress.add_task(label, total=total)
+        self.tuning: TaskID | None = None
+
+    def advance(self) -> None:
+        self.progress.advance(self.task)
+
+    def tuned(self, done: int, total: int) -> None:
+        if self.tuning is None:
+            self.tuning = self.progress.add_task(f"  tuning alpha ({self.label})", total=total)
+        self.progress.update(self.tuning, completed=done)
+        if done >= total:
+            self.progress.remove_task(self.tuning)
+            self.tuning = None
+
+    def close(self) -> None:
+        self.progress.remove_task(self.task)
+        if self.tuning is not None:
+            self.progress.remove_task(self.tuning)
+
+
+def _run(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    options = check_options(args)
+    profile = options.profile
     began = time.perf_counter()
-    profile = load_profile(args.model)
     synthesized = synthesize(read_trace(args.trace, args.format, args.limit), seed=args.seed)
     requests = synthesized.requests
     bound = infinite_cache_bound(requests)
     prepared_s = time.perf_counter() - began
     console.print(
-        f"{args.trace}: {len(requests)} requests, {bound.prompt_tokens:,} prompt tokens, "
+        f"{escape(args.trace)}: {len(requests)} requests, {bound.prompt_tokens:,} prompt tokens, "
         f"{synthesized.stats.continuations} continuations inferred, infinite-cache bound "
-        f"{100 * bound.token_hit_rate:.2f} % (read, synthesized and bounded in {prepared_s:.1f} s)"
+        f"{100 * bound.token_hit_rate:.2f} % (read, synthesized and bounded in {prepared_s:.1f} s)", highlight=False
     )
-    policies = _policies(args)
     mean_prompt = mean_prompt_tokens(requests)
-    fleets = [(count, routing) for count in _replica_counts(args.replicas) for routing in _routings(args.routing)]
-    tier_options = _tier_options(args)
-    runs = [(policy, budget) for policy in policies for budget in _budgets(args, profile, policy, mean_prompt)]
+    fleets = [(count, routing) for count in args.replicas for routing in args.routing]
+    runs = [(policy, budget) for policy in options.policies for budget in _budgets(args, profile, policy, mean_prompt)]
+    for _, budget in runs:  # every budget of the sweep is checked before the first run starts
+        pool_geometry(budget, profile, args.block_size, max(args.replicas))
     unique_tokens = bound.prompt_tokens - int(bound.shared_tokens.sum())
     context = {
         "trace": args.trace,
@@ -161,15 +196,14 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     records = []
     with tempfile.TemporaryDirectory(prefix="hybridcache-replay-") as scratch, \
             open_shared_tier(args.shared_tier, args.store_url, Path(scratch)) as shared, \
-            Progress(console=console, transient=True) as progress:
-        tiers = TierSetup(shared=shared, shared_name=args.shared_tier, disk_root=Path(scratch), **tier_options)
+            Progress(console=errors, transient=True) as progress:
+        tiers = TierSetup(shared=shared, shared_name=args.shared_tier, disk_root=Path(scratch), **options.tier_options)
         for policy, budget in runs:
             for replicas, routing in fleets:
-                label = f"{policy.name} @ {_budget_label(budget)}, {replicas} x {routing}"
-                task = progress.add_task(label, total=len(requests))
+                bars = _RunProgress(progress, f"{policy.name} @ {_budget_label(budget)}, {replicas} x {routing}", len(requests))
                 record = replay(
                     requests, profile, policy, budget, args.block_size,
-                    prefill_chunk=args.prefill_chunk, progress=lambda task=task: progress.advance(task),
+                    prefill_chunk=args.prefill_chunk, progress=bars.advance, tuning_progress=bars.tuned,
                     replicas=replicas, routing=routing, tiers=tiers if tiers.enabled else None,
                     device_tflops=args.device_tflops,
                 )
@@ -180,12 +214,19 @@ def _run(args: argparse.Namespace, console: Console) -> int:
                     kept = stored["shared"] if shared is not None else stored["host"]
                     record["tiers"]["stored_bytes_per_unique_token"] = kept / unique_tokens if unique_tokens else 0.0
                 records.append(record)
-                progress.remove_task(task)
+                bars.close()
     _print(records, console)
     if any(record["replicas"] > 1 or "tiers" in record for record in records):
         print_fleet(records, console)
-    _write(args, records, console)
+    _write(args, records, errors)
     return 0
+
+
+def _budget_cell(budget: Budget) -> str:
+    """The budget, short: ``3 GB``, or ``1+2 GB`` for KV + checkpoint budgets given apart."""
+    if budget.cache_bytes is not None:
+        return f"{budget.cache_bytes / 1e9:g} GB"
+    return f"{budget.kv_bytes / 1e9:g}+{budget.state_bytes / 1e9:g} GB"
 
 
 def _budget_label(budget: Budget) -> str:
@@ -195,37 +236,44 @@ def _budget_label(budget: Budget) -> str:
 
 
 def _print(records: list[dict], console: Console) -> None:
-    table = Table(title="hybridcache replay")
+    """One row per run, narrow enough for an 80-column terminal (rich fits it to the width)."""
     replicated = any(record.get("replicas", 1) > 1 or record.get("shared_tier", "none") != "none" for record in records)
-    setting = ("replicas", "routing", "shared") if replicated else ()
-    for column in ("policy", "budget", *setting, "token hit", "request hit", "of bound", "checkpoints", "TTFT saved/req", "wall s"):
-        table.add_column(column, justify="left" if column in ("policy", "budget", "routing", "shared") else "right")
+    shared = any(record.get("shared_tier", "none") != "none" for record in records)
+    setting = ["fleet"] * replicated + ["shared"] * shared
+    columns = ["policy", "budget", *setting, "token hit", "req hit", "of bound", "ckpts", "TTFT ms/req", "wall s"]
+    table = cli_args.compact_table("hybridcache replay", columns, left=("policy", "budget", "fleet", "shared"))
+    table.caption = "budget K+S: KV and checkpoint budgets given apart; ckpts: checkpoints written; TTFT: saved"
     for record in records:
         budget = Budget(record["kv_bytes"], record["state_bytes"], record["cache_bytes"])
-        where = (str(record["replicas"]), record["routing"], record["shared_tier"]) if replicated else ()
+        where = (f"{record['replicas']} x {record['routing']}",) * replicated + (record["shared_tier"],) * shared
         table.add_row(
             record["policy"],
-            _budget_label(budget),
+            _budget_cell(budget),
             *where,
-            f"{100 * record['token_hit_rate']:.2f} %",
-            f"{100 * record['request_hit_rate']:.1f} %",
-            f"{100 * record['bound_fraction']:.1f} %",
+            f"{100 * record['token_hit_rate']:.2f}%",
+            f"{100 * record['request_hit_rate']:.1f}%",
+            f"{100 * record['bound_fraction']:.1f}%",
             f"{record['checkpoints_written']:,}",
-            f"{record['ttft_saved_ms_per_request']:.1f} ms",
+            f"{record['ttft_saved_ms_per_request']:.1f}",
             f"{record['wall_s']:.1f}",
         )
     console.print(table)
 
 
-def _write(args: argparse.Namespace, records: list[dict], console: Console) -> None:
+def _write(args: argparse.Namespace, records: list[dict], errors: Console) -> None:
+    """The JSON records and the plot; their paths were checked before the run, so only a
+    change since (a folder removed, a full disk) fails here."""
     if args.json:
         try:
             Path(args.json).write_text(json.dumps(records, indent=2) + "\n", encoding="utf-8")
         except OSError as error:
             raise InvalidArgumentError(f"cannot write {args.json}: {error.strerror}") from None
-        console.print(f"wrote {args.json}")
+        errors.print(f"wrote {escape(args.json)}", highlight=False)
     if args.plot:
         from hybridcache.replay.plot import plot_hit_rates
 
-        plot_hit_rates(records, args.plot)
-        console.print(f"wrote {args.plot}")
+        try:
+            plot_hit_rates(records, args.plot)
+        except OSError as error:
+            raise InvalidArgumentError(f"cannot write {args.plot}: {error.strerror}") from None
+        errors.print(f"wrote {escape(args.plot)}", highlight=False)

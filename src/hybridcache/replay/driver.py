@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import time
 import uuid
 from collections.abc import Callable
@@ -70,14 +71,43 @@ def split_budget(cache_bytes: int, profile: ModelProfile, policy: Policy, mean_p
     return Budget(cache_bytes - state_bytes, state_bytes, cache_bytes)
 
 
-def pool_geometry(budget: Budget, profile: ModelProfile, block_size: int) -> PoolGeometry:
-    kv_blocks = budget.kv_bytes // (profile.kv_bytes_per_token * block_size)
-    slots = budget.state_bytes // profile.state_bytes
+# The pools' host metadata per entry (tracemalloc over a million of each): what a budget
+# costs the replay before it serves a request. Block ids and state slots are int32.
+POOL_BYTES_PER_KV_BLOCK = 17
+POOL_BYTES_PER_STATE_SLOT = 41
+MAX_POOL_ENTRIES = 2**31 - 3
+
+
+def pool_geometry(budget: Budget, profile: ModelProfile, block_size: int, replicas: int = 1) -> PoolGeometry:
+    """The pools ``budget`` buys. Refused when they hold nothing, or when ``replicas`` of them
+    would need more host memory than half this machine's (budgets are nominal bytes of device
+    memory; the replay holds only each entry's metadata, yet a petabyte buys billions)."""
+    block_size = as_int("block_size", block_size, 2)
+    if block_size % 2:
+        raise InvalidArgumentError(f"block_size must be an even int >= 2, got {block_size}")
+    kv_bytes, state_bytes = as_int("kv_bytes", budget.kv_bytes, 0), as_int("state_bytes", budget.state_bytes, 0)
+    kv_blocks = kv_bytes // (profile.kv_bytes_per_token * block_size)
+    slots = state_bytes // profile.state_bytes
     if kv_blocks < 1 or slots < 1:
         raise InvalidArgumentError(
             f"budget too small for {profile.name}: {kv_blocks} KV blocks, {slots} checkpoint slots"
         )
+    metadata = as_int("replicas", replicas, 1) * (kv_blocks * POOL_BYTES_PER_KV_BLOCK + slots * POOL_BYTES_PER_STATE_SLOT)
+    allowed = _host_memory_bytes() // 2
+    if max(kv_blocks, slots) > MAX_POOL_ENTRIES or metadata > allowed:
+        raise InvalidArgumentError(
+            f"budget too large to replay: {kv_blocks:,} KV blocks and {slots:,} checkpoint slots per replica "
+            f"need about {metadata / 2**30:,.1f} GiB of host memory for their metadata; this machine allows "
+            f"{allowed / 2**30:,.1f} GiB (half its memory) and at most {MAX_POOL_ENTRIES:,} entries a pool"
+        )
     return PoolGeometry(block_size, int(kv_blocks), int(slots))
+
+
+def _host_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):  # not reported on this platform: assume a small machine
+        return 16 * 2**30
 
 
 @dataclass
@@ -93,6 +123,8 @@ class _Counters:
 
 # Called after every request with every replica's adapter (``turn.replica`` served it).
 Observer = Callable[[list[CacheAdapter], Request, Turn], None]
+# Called while Marconi's tuning replays its window: (window requests replayed, to replay).
+TuningProgress = Callable[[int, int], None]
 
 
 def _serve(
@@ -152,10 +184,12 @@ class _Tuning:
     """Marconi's alpha autotuning inside one replay (``policies.tuning``): a snapshot of the
     cache at the first eviction, the bootstrap window replayed from it once per weight."""
 
-    def __init__(self, adapter: CacheAdapter, policy: Policy, prefill_chunk: int) -> None:
+    def __init__(self, adapter: CacheAdapter, policy: Policy, prefill_chunk: int,
+                 progress: TuningProgress | None = None) -> None:
         self.adapter, self.policy, self.chunk = adapter, policy, prefill_chunk
         self.tuner = AlphaTuner() if isinstance(adapter.eviction, MarconiState) else None
         self.snapshot: CacheAdapter | None = None
+        self.progress = progress
 
     def after(self, request: Request) -> None:
         tuner = self.tuner
@@ -166,15 +200,22 @@ class _Tuning:
             self.snapshot = copy.deepcopy(self.adapter)
             tuner.took_snapshot()
         elif tuner.due():
-            hits = {alpha: self._replay_window(alpha) for alpha in tuner.grid}
+            hits = {alpha: self._replay_window(alpha, trial) for trial, alpha in enumerate(tuner.grid)}
             self.adapter.eviction.set_alpha(tuner.choose(hits))
             self.snapshot = None
 
-    def _replay_window(self, alpha: float) -> int:
+    def _replay_window(self, alpha: float, trial_number: int) -> int:
         trial = copy.deepcopy(self.snapshot)
         trial.eviction.set_alpha(alpha)
         scratch = _Counters()
-        return sum(_serve(trial, request, self.policy, scratch, self.chunk).hit_tokens for request in self.tuner.window)
+        window = self.tuner.window
+        total = len(window) * len(self.tuner.grid)
+        hits = 0
+        for number, request in enumerate(window, start=trial_number * len(window) + 1):
+            hits += _serve(trial, request, self.policy, scratch, self.chunk).hit_tokens
+            if self.progress is not None:
+                self.progress(number, total)
+        return hits
 
 
 def _evicted(adapter: CacheAdapter) -> bool:
@@ -202,6 +243,7 @@ def replay(
     *,
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     progress: Callable[[], None] | None = None,
+    tuning_progress: TuningProgress | None = None,
     observer: Observer | None = None,
     replicas: int = 1,
     routing: str = "round-robin",
@@ -210,7 +252,8 @@ def replay(
 ) -> dict:
     """Serve ``requests`` in order on ``replicas`` replicas, each with ``budget`` and, when
     ``tiers`` enables any, its own host and disk tiers and the run's shared one; returns the
-    run's measurements (see ``_record``)."""
+    run's measurements (see ``_record``). ``progress`` is called after every request,
+    ``tuning_progress`` while Marconi's tuning replays its window."""
     _validate(requests, profile, policy, budget)
     prefill_chunk = as_int("prefill_chunk", prefill_chunk, 1)
     replicas = as_int("replicas", replicas, 1)
@@ -219,13 +262,13 @@ def replay(
         raise InvalidTypeError(f"tiers must be a TierSetup, got {type(tiers).__name__}")
     if not device_tflops > 0:
         raise InvalidArgumentError(f"device_tflops must be > 0, got {device_tflops!r}")
-    geometry = pool_geometry(budget, profile, block_size)
+    geometry = pool_geometry(budget, profile, block_size, replicas)
     fitted = policy.admission.fitted(geometry.kv_blocks * block_size, geometry.checkpoint_slots)
     policy = dataclasses.replace(policy, admission=fitted)
     tiered = tiers is not None and tiers.enabled
     if tiered and tiers.chunk_size % block_size:
         raise InvalidArgumentError(f"--tier-chunk {tiers.chunk_size} must be a multiple of the block size {block_size}")
-    fleet = [_new_replica(geometry, profile, policy, prefill_chunk) for _ in range(replicas)]
+    fleet = [_new_replica(geometry, profile, policy, prefill_chunk, tuning_progress) for _ in range(replicas)]
     run = _TierRun(tiers, profile, block_size, device_tflops, requests, fleet) if tiered else None
     counters = _Counters()
     began = time.perf_counter()
@@ -264,9 +307,10 @@ def replay(
             run.close()
 
 
-def _new_replica(geometry: PoolGeometry, profile: ModelProfile, policy: Policy, prefill_chunk: int) -> _Replica:
+def _new_replica(geometry: PoolGeometry, profile: ModelProfile, policy: Policy, prefill_chunk: int,
+                 tuning_progress: TuningProgress | None) -> _Replica:
     adapter = CacheAdapter(geometry, policy.eviction.new_state(profile))
-    return _Replica(adapter, _Tuning(adapter, policy, prefill_chunk), None)
+    return _Replica(adapter, _Tuning(adapter, policy, prefill_chunk, tuning_progress), None)
 
 
 def _route(fleet: list[_Replica], routing: str, request: Request, number: int, chain, run) -> int:

@@ -7,7 +7,8 @@ Owns no state; reads the records ``driver.replay`` returns.
 from __future__ import annotations
 
 from rich.console import Console
-from rich.table import Table
+
+from hybridcache.cli_args import compact_table
 
 
 def _setting(record: dict) -> tuple:
@@ -27,30 +28,28 @@ def print_fleet(records: list[dict], console: Console) -> None:
     rows: dict[tuple, dict[int, dict]] = {}
     for record in records:
         rows.setdefault(_setting(record), {})[record["replicas"]] = record
-    table = Table(title="token hit rate vs replicas (each replica: the whole budget)")
-    for column in ("policy", "budget/replica", "routing", "shared tier"):
-        table.add_column(column)
-    for count in counts:
-        table.add_column(f"{count} repl.", justify="right")
+    setting = ["policy", "budget/replica", "routing", "shared tier"]
+    table = compact_table("token hit rate vs replicas (each replica: the whole budget)",
+                          setting + [f"{count} repl." for count in counts], left=tuple(setting))
     for setting, by_count in rows.items():
-        cells = [f"{100 * by_count[c]['token_hit_rate']:.2f} %" if c in by_count else "" for c in counts]
+        cells = [f"{100 * by_count[c]['token_hit_rate']:.2f}%" if c in by_count else "" for c in counts]
         table.add_row(*setting, *cells)
     console.print(table)
     tiered = [record for record in records if "tiers" in record]
     if not tiered:
         return
-    table = Table(title="tiers: restores, bytes moved, cost, storage, misses")
-    for column in ("repl.", "routing", "shared", "remote hit tok", "restores", "moved/hit nominal",
-                   "moved/hit wire", "restore s / recompute s", "stored B/unique tok", "misses"):
-        table.add_column(column, justify="left" if column in ("routing", "shared", "misses") else "right")
+    setting = ["repl.", "routing", "shared"]
+    traffic = compact_table("tiers: restores and bytes moved", setting + ["remote hit tok", "restores", "moved/hit nominal",
+                            "moved/hit wire"], left=("routing", "shared"))
+    cost = compact_table("tiers: cost, storage, misses", setting + ["restore s", "recompute s", "stored B/unique tok",
+                         "misses"], left=("routing", "shared", "misses"))
     for record in tiered:
         tiers = record["tiers"]
+        where = (str(record["replicas"]), record["routing"], record["shared_tier"])
         misses = ", ".join(f"{reason} {count:,}" for reason, count in sorted(tiers["misses"].items()))
-        table.add_row(
-            str(record["replicas"]), record["routing"], record["shared_tier"],
-            f"{record['remote_hit_tokens']:,}", f"{tiers['restores']:,}",
-            _bytes(tiers["bytes_moved_per_hit_nominal"]), _bytes(tiers["bytes_moved_per_hit_actual"]),
-            f"{tiers['restore_s']:.2f} / {tiers['recompute_s']:.2f}",
-            f"{tiers['stored_bytes_per_unique_token']:,.0f}", misses or "-",
-        )
-    console.print(table)
+        traffic.add_row(*where, f"{record['remote_hit_tokens']:,}", f"{tiers['restores']:,}",
+                        _bytes(tiers["bytes_moved_per_hit_nominal"]), _bytes(tiers["bytes_moved_per_hit_actual"]))
+        cost.add_row(*where, f"{tiers['restore_s']:.2f}", f"{tiers['recompute_s']:.2f}",
+                     f"{tiers['stored_bytes_per_unique_token']:,.0f}", misses or "-")
+    console.print(traffic)
+    console.print(cost)

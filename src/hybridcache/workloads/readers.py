@@ -9,9 +9,12 @@ Owns no state between calls. Formats (one JSON object per line; blank lines are 
 * ``tokens`` (ours): ``prompt`` (token ids), ``output_length``, optional ``output`` (token ids,
   exactly ``output_length`` of them), ``timestamp`` (ms) and ``conversation``.
 
-Every malformed line raises ``TraceFormatError`` naming the file and the line: bad JSON, a
-missing field, a wrong type, a negative length, a timestamp earlier than the previous one, or a
-hash-id count that does not match the prompt length.
+Every malformed line raises ``TraceFormatError`` naming the file and the line: bad JSON (or
+JSON nested deeper than a trace line can be), a line over ``MAX_LINE_BYTES``, a missing field, a
+wrong type, a negative length, a request over ``MAX_REQUEST_TOKENS``, a trace over
+``MAX_TRACE_TOKENS``, a timestamp earlier than the previous one, or a hash-id count that does not
+match the prompt length. The trace must be a regular file (``hybridcache.files``): a FIFO or a
+device is refused before anything is read.
 """
 
 from __future__ import annotations
@@ -19,24 +22,31 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 
 from hybridcache.errors import InvalidArgumentError, InvalidTypeError, TraceFormatError
+from hybridcache.files import open_regular
 from hybridcache.sequence import MAX_TOKEN_ID
 from hybridcache.workloads.records import Trace, TraceEntry, frozen_array
 
 BLOCK_TOKENS = {"mooncake": 512, "bailian": 16, "tokens": 0}
 FORMATS = tuple(BLOCK_TOKENS)
+# Bounds on what one trace may ask the replay to hold in memory (tokens are int32 once
+# synthesized): a 1M-token context plus its output fits one request; a whole trace up to 4 GiB
+# of tokens (the Mooncake traces hold about 0.2 G). Larger traces are replayed in parts (limit).
+MAX_LINE_BYTES = 64 * 2**20  # a 4M-token explicit prompt at up to 15 bytes a token id
+MAX_REQUEST_TOKENS = 2**22
+MAX_TRACE_TOKENS = 2**30
 
 
 class _LineError(Exception):
     """A field of the current line is malformed (turned into ``TraceFormatError``)."""
 
 
-def _require_int(record: dict, name: str, minimum: int) -> int:
+def _require_int(record: dict, name: str, minimum: int, maximum: int = 2**63 - 1) -> int:
     if name not in record:
         raise _LineError(f"missing field {name!r}")
     value = record[name]
@@ -44,6 +54,8 @@ def _require_int(record: dict, name: str, minimum: int) -> int:
         raise _LineError(f"{name} must be an int, got {type(value).__name__}")
     if value < minimum:
         raise _LineError(f"{name} must be >= {minimum}, got {value}")
+    if value > maximum:
+        raise _LineError(f"{name} must be <= {maximum:,}, got {value:,}")
     return value
 
 
@@ -89,18 +101,18 @@ def _hash_ids(record: dict, input_length: int, block_tokens: int) -> np.ndarray:
 
 
 def _mooncake(record: dict, line: int) -> TraceEntry:
-    input_length = _require_int(record, "input_length", 1)
+    input_length = _require_int(record, "input_length", 1, MAX_REQUEST_TOKENS)
     return TraceEntry(
         line=line,
         timestamp_ms=_timestamp(record, required=True),
         input_length=input_length,
-        output_length=_require_int(record, "output_length", 0),
+        output_length=_require_int(record, "output_length", 0, MAX_REQUEST_TOKENS),
         hash_ids=_hash_ids(record, input_length, BLOCK_TOKENS["mooncake"]),
     )
 
 
 def _bailian(record: dict, line: int) -> TraceEntry:
-    input_length = _require_int(record, "input_length", 1)
+    input_length = _require_int(record, "input_length", 1, MAX_REQUEST_TOKENS)
     kind = record.get("type")
     if kind is not None and not isinstance(kind, str):
         raise _LineError(f"type must be a string, got {type(kind).__name__}")
@@ -109,7 +121,7 @@ def _bailian(record: dict, line: int) -> TraceEntry:
         line=line,
         timestamp_ms=_timestamp(record, required=True) * 1000.0,  # the format's seconds
         input_length=input_length,
-        output_length=_require_int(record, "output_length", 0),
+        output_length=_require_int(record, "output_length", 0, MAX_REQUEST_TOKENS),
         hash_ids=_hash_ids(record, input_length, BLOCK_TOKENS["bailian"]),
         chat_id=_require_int(record, "chat_id", 0),
         parent_chat_id=None if parent < 0 else parent,
@@ -122,7 +134,7 @@ def _tokens(record: dict, line: int) -> TraceEntry:
     prompt = _int_list(record, "prompt", MAX_TOKEN_ID)
     if not prompt:
         raise _LineError("prompt must hold at least one token")
-    output_length = _require_int(record, "output_length", 0)
+    output_length = _require_int(record, "output_length", 0, MAX_REQUEST_TOKENS)
     output = None
     if record.get("output") is not None:
         output = _int_list(record, "output", MAX_TOKEN_ID)
@@ -161,6 +173,10 @@ def _parse_line(text: str, where: str) -> dict:
         record = json.loads(text)
     except json.JSONDecodeError as error:
         raise TraceFormatError(f"{where}: not valid JSON ({error.msg})") from None
+    except RecursionError:
+        raise TraceFormatError(f"{where}: JSON nested too deeply for a trace line") from None
+    except ValueError as error:  # an integer literal over Python's digit limit
+        raise TraceFormatError(f"{where}: not valid JSON ({error})") from None
     if not isinstance(record, dict):
         raise TraceFormatError(f"{where}: a line must be a JSON object, got {type(record).__name__}")
     return record
@@ -176,40 +192,55 @@ def read_trace(path: str | Path, fmt: str = "auto", limit: int | None = None) ->
     if not isinstance(path, (str, Path)):
         raise InvalidTypeError(f"path must be a str or a Path, got {type(path).__name__}")
     path = Path(path)
-    try:
-        handle = path.open(encoding="utf-8")
-    except OSError as error:
-        raise TraceFormatError(f"{path}: cannot open the trace ({error.strerror})") from None
-    with handle:
+    with open_regular(path, TraceFormatError) as handle:
         found, entries = _read_entries(handle, str(path), fmt, limit)
     if not entries:
         raise TraceFormatError(f"{path}: the trace holds no request")
     return Trace(path=str(path), format=found, block_tokens=BLOCK_TOKENS[found], entries=tuple(entries))
 
 
+def _lines(handle, where: str) -> Iterator[tuple[int, str]]:
+    """(line number, text) of every line, each read within ``MAX_LINE_BYTES``."""
+    number = 0
+    while raw := handle.readline(MAX_LINE_BYTES + 1):
+        number += 1
+        if len(raw) > MAX_LINE_BYTES:
+            raise TraceFormatError(f"{where}:{number}: line longer than {MAX_LINE_BYTES:,} bytes")
+        try:
+            yield number, raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise TraceFormatError(f"{where}:{number}: the trace is not UTF-8 text") from None
+
+
 def _read_entries(handle, where: str, fmt: str, limit: int | None) -> tuple[str, list[TraceEntry]]:
     entries: list[TraceEntry] = []
     previous_time = 0.0
-    try:
-        for number, text in enumerate(handle, start=1):
-            if not text.strip():
-                continue
-            record = _parse_line(text, f"{where}:{number}")
-            fmt = detect_format(record) if fmt == "auto" else fmt
-            try:
-                entry = _PARSERS[fmt](record, number)
-            except _LineError as error:
-                raise TraceFormatError(f"{where}:{number}: {error}") from None
-            if math.isnan(entry.timestamp_ms):  # an explicit-token line without a time arrives with the previous one
-                entry = dataclasses.replace(entry, timestamp_ms=previous_time)
-            if entry.timestamp_ms < previous_time:
-                raise TraceFormatError(
-                    f"{where}:{number}: timestamp goes back in time ({entry.timestamp_ms} ms after {previous_time} ms)"
-                )
-            previous_time = entry.timestamp_ms
-            entries.append(entry)
-            if limit is not None and len(entries) >= limit:
-                break
-    except UnicodeDecodeError:
-        raise TraceFormatError(f"{where}: the trace is not UTF-8 text") from None
+    total_tokens = 0
+    for number, text in _lines(handle, where):
+        if not text.strip():
+            continue
+        record = _parse_line(text, f"{where}:{number}")
+        fmt = detect_format(record) if fmt == "auto" else fmt
+        try:
+            entry = _PARSERS[fmt](record, number)
+        except _LineError as error:
+            raise TraceFormatError(f"{where}:{number}: {error}") from None
+        tokens = entry.input_length + entry.output_length
+        if tokens > MAX_REQUEST_TOKENS:
+            raise TraceFormatError(f"{where}:{number}: {tokens:,} tokens, over the {MAX_REQUEST_TOKENS:,} a request may hold")
+        total_tokens += tokens
+        if total_tokens > MAX_TRACE_TOKENS:
+            raise TraceFormatError(
+                f"{where}:{number}: the trace passes {MAX_TRACE_TOKENS:,} tokens here; replay a part of it (limit)"
+            )
+        if math.isnan(entry.timestamp_ms):  # an explicit-token line without a time arrives with the previous one
+            entry = dataclasses.replace(entry, timestamp_ms=previous_time)
+        if entry.timestamp_ms < previous_time:
+            raise TraceFormatError(
+                f"{where}:{number}: timestamp goes back in time ({entry.timestamp_ms} ms after {previous_time} ms)"
+            )
+        previous_time = entry.timestamp_ms
+        entries.append(entry)
+        if limit is not None and len(entries) >= limit:
+            break
     return fmt, entries
