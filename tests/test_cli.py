@@ -1,20 +1,24 @@
 """The two commands a newcomer runs, and the benchmark smoke run CI keeps alive."""
 
 import json
-import os
+import shutil
 import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 
 from hybridcache.cli import build_parser
+from tests.cli_runner import run_main, run_process
+
+REPOSITORY = Path(__file__).resolve().parents[1]
 
 
 def _run_cli(*args: str, tmp_path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, COLUMNS="160")
-    return subprocess.run(
-        [sys.executable, "-m", "hybridcache.cli", *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300
-    )
+    """The command on an 80-column terminal: no line of its output may be wider."""
+    result = run_process(*args, cwd=tmp_path, columns=80)
+    assert max((len(line) for line in result.stdout.splitlines()), default=0) <= 80, result.stdout
+    assert "…" not in result.stdout
+    return result
 
 
 def test_demo_serves_identical_outputs_and_prints_the_hit_rate_table(tmp_path):
@@ -50,3 +54,51 @@ def test_memory_smoke_reports_metadata_and_host_bytes(tmp_path):
     assert record["checkpoints"] == record["batch"]
     assert record["metadata_bytes"] > 0
     assert record["host_bytes_per_token"] > 0
+
+
+@pytest.mark.parametrize("options, message", [
+    (["match", "--batch", "0"], "--batch"),
+    (["match", "--batch", "4,-1"], "--batch"),
+    (["match", "--context", "0"], "--context"),
+    (["miss", "--steps", "0"], "--steps"),
+    (["match", "--block-size", "0"], "--block-size"),
+    (["match", "--block-size", "7"], "--block-size"),
+    (["match", "--block-size", str(2**40)], "--block-size"),
+    (["match", "--plot", "/no/such/folder/p.png"], "--plot"),
+    (["match", "--plot", "chart.txt"], "--plot"),
+    (["match", "--json", "/no/such/folder/r.json"], "--json"),
+    (["soak-engine", "--requests", "0"], "--requests"),
+    (["soak-engine", "--requests", "-5"], "--requests"),
+])
+def test_bench_refuses_bad_options_before_running(capsys, options, message):
+    status, out, err = run_main(["bench", *options], capsys)
+    assert status == 2 and message in err and out == ""
+    assert "Traceback" not in err
+
+
+def test_soak_engine_help_states_its_default(capsys):
+    status, out, _ = run_main(["bench", "--help"], capsys)
+    assert status == 0 and "(default: 10000)" in out
+
+
+def _make_demo(folder: Path, python3_is_new_enough: bool) -> subprocess.CompletedProcess:
+    """``make demo`` in a copy of the Makefile on a PATH whose only Python is a stub
+    ``python3`` that passes (or fails) the version check and does nothing else."""
+    folder.mkdir()
+    shutil.copy(REPOSITORY / "Makefile", folder / "Makefile")
+    (folder / "pyproject.toml").write_text("")
+    stub = folder / "bin" / "python3"
+    stub.parent.mkdir()
+    stub.write_text(f"#!/bin/sh\nexit {0 if python3_is_new_enough else 1}\n")
+    stub.chmod(0o755)
+    make = shutil.which("make")
+    return subprocess.run([make, "demo"], cwd=folder, env={"PATH": str(stub.parent)}, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_demo_finds_a_suitable_python_or_says_what_it_needs(tmp_path):
+    usable = _make_demo(tmp_path / "new", python3_is_new_enough=True)
+    assert "python3 -m venv .venv" in usable.stdout  # then fails: the stub builds no venv
+    too_old = _make_demo(tmp_path / "old", python3_is_new_enough=False)
+    assert too_old.returncode != 0 and "-m venv" not in too_old.stdout
+    assert "no Python 3.11 or newer found (tried python3.11, python3)" in too_old.stderr

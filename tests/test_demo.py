@@ -96,7 +96,7 @@ def test_demo_on_a_checkpoint_without_a_tokenizer_serves_token_turns(small_demo,
     assert "turns: random token ids" in out and "identical" in out
 
 
-def test_demo_on_a_directory_that_is_no_checkpoint_says_why(tmp_path, capsys):
+def test_demo_on_a_directory_that_is_no_checkpoint_says_why_on_stderr(tmp_path, capsys):
     assert cli.main(["demo", "--model", str(tmp_path)]) == 2
-    out = capsys.readouterr().out
-    assert "ModelLoadError" in out and "config.json" in out
+    out, err = capsys.readouterr()
+    assert "ModelLoadError" in err and "config.json" in err and out == ""

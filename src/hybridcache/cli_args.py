@@ -135,3 +135,12 @@ def compact_table(title: str, columns: list[str], left: tuple[str, ...] = ()) ->
     for column in columns:
         table.add_column(column.replace(" ", "\n"), justify="left" if column in left else "right", overflow="fold")
     return table
+
+
+def filled_table(title: str, columns: list[str], rows: list[list[str]], left: tuple[str, ...] = ()) -> Table:
+    """A ``compact_table`` of ``rows``, without the columns no row fills."""
+    kept = [index for index in range(len(columns)) if any(row[index] for row in rows)]
+    table = compact_table(title, [columns[index] for index in kept], left)
+    for row in rows:
+        table.add_row(*(row[index] for index in kept))
+    return table

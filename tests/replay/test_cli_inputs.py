@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pytest
 
 from hybridcache.profiles import BUILTIN_CONFIGS
@@ -228,3 +229,19 @@ def test_output_fits_an_80_column_terminal_and_errors_go_to_stderr(tmp_path):
     assert "…" not in result.stdout and "interval:32" in result.stdout and "round-robin" in result.stdout
     bad = run_process("replay", str(trace), "--cache-bytes", "1KB", cwd=tmp_path, columns=80)
     assert bad.returncode == 2 and "budget too small" in bad.stderr and "error" not in bad.stdout
+
+
+def test_marconi_tuning_reports_its_progress():
+    """The bar does not freeze while Marconi replays its tuning window: every window request
+    of every weight is reported, in order, up to the total."""
+    from hybridcache.replay import replay, resolve_policy
+    from tests.replay._helpers import PROFILE, budget, request
+
+    rng = np.random.default_rng(3)
+    shared = rng.integers(0, 50_000, size=64)
+    requests = [request(i, np.concatenate([shared, rng.integers(0, 50_000, size=96)])) for i in range(40)]
+    seen: list[tuple[int, int]] = []
+    record = replay(requests, PROFILE, resolve_policy("marconi"), budget(24, 3), tuning_progress=lambda d, t: seen.append((d, t)))
+    assert record["alpha"] is not None and seen
+    total = seen[0][1]
+    assert [done for done, _ in seen] == list(range(1, total + 1)) and {t for _, t in seen} == {total}

@@ -12,7 +12,7 @@ from rich.progress import Progress
 from hybridcache.bench.implementations import make_impl
 from hybridcache.bench.memory import measure_in_fresh_process
 from hybridcache.bench.scenarios import SCENARIOS, Case
-from hybridcache.cli_args import compact_table
+from hybridcache.cli_args import filled_table
 
 MATCH_GRID = [(128, 65536), (128, 131072), (512, 65536), (512, 131072)]
 DEFAULT_GRIDS = {
@@ -87,23 +87,21 @@ def print_records(records: list[dict], console: Console, cpu: int | None) -> Non
     if timed:
         columns = ["scenario", "impl", "batch", "context", "S", "p50 ms", "p99 ms", "µs/req", "ingest ms", "total ms",
                    "floor ms", "×ref"]
-        table = compact_table(f"hybridcache bench (pinned to cpu {cpu})", columns, left=("scenario", "impl"))
-        for r in timed:
-            table.add_row(
-                r["scenario"] + (f" ({r['kind']})" if "kind" in r else ""), r["impl"], str(r["batch"]), str(r["context"]),
-                str(r.get("steps", "")), f"{r['p50_ms']:.2f}", f"{r['p99_ms']:.2f}", f"{r['per_request_us']:.1f}",
-                _opt(r, "ingest_p50_ms"), _opt(r, "total_p50_ms"), _opt(r, "floor_p50_ms"), _opt(r, "speedup_p50", "{:.1f}×"),
-            )
-        console.print(table)
+        rows = [
+            [r["scenario"] + (f" ({r['kind']})" if "kind" in r else ""), r["impl"], str(r["batch"]), str(r["context"]),
+             str(r.get("steps", "")), f"{r['p50_ms']:.2f}", f"{r['p99_ms']:.2f}", f"{r['per_request_us']:.1f}",
+             _opt(r, "ingest_p50_ms"), _opt(r, "total_p50_ms"), _opt(r, "floor_p50_ms"), _opt(r, "speedup_p50", "{:.1f}×")]
+            for r in timed
+        ]
+        console.print(filled_table(f"hybridcache bench (pinned to cpu {cpu})", columns, rows, left=("scenario", "impl")))
     if memory:
         columns = ["impl", "batch", "context", "metadata bytes", "host bytes", "host B/token", "ref/ours meta", "ref/ours host"]
-        table = compact_table("hybridcache bench memory", columns, left=("impl",))
-        for r in memory:
-            table.add_row(
-                r["impl"], str(r["batch"]), str(r["context"]), f"{r['metadata_bytes']:,}", f"{r['host_bytes']:,}",
-                f"{r['host_bytes_per_token']:.2f}", _opt(r, "metadata_ratio", "{:.0f}×"), _opt(r, "host_bytes_ratio", "{:.1f}×"),
-            )
-        console.print(table)
+        rows = [
+            [r["impl"], str(r["batch"]), str(r["context"]), f"{r['metadata_bytes']:,}", f"{r['host_bytes']:,}",
+             f"{r['host_bytes_per_token']:.2f}", _opt(r, "metadata_ratio", "{:.0f}×"), _opt(r, "host_bytes_ratio", "{:.1f}×")]
+            for r in memory
+        ]
+        console.print(filled_table("hybridcache bench memory", columns, rows, left=("impl",)))
 
 
 def _opt(record: dict, key: str, fmt: str = "{:.2f}") -> str:
