@@ -102,3 +102,17 @@ def test_make_demo_finds_a_suitable_python_or_says_what_it_needs(tmp_path):
     too_old = _make_demo(tmp_path / "old", python3_is_new_enough=False)
     assert too_old.returncode != 0 and "-m venv" not in too_old.stdout
     assert "no Python 3.11 or newer found (tried python3.11, python3)" in too_old.stderr
+
+
+def test_bench_compare_without_the_reference_says_how_to_set_it_up(capsys, monkeypatch):
+    from hybridcache.bench import lmdeploy_impl, method
+
+    monkeypatch.setattr(method, "ensure_controlled_process", lambda argv: None)
+    monkeypatch.setattr(method, "pin_to_one_cpu", lambda: None)
+
+    def missing():
+        raise RuntimeError(f"lmdeploy is not importable (ModuleNotFoundError); {lmdeploy_impl.SETUP_HINT}")
+
+    monkeypatch.setattr(lmdeploy_impl, "load_lmdeploy", missing)
+    status, out, err = run_main(["bench", "kv-match", "--smoke", "--compare", "lmdeploy"], capsys)
+    assert status == 2 and "run make compare-setup first" in err and out == ""

@@ -100,3 +100,17 @@ def test_demo_on_a_directory_that_is_no_checkpoint_says_why_on_stderr(tmp_path, 
     assert cli.main(["demo", "--model", str(tmp_path)]) == 2
     out, err = capsys.readouterr()
     assert "ModelLoadError" in err and "config.json" in err and out == ""
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link to a device"])
+def test_demo_refuses_a_config_that_is_no_regular_file(tmp_path, capsys, kind):
+    import os
+
+    config = tmp_path / "config.json"
+    if kind == "fifo":
+        os.mkfifo(config)  # reading it would block forever
+    else:
+        config.symlink_to("/dev/zero")  # reading it would never end
+    assert cli.main(["demo", "--model", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert "not a regular file" in err and out == ""

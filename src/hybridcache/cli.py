@@ -46,6 +46,13 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
 def _bench_scenarios(args: argparse.Namespace, cpu: int | None) -> int:
     from hybridcache.bench import cli_support
 
+    if args.compare:  # the reference must be importable before anything runs
+        from hybridcache.bench.lmdeploy_impl import load_lmdeploy
+
+        try:
+            load_lmdeploy()
+        except RuntimeError as error:  # its message is the set-up hint
+            return _failed("bench", error)
     impls = ["hybridcache"] + ([args.compare] if args.compare else [])
     scenarios = cli_support.ALL_SCENARIOS if args.scenario == "all" else (args.scenario,)
     records = []

@@ -16,6 +16,8 @@ from typing import BinaryIO
 
 from hybridcache.errors import HybridCacheError
 
+MAX_CONFIG_BYTES = 16 * 2**20  # a model's config.json is a few KB
+
 _KINDS = (
     (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
     (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
@@ -28,7 +30,7 @@ def open_regular(path: Path, error: type[HybridCacheError]) -> BinaryIO:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as failure:
-        raise error(f"{path}: cannot open ({failure.strerror})") from None
+        raise error(f"cannot read {path}: {failure.strerror}") from None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):

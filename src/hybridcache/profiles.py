@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from hybridcache.errors import InvalidArgumentError, InvalidConfigError
-from hybridcache.files import read_bounded
+from hybridcache.files import MAX_CONFIG_BYTES, read_bounded
 
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "float8_e4m3fn": 1}
 
@@ -457,9 +457,6 @@ def profile_from_config(config: dict, name: str | None = None) -> ModelProfile:
             f"({totals.state_bytes} state bytes); both must be at least one"
         )
     return totals.profile(name or str(config.get("_name_or_path") or model_type))
-
-
-MAX_CONFIG_BYTES = 16 * 2**20  # a transformers config.json is a few KB
 
 
 def load_profile(name_or_path: str) -> ModelProfile:

@@ -56,7 +56,7 @@ def test_replay_refuses_bad_options(tmp_path, capsys):
         status, out, err = run_main(["replay", str(trace), *options], capsys)
         assert status == 2 and message in err and out == ""
     status, _, err = run_main(["replay", str(tmp_path / "missing.jsonl"), "--cache-bytes", "1GB"], capsys)
-    assert status == 2 and "cannot open" in err
+    assert status == 2 and "cannot read" in err and "No such file" in err
 
 
 def test_replay_reports_unwritable_outputs_and_bad_numbers(tmp_path, capsys):

@@ -114,7 +114,7 @@ def test_bad_token_lines(tmp_path, row, message):
 
 
 def test_missing_empty_and_binary_files(tmp_path):
-    with pytest.raises(TraceFormatError, match="cannot open"):
+    with pytest.raises(TraceFormatError, match="cannot read"):
         read_trace(tmp_path / "absent.jsonl")
     with pytest.raises(TraceFormatError, match="no request"):
         read_trace(write_lines(tmp_path / "empty.jsonl", ["", "  "]))

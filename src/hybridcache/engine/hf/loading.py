@@ -14,6 +14,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from hybridcache.engine.hf.config import HFModelConfig
 from hybridcache.errors import ModelLoadError, ModelWeightsError, UnsupportedModelError
+from hybridcache.files import MAX_CONFIG_BYTES, read_bounded
 
 # Eager experts: the fused grouped-GEMM expert path rejects float64. Attention keeps the model's
 # default (SDPA where the family has it): eager attention runs its softmax in float32.
@@ -23,9 +24,10 @@ _IMPLEMENTATIONS = {"experts_implementation": "eager"}
 def _model_type(config: HFModelConfig) -> str:
     """The ``model_type`` written in ``config.json``; a missing or unreadable file is a load error."""
     path = config.directory / "config.json"
+    data = read_bounded(path, MAX_CONFIG_BYTES, ModelLoadError)  # a FIFO or a device is refused, not read
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raw = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:
         raise ModelLoadError(f"cannot read {path}: {error}") from error
     if not isinstance(raw, dict) or not isinstance(raw.get("model_type"), str):
         raise ModelLoadError(f"{path} has no model_type")
