@@ -46,7 +46,16 @@ def open_regular(path: Path, error: type[HybridCacheError]) -> BinaryIO:
 def read_bounded(path: Path, max_bytes: int, error: type[HybridCacheError]) -> bytes:
     """The whole of the regular file ``path``; ``error`` when it holds more than ``max_bytes``."""
     with open_regular(path, error) as handle:
-        data = handle.read(max_bytes + 1)
+        data = read_or_raise(handle, max_bytes + 1, path, error)
     if len(data) > max_bytes:
         raise error(f"{path}: larger than {max_bytes:,} bytes")
     return data
+
+
+def read_or_raise(handle: BinaryIO, size: int, path: Path | str, error: type[HybridCacheError], line: bool = False) -> bytes:
+    """Up to ``size`` bytes (a line's worth with ``line``); a failing read (``/proc/self/mem``
+    is a regular file that cannot be read) raises ``error``."""
+    try:
+        return handle.readline(size) if line else handle.read(size)
+    except OSError as failure:
+        raise error(f"cannot read {path}: {failure.strerror}") from None

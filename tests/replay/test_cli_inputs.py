@@ -245,3 +245,10 @@ def test_marconi_tuning_reports_its_progress():
     assert record["alpha"] is not None and seen
     total = seen[0][1]
     assert [done for done, _ in seen] == list(range(1, total + 1)) and {t for _, t in seen} == {total}
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/mem"), reason="needs Linux /proc")
+def test_a_regular_file_that_cannot_be_read_is_refused(trace, capsys):
+    """``/proc/self/mem`` passes the regular-file check, then fails every read."""
+    _refused(["replay", "/proc/self/mem", "--cache-bytes", "2GB"], capsys, "cannot read /proc/self/mem")
+    _refused(["replay", trace, "--cache-bytes", "2GB", "--model", "/proc/self/mem"], capsys, "cannot read /proc/self/mem")

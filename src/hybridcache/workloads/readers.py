@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from hybridcache.errors import InvalidArgumentError, InvalidTypeError, TraceFormatError
-from hybridcache.files import open_regular
+from hybridcache.files import open_regular, read_or_raise
 from hybridcache.sequence import MAX_TOKEN_ID
 from hybridcache.workloads.records import Trace, TraceEntry, frozen_array
 
@@ -202,7 +202,7 @@ def read_trace(path: str | Path, fmt: str = "auto", limit: int | None = None) ->
 def _lines(handle, where: str) -> Iterator[tuple[int, str]]:
     """(line number, text) of every line, each read within ``MAX_LINE_BYTES``."""
     number = 0
-    while raw := handle.readline(MAX_LINE_BYTES + 1):
+    while raw := read_or_raise(handle, MAX_LINE_BYTES + 1, where, TraceFormatError, line=True):
         number += 1
         if len(raw) > MAX_LINE_BYTES:
             raise TraceFormatError(f"{where}:{number}: line longer than {MAX_LINE_BYTES:,} bytes")
