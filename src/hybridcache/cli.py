@@ -28,7 +28,9 @@ MAX_BENCH_CONTEXT = 2**24
 
 
 def _failed(command: str, error: BaseException) -> int:
-    errors.print(f"hybridcache {command}: error: {type(error).__name__}: {escape(str(error))}", style="red", highlight=False, soft_wrap=True)
+    """Say why on stderr, one line, no traceback; exit status 2."""
+    message = f"hybridcache {command}: error: {type(error).__name__}: {escape(str(error))}"
+    errors.print(message, style="red", highlight=False, soft_wrap=True)
     return 2
 
 

@@ -39,7 +39,7 @@ from hybridcache.replay.report import print_fleet
 from hybridcache.replay.routing import ROUTINGS
 from hybridcache.replay.shared_tier import SHARED_TIERS, check_shared_tier, open_shared_tier
 from hybridcache.replay.tiering import DEFAULT_TIER_CHUNK, TierSetup
-from hybridcache.workloads import FORMATS, infinite_cache_bound, read_trace, synthesize
+from hybridcache.workloads import FORMATS, Bound, SynthesizedTrace, infinite_cache_bound, read_trace, synthesize
 
 
 MAX_BLOCK_SIZE = 2**16
@@ -168,19 +168,25 @@ class _RunProgress:
             self.progress.remove_task(self.tuning)
 
 
+def _read(args: argparse.Namespace, console: Console) -> tuple[SynthesizedTrace, Bound]:
+    """The trace read, synthesized and bounded, once for the whole sweep."""
+    began = time.perf_counter()
+    synthesized = synthesize(read_trace(args.trace, args.format, args.limit), seed=args.seed)
+    bound = infinite_cache_bound(synthesized.requests)
+    console.print(
+        f"{escape(args.trace)}: {len(synthesized.requests)} requests, {bound.prompt_tokens:,} prompt tokens, "
+        f"{synthesized.stats.continuations} continuations inferred, infinite-cache bound "
+        f"{100 * bound.token_hit_rate:.2f} % (read, synthesized and bounded in {time.perf_counter() - began:.1f} s)",
+        highlight=False,
+    )
+    return synthesized, bound
+
+
 def _run(args: argparse.Namespace, console: Console, errors: Console) -> int:
     options = check_options(args)
     profile = options.profile
-    began = time.perf_counter()
-    synthesized = synthesize(read_trace(args.trace, args.format, args.limit), seed=args.seed)
+    synthesized, bound = _read(args, console)
     requests = synthesized.requests
-    bound = infinite_cache_bound(requests)
-    prepared_s = time.perf_counter() - began
-    console.print(
-        f"{escape(args.trace)}: {len(requests)} requests, {bound.prompt_tokens:,} prompt tokens, "
-        f"{synthesized.stats.continuations} continuations inferred, infinite-cache bound "
-        f"{100 * bound.token_hit_rate:.2f} % (read, synthesized and bounded in {prepared_s:.1f} s)", highlight=False
-    )
     mean_prompt = mean_prompt_tokens(requests)
     fleets = [(count, routing) for count in args.replicas for routing in args.routing]
     runs = [(policy, budget) for policy in options.policies for budget in _budgets(args, profile, policy, mean_prompt)]
