@@ -56,6 +56,15 @@ def test_memory_smoke_reports_metadata_and_host_bytes(tmp_path):
     assert record["host_bytes_per_token"] > 0
 
 
+@pytest.fixture
+def bench_in_process(monkeypatch):
+    """``bench`` run inside the test process: no re-execution, no CPU pinning."""
+    from hybridcache.bench import method
+
+    monkeypatch.setattr(method, "ensure_controlled_process", lambda argv: None)
+    monkeypatch.setattr(method, "pin_to_one_cpu", lambda: None)
+
+
 @pytest.mark.parametrize("options, message", [
     (["match", "--batch", "0"], "--batch"),
     (["match", "--batch", "4,-1"], "--batch"),
@@ -70,7 +79,7 @@ def test_memory_smoke_reports_metadata_and_host_bytes(tmp_path):
     (["soak-engine", "--requests", "0"], "--requests"),
     (["soak-engine", "--requests", "-5"], "--requests"),
 ])
-def test_bench_refuses_bad_options_before_running(capsys, options, message):
+def test_bench_refuses_bad_options_before_running(capsys, bench_in_process, options, message):
     status, out, err = run_main(["bench", *options], capsys)
     assert status == 2 and message in err and out == ""
     assert "Traceback" not in err
@@ -104,11 +113,13 @@ def test_make_demo_finds_a_suitable_python_or_says_what_it_needs(tmp_path):
     assert "no Python 3.11 or newer found (tried python3.11, python3)" in too_old.stderr
 
 
-def test_bench_compare_without_the_reference_says_how_to_set_it_up(capsys, monkeypatch):
-    from hybridcache.bench import lmdeploy_impl, method
+def test_bench_refuses_a_case_too_large_to_hold(capsys, bench_in_process):
+    status, out, err = run_main(["bench", "match", "--batch", "1048576", "--context", "16777216"], capsys)
+    assert status == 2 and "a case holds at most" in err and out == ""
 
-    monkeypatch.setattr(method, "ensure_controlled_process", lambda argv: None)
-    monkeypatch.setattr(method, "pin_to_one_cpu", lambda: None)
+
+def test_bench_compare_without_the_reference_says_how_to_set_it_up(capsys, monkeypatch, bench_in_process):
+    from hybridcache.bench import lmdeploy_impl
 
     def missing():
         raise RuntimeError(f"lmdeploy is not importable (ModuleNotFoundError); {lmdeploy_impl.SETUP_HINT}")

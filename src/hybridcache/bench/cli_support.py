@@ -13,6 +13,7 @@ from hybridcache.bench.implementations import make_impl
 from hybridcache.bench.memory import measure_in_fresh_process
 from hybridcache.bench.scenarios import SCENARIOS, Case
 from hybridcache.cli_args import filled_table
+from hybridcache.errors import InvalidArgumentError
 
 MATCH_GRID = [(128, 65536), (128, 131072), (512, 65536), (512, 131072)]
 DEFAULT_GRIDS = {
@@ -29,6 +30,7 @@ DEFAULT_GRIDS = {
 SMOKE_GRIDS = {name: [(4, 1024)] for name in DEFAULT_GRIDS} | {"evict": [(8, 128)], "memory": [(4, 4096)]}
 DEFAULT_STEPS = (1, 64, 1024)
 ALL_SCENARIOS = tuple(DEFAULT_GRIDS)
+MAX_CASE_TOKENS = 2**28  # 1 GiB of int32 prompt tokens; the largest default case holds 2**26
 
 
 def cases_for(scenario: str, batches, contexts, steps, block_size: int, smoke: bool) -> list[Case]:
@@ -39,6 +41,12 @@ def cases_for(scenario: str, batches, contexts, steps, block_size: int, smoke: b
         grid = [(b, c) for b in (batches or sorted({b for b, _ in defaults})) for c in (contexts or sorted({c for _, c in defaults}))]
     else:
         grid = DEFAULT_GRIDS[scenario]
+    too_large = [(b, c) for b, c in grid if b * c > MAX_CASE_TOKENS]
+    if too_large:
+        batch, context = too_large[0]
+        raise InvalidArgumentError(
+            f"batch {batch:,} x context {context:,} = {batch * context:,} tokens; a case holds at most {MAX_CASE_TOKENS:,}"
+        )
     rounds = {"warmups": 1, "samples": 2} if smoke else {}
     cases = [Case(batch=b, context=c, block_size=block_size, **rounds) for b, c in grid]
     if scenario == "miss":
