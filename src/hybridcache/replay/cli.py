@@ -134,9 +134,9 @@ def run(args: argparse.Namespace, console: Console, errors: Console) -> int:
     """The command: tables on ``console``, progress and errors on ``errors`` (stderr)."""
     try:
         return _run(args, console, errors)
-    except HybridCacheError as error:
+    except (HybridCacheError, OSError) as error:  # OSError: the machine failed (no scratch space), not the input
         errors.print(f"hybridcache replay: error: {escape(str(error))}", style="red", highlight=False, soft_wrap=True)
-        return 2
+        return 2 if isinstance(error, HybridCacheError) else 1
     except KeyboardInterrupt:
         errors.print("hybridcache replay: interrupted (servers stopped, scratch removed)", style="red")
         return 130

@@ -103,11 +103,24 @@ def pool_geometry(budget: Budget, profile: ModelProfile, block_size: int, replic
     return PoolGeometry(block_size, int(kv_blocks), int(slots))
 
 
+_CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
 def _host_memory_bytes() -> int:
+    """Physical memory, or the container's limit when lower (cgroup v2 or v1)."""
     try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):  # not reported on this platform: assume a small machine
-        return 16 * 2**30
+        memory = 16 * 2**30
+    for path in _CGROUP_LIMITS:
+        try:
+            with open(path, encoding="ascii") as limit:
+                text = limit.read(32).strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if text.isdigit():
+            memory = min(memory, int(text))
+    return memory
 
 
 @dataclass
