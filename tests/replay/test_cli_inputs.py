@@ -77,7 +77,7 @@ def test_a_fleet_is_refused_when_all_its_replicas_cannot_be_allocated(trace, cap
 ])
 def test_out_of_range_options_are_refused(trace, capsys, options, message):
     err = _refused(["replay", trace, "--cache-bytes", "2GB", *options], capsys, message)
-    assert "budget too small" not in err and "-1" not in err.split("got")[0]
+    assert "budget too small" not in err  # refused as the option it is, not as a derived budget
 
 
 def test_options_are_checked_before_the_trace_is_read(tmp_path, capsys):
