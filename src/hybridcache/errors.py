@@ -96,6 +96,12 @@ class ForeignSequenceError(LifecycleError):
     """A sequence that holds blocks of one trie was handed to another."""
 
 
+class AdoptionWriteError(LifecycleError):
+    """The ``write`` callback of ``CacheProtocol.adopt`` raised something other than a
+    hybridcache error (its ``__cause__``); the adoption was failed and freed first, so nothing
+    it touched is held or matchable."""
+
+
 class StaleHandleError(LifecycleError):
     """A transaction or handle refers to state that has changed since it was issued."""
 

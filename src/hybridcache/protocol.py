@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hybridcache.cache import CacheComponents
-from hybridcache.errors import InvalidStepError, InvalidTypeError
+from hybridcache.errors import AdoptionWriteError, HybridCacheError, InvalidStepError, InvalidTypeError, LifecycleError
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord
 from hybridcache.sequence import Sequence
 from hybridcache.types import NO_SAVE, NO_SLOT, as_int, ceil_div
@@ -226,8 +226,10 @@ class CacheProtocol:
         ``[hit, step)``, reserve the save at ``step``, let ``write`` fill what the cache does
         not hold yet, publish, free. Returns the tokens gained (``step`` - the local hit), 0
         when nothing was gained: the cache already reaches ``step``, the pools cannot make room,
-        or ``write`` returned False (then nothing it touched stays matchable). ``seq`` is the
-        caller's scratch sequence of exactly those tokens and is freed on return."""
+        or ``write`` returned False (then nothing it touched stays matchable). A ``write`` that
+        raises is failed the same way before its error propagates (a non-hybridcache error as
+        ``AdoptionWriteError``). ``seq`` is the caller's scratch sequence of exactly those
+        tokens and is freed on return, whatever happens."""
         step = as_int("step", step, 1)
         if step != seq.num_tokens or seq.num_computed or seq.num_blocks:
             raise InvalidStepError("adopt takes a fresh sequence of exactly the adopted tokens")
@@ -247,9 +249,18 @@ class CacheProtocol:
             admitted.start, step, tuple(seq.block_table), self.writable_blocks(seq, admitted.start, step), record.slot
         )
         self.forward_queued(seq)
-        if not write(adoption):
-            self.forward_failed(seq)
-            self.free(seq, admitted.runtime_slot)
+        written = False
+        try:
+            written = bool(write(adoption))
+        except HybridCacheError:
+            raise
+        except Exception as error:
+            raise AdoptionWriteError(f"the adoption's write raised {type(error).__name__}: {error}") from error
+        finally:
+            if not written:  # returned False or raised: nothing it touched stays matchable or held
+                self.forward_failed(seq)
+                self.free(seq, admitted.runtime_slot)
+        if not written:
             return 0
         seq.set_computed(step)
         self.forward_done(seq, admitted.start)
@@ -259,7 +270,12 @@ class CacheProtocol:
     # --- end -------------------------------------------------------------------------------
 
     def free(self, seq: Sequence, runtime_slot: int = NO_SLOT) -> None:
-        """Release what a finished, cancelled or preempted sequence holds."""
+        """Release what a finished, cancelled or preempted sequence holds. A sequence whose
+        forward is in flight (``forward_queued`` without ``forward_done`` or ``forward_failed``)
+        is refused with ``LifecycleError`` and nothing changes: its save would stay pinned, with
+        nobody left to release it."""
+        if isinstance(seq, Sequence) and seq.prefix_state.checkpoints.producer_pin is not None:
+            raise LifecycleError("the sequence's forward is in flight: call forward_done or forward_failed before free")
         self.trie.free_sequence(seq)
         if runtime_slot != NO_SLOT:
             self.states.free_runtime(runtime_slot)

@@ -18,7 +18,9 @@ result. A request that could not fit even alone in empty pools is refused when i
 
 Given tiers (``hybridcache.tiers.TieredStore``), prefill chunks also end at multiples of
 ``tier_chunk_size``, each forward ending there publishes that step (``engine.tiering``), and a
-request adopts the deepest verified restore from the tiers before it is queued.
+request adopts the deepest verified restore from the tiers before it is queued. The tier side
+can only ever cost a miss or a failed publish (counted by reason): ``EngineTiers`` never
+raises into the engine, so no request is stranded by a store or an object.
 
 Results belong to whoever submitted the request: ``generate`` returns exactly its own, and
 results of requests queued with ``add_request`` are handed out by ``step``.

@@ -16,7 +16,7 @@ from other blocks/slots cannot change a single bit of the logits, routed experts
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields, is_dataclass
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -40,6 +40,7 @@ from hybridcache.errors import (
 )
 
 from hybridcache.engine.cache_tensors import CacheTensors
+from hybridcache.engine.model_identity import identity_digest, library_versions
 from hybridcache.engine.chunk_checks import (
     Span,
     as_index,
@@ -103,6 +104,16 @@ def _tiny_layout(config: TinyHybridConfig, dtype: str) -> ModelLayout:
     )
 
 
+def _dataclass_tensors(name: str, value: object):
+    """The tensors among a weight record's fields (and its nested records'), named by path."""
+    for item in fields(value):
+        field_value = getattr(value, item.name)
+        if isinstance(field_value, torch.Tensor):
+            yield f"{name}.{item.name}", field_value
+        elif is_dataclass(field_value):
+            yield from _dataclass_tensors(f"{name}.{item.name}", field_value)
+
+
 class TinyHybridModel:
     """Random-weight hybrid LM whose cached and uncached runs agree bit for bit."""
 
@@ -132,6 +143,20 @@ class TinyHybridModel:
         """The cached tensors per layer (``CacheTensors`` packs each attention layer's keys and
         values into one tensor; the layout names them apart)."""
         return self._layout
+
+    def weights_identity(self) -> str:
+        """The digest of everything this model computes with: its config (``experts_per_token``,
+        ``adapter_rank`` and every other field), seed, dtype, each weight tensor and the library
+        versions. Adapter weights are drawn from the adapter's name and this seed and config."""
+        described = {"config": asdict(self.config), "seed": self.seed, "dtype": self.dtype_name, "rope_base": _ROPE_BASE}
+        return identity_digest("tiny_hybrid", described, self._named_tensors(), library_versions())
+
+    def _named_tensors(self):
+        yield "embedding", self.embedding
+        yield "final_norm", self._final_norm
+        yield "rope_inverse_frequency", self._rope_inverse_frequency
+        for position, layer in enumerate(self._layers):
+            yield from _dataclass_tensors(f"layers[{position}]", layer)
 
     def new_storage(self, *, num_blocks: int, block_size: int, num_state_slots: int) -> CacheTensors:
         return CacheTensors(

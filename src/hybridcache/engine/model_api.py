@@ -206,9 +206,16 @@ class PagedModel(Protocol):
     holds one entry per chunk: ``None`` or a ``(len(token_ids), layout.routed_expert_width)``
     array of expert ids that the routers must use instead of choosing (routed-expert replay);
     each ``ChunkOutput.routed_experts`` holds the ids actually used (capture).
+
+    ``weights_identity`` is a digest of everything that changes what ``forward`` computes (the
+    family, the whole config, every parameter and buffer, adapter derivation, library versions):
+    models with equal identities compute the same function, so the tiers share state between
+    exactly those.
     """
 
     layout: ModelLayout
+
+    def weights_identity(self) -> str: ...
 
     def new_storage(self, *, num_blocks: int, block_size: int, num_state_slots: int) -> CacheStorage: ...
 

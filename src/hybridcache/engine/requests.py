@@ -33,6 +33,8 @@ class MultimodalInput:
     def __post_init__(self) -> None:
         if not isinstance(self.data, (bytes, bytearray, memoryview)):
             raise InvalidTypeError("multimodal data must be bytes")
+        if not isinstance(self.modality, str):  # as MultimodalSpan: a wrong type is a type error
+            raise InvalidTypeError(f"multimodal modality must be a str, got {type(self.modality).__name__}")
         data = bytes(self.data)
         start, end = as_int("multimodal start", self.start), as_int("multimodal end", self.end)
         if start < 0 or end <= start:

@@ -14,54 +14,18 @@ out as writable for that purpose, from objects whose tokens were compared with t
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
-from dataclasses import replace
 
-import torch
+import numpy as np
 
 from hybridcache.engine.model_api import ModelLayout
-from hybridcache.errors import HybridCacheError, InvalidArgumentError, InvalidTypeError
+from hybridcache.errors import HybridCacheError, InvalidArgumentError, InvalidConfigError, InvalidTypeError
 from hybridcache.protocol import Adoption, CacheProtocol
 from hybridcache.sequence import Sequence
 from hybridcache.tiers.fingerprint import DEFAULT_CHUNK_SIZE, NamespaceFingerprint
 from hybridcache.tiers.keys import KeyChain
 from hybridcache.tiers.tiered import Restore, TieredStore
 from hybridcache.types import as_int
-
-
-def weights_digest(model: object) -> str:
-    """BLAKE2b over every weight tensor of ``model`` in a fixed order: any change of weights
-    (another seed, another checkpoint revision) is another namespace."""
-    hasher = hashlib.blake2b(digest_size=16, person=b"hc-weights")
-    module = getattr(model, "transformers_model", None)
-    tensors = module.state_dict().items() if isinstance(module, torch.nn.Module) else _tensors_of(model)
-    for name, tensor in tensors:
-        hasher.update(name.encode())
-        hasher.update(str(tuple(tensor.shape)).encode() + str(tensor.dtype).encode())
-        data = tensor.detach().contiguous()
-        hasher.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
-    return hasher.hexdigest()
-
-
-def _tensors_of(value: object, name: str = "", seen: set[int] | None = None):
-    """Every tensor reachable from ``value``'s attributes, lists, tuples and dicts, named by path."""
-    seen = set() if seen is None else seen
-    if id(value) in seen:
-        return
-    seen.add(id(value))
-    if isinstance(value, torch.Tensor):
-        yield name, value
-    elif isinstance(value, dict):
-        for key in sorted(value, key=str):
-            yield from _tensors_of(value[key], f"{name}[{key}]", seen)
-    elif isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
-            yield from _tensors_of(item, f"{name}[{index}]", seen)
-    elif hasattr(value, "__dict__") or hasattr(value, "__slots__"):
-        fields = vars(value) if hasattr(value, "__dict__") else {s: getattr(value, s, None) for s in value.__slots__}
-        for key in sorted(fields):
-            yield from _tensors_of(fields[key], f"{name}.{key}", seen)
 
 
 def layout_text(layout: ModelLayout, kind: str) -> str:
@@ -87,31 +51,42 @@ class EngineTiers:
     ) -> None:
         if not isinstance(store, TieredStore):
             raise InvalidTypeError("tiers must be a TieredStore")
+        layout = model.layout
+        if not layout.is_hybrid:
+            raise InvalidConfigError(
+                "tiers serve models with recurrent state only: a restore resumes from a state checkpoint, "
+                "and this model is attention-only (its device prefix cache serves it without tiers)"
+            )
         self.store, self.storage, self.cache = store, storage, cache
         self.block_size = block_size
         self.chunk_size = as_int("chunk_size", chunk_size, 1)
         if self.chunk_size % block_size:
             raise InvalidArgumentError(f"tier chunk_size {chunk_size} must be a multiple of block_size {block_size}")
-        layout = model.layout
         self.fingerprint = NamespaceFingerprint(
             model_id=model_id,
-            weights_revision=weights_digest(model),
+            weights_revision=model.weights_identity(),
             dtype=dtype,
             kv_layout=f"{type(storage).__name__}|{layout_text(layout, 'kv')}",
             state_layout=layout_text(layout, "state"),
             block_size=block_size,
             chunk_size=self.chunk_size,
         )
+        per_chunk = self.chunk_size // block_size
+        # What a fetched payload must look like to be written here: the storage's own arrays.
+        self._chunk_layout = {name: ((per_chunk, *a.shape[1:]), a.dtype) for name, a in storage.read_blocks([]).items()}
+        self._slot_layout = {name: (a.shape, a.dtype) for name, a in storage.read_slot(0).items()}
         self.counters: Counter[str] = Counter()
 
     # --- write path ------------------------------------------------------------------------------
 
     def after_forward(self, chunks: list, forward_s: float) -> None:
         """A forward computed ``chunks`` in ``forward_s``: feed the cost model, publish every
-        chunk that ended on a publish step (its sequence still holds its blocks and slot)."""
-        self.store.cost.observe_recompute(sum(chunk.end - chunk.start for chunk in chunks), forward_s)
+        chunk that ended on a publish step (its sequence still holds its blocks and slot).
+        Never raises: a failing publish is counted (``publish_failed``, and by error class)
+        and costs only that publish."""
+        self._guarded("publish_failed", self.store.cost.observe_recompute, sum(c.end - c.start for c in chunks), forward_s)
         for chunk in chunks:
-            self.publish(chunk.entry.seq, chunk.end, chunk.entry.runtime_slot)
+            self._guarded("publish_failed", self.publish, chunk.entry.seq, chunk.end, chunk.entry.runtime_slot)
 
     def publish(self, seq: Sequence, step: int, runtime_slot: int) -> None:
         """``seq``'s forward just computed ``[.., step)`` into its blocks and ``runtime_slot``:
@@ -134,8 +109,16 @@ class EngineTiers:
     def restore(self, seq: Sequence) -> int:
         """Before ``seq`` is queued: adopt the deepest verified restore the tiers hold beyond
         what the device cache holds (never its last token: one must be computed). Returns the
-        tokens gained."""
-        if not self.cache.is_hybrid or not self.cache.enabled:
+        tokens gained. Never raises: a failing tier is a miss, counted (``restore_failed``, and
+        by error class); ``adopt`` leaves nothing held or matchable when a write fails."""
+        if seq.want_routed_experts:
+            # Tier checkpoints carry no routed-expert rows, so such a request could not hit one.
+            self.counters["restores_skipped_routed_experts"] += 1
+            return 0
+        return self._guarded("restore_failed", self._restore, seq) or 0
+
+    def _restore(self, seq: Sequence) -> int:
+        if not self.cache.enabled:
             return 0
         local_step, local_kv = self.cache.cached_prefix(seq)
         limit = self._deepest_step(seq)
@@ -161,6 +144,16 @@ class EngineTiers:
             self.counters[f"restored_bytes_{tier}"] += nbytes
         return gained
 
+    def _guarded(self, failure: str, call, *args):
+        """``call(*args)``, or None when it raises: the tier side may cost a hit or a publish,
+        never the engine's requests. Counted as ``failure`` and ``failure_<error class>``."""
+        try:
+            return call(*args)
+        except Exception as error:  # any store, object or bug on the tier side: never the engine's
+            self.counters[failure] += 1
+            self.counters[f"{failure}_{type(error).__name__}"] += 1
+            return None
+
     def _deepest_step(self, seq: Sequence) -> int:
         """The deepest chunk-aligned step below the prompt's last token that cuts no
         multimodal span (a checkpoint inside an image could not be resumed)."""
@@ -172,7 +165,7 @@ class EngineTiers:
     def _write(self, adoption: Adoption, restore: Restore) -> bool:
         """Fill the adoption's writable blocks from the restore's chunks and its slot from the
         checkpoint. False (nothing stays matchable) when a writable block has no fetched chunk
-        or an object does not fit this storage."""
+        or an object's arrays are not exactly this storage's (checked before anything is written)."""
         size, per_chunk = self.chunk_size, self.chunk_size // self.block_size
         writes: dict[int, list[tuple[int, int]]] = {}
         for index in range(adoption.start // self.block_size, adoption.end // self.block_size):
@@ -184,15 +177,16 @@ class EngineTiers:
                 self.counters["restore_missing_local_chunk"] += 1
                 return False
             writes.setdefault(chunk, []).append((index - chunk * per_chunk, block))
-        try:
-            for chunk, pairs in writes.items():
-                payload = restore.chunks[chunk].payload
-                rows = [offset for offset, _ in pairs]
-                self.storage.write_blocks([block for _, block in pairs], {n: a[rows] for n, a in payload.items()})
-            self.storage.write_slot(adoption.slot, dict(restore.checkpoint.payload))
-        except HybridCacheError:
+        payloads = [restore.chunks[chunk].payload for chunk in writes]
+        if not all(_fits(payload, self._chunk_layout) for payload in payloads) or not _fits(
+            restore.checkpoint.payload, self._slot_layout
+        ):
             self.counters["restore_layout_mismatch"] += 1
             return False
+        for payload, pairs in zip(payloads, writes.values()):
+            rows = [offset for offset, _ in pairs]
+            self.storage.write_blocks([block for _, block in pairs], {n: a[rows] for n, a in payload.items()})
+        self.storage.write_slot(adoption.slot, dict(restore.checkpoint.payload))
         return True
 
     def _fingerprint(self, seq: Sequence) -> NamespaceFingerprint:
@@ -200,7 +194,14 @@ class EngineTiers:
         fingerprint = self.fingerprint
         if namespace.adapter == fingerprint.adapter and namespace.cache_salt == fingerprint.cache_salt:
             return fingerprint
-        return replace(fingerprint, adapter=namespace.adapter, cache_salt=namespace.cache_salt)
+        return fingerprint.in_namespace(namespace.adapter, namespace.cache_salt)
 
     def stats(self) -> dict:
         return {**self.counters, "store": self.store.stats()}
+
+
+def _fits(payload, layout: dict[str, tuple[tuple[int, ...], np.dtype]]) -> bool:
+    """Whether ``payload`` names exactly ``layout``'s arrays, each of exactly its shape and dtype."""
+    if set(payload) != set(layout):
+        return False
+    return all(tuple(np.shape(payload[name])) == shape and payload[name].dtype == dtype for name, (shape, dtype) in layout.items())

@@ -379,10 +379,9 @@ class CheckpointLifecycle(CheckpointStore):
                 restore_pins[id(refs.restore)] = restore_pins.get(id(refs.restore), 0) + 1
             if refs.producer_pin is not None:
                 producer_pins[id(refs.producer_pin)] = producer_pins.get(id(refs.producer_pin), 0) + 1
-        if sequences:
-            for record in live:
-                assert record.restore_pins == restore_pins.get(id(record), 0), "restore pins without owners"
-                assert record.producer_pins == producer_pins.get(id(record), 0), "producer pins without owners"
+        for record in live:  # ``sequences`` is every live one: a pin nobody holds is a leak
+            assert record.restore_pins == restore_pins.get(id(record), 0), "restore pins without owners"
+            assert record.producer_pins == producer_pins.get(id(record), 0), "producer pins without owners"
 
 def _frozen_copy(array: np.ndarray) -> np.ndarray:
     copy = np.array(array, copy=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import cached_property
 
 from hybridcache.errors import CorruptObjectError, InvalidArgumentError, InvalidTypeError
@@ -18,6 +18,7 @@ FORMAT_VERSION = 1
 DEFAULT_CHUNK_SIZE = 256
 DIGEST_BYTES = 32
 _MAX_TEXT_BYTES = 1024
+DIGESTED_TEXT_PREFIX = "~blake2b:"  # marks a name the tiers carry as its digest
 _ABSENT = 0xFFFF  # length marker of an absent optional text field (adapter, cache salt)
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
@@ -54,6 +55,11 @@ class NamespaceFingerprint:
             raise InvalidArgumentError(
                 f"chunk_size {self.chunk_size} must be a multiple of block_size {self.block_size}"
             )
+
+    def in_namespace(self, adapter: str | None, cache_salt: str | None) -> NamespaceFingerprint:
+        """This fingerprint for a request's adapter and cache salt, each as ``tier_text``
+        carries it (so a name of any length is served, and exactly)."""
+        return replace(self, adapter=tier_text(adapter), cache_salt=tier_text(cache_salt))
 
     def encode(self) -> bytes:
         """The canonical bytes: every field in declaration order, length-prefixed."""
@@ -111,6 +117,19 @@ class NamespaceFingerprint:
             return cls(**values)
         except (InvalidArgumentError, InvalidTypeError) as error:
             raise CorruptObjectError(f"fingerprint holds invalid values: {error}") from error
+
+
+def tier_text(value: str | None) -> str | None:
+    """A caller's name (adapter, cache salt, modality, content id) as object headers and key
+    chains carry it: itself, or ``DIGESTED_TEXT_PREFIX`` + a BLAKE2b-256 hex digest of it when
+    it is longer than a header field holds or already starts with that prefix. Distinct names
+    stay distinct (short names never take the digest form), so nothing is shared by accident."""
+    if value is None:
+        return None
+    raw = value.encode()
+    if len(raw) <= _MAX_TEXT_BYTES and not value.startswith(DIGESTED_TEXT_PREFIX):
+        return value
+    return DIGESTED_TEXT_PREFIX + hashlib.blake2b(raw, digest_size=DIGEST_BYTES, person=b"hc-tier-text").hexdigest()
 
 
 def _check_text(name: str, value: object, *, optional: bool) -> None:

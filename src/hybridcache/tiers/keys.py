@@ -24,7 +24,7 @@ from hybridcache.errors import InvalidArgumentError, InvalidKeyError, InvalidSte
 from hybridcache.sequence import MultimodalSpan, Sequence, as_token_array
 from hybridcache.types import validated_spans
 from hybridcache.tiers import wire
-from hybridcache.tiers.fingerprint import DIGEST_BYTES, FORMAT_VERSION, NamespaceFingerprint
+from hybridcache.tiers.fingerprint import DIGEST_BYTES, FORMAT_VERSION, NamespaceFingerprint, tier_text
 
 _CHAIN_PERSON = b"hc-kv-chain"
 
@@ -93,6 +93,14 @@ class Expectation:
     multimodal: tuple[MultimodalSpan, ...]
 
 
+def _as_carried(span: MultimodalSpan) -> MultimodalSpan:
+    """``span`` with its modality and content id as headers carry them (``tier_text``)."""
+    modality, content_id = tier_text(span.modality), tier_text(span.content_id)
+    if (modality, content_id) == (span.modality, span.content_id):
+        return span
+    return replace(span, modality=modality, content_id=content_id)
+
+
 class KeyChain:
     """Keys of every complete chunk and chunk-aligned checkpoint of one request's tokens."""
 
@@ -102,7 +110,7 @@ class KeyChain:
         self.fingerprint = fingerprint
         self.tokens = as_token_array(tokens)
         self.tokens.flags.writeable = False
-        self.spans = validated_spans(multimodal, self.tokens.size)
+        self.spans = tuple(_as_carried(span) for span in validated_spans(multimodal, self.tokens.size))
         self.chunk_size = fingerprint.chunk_size
         self._digests = self._chain()
 
@@ -114,8 +122,7 @@ class KeyChain:
         if not isinstance(base, NamespaceFingerprint):
             raise InvalidTypeError("base must be a NamespaceFingerprint")
         namespace = sequence.namespace
-        fingerprint = replace(base, adapter=namespace.adapter, cache_salt=namespace.cache_salt)
-        return cls(fingerprint, sequence.tokens, sequence.spans)
+        return cls(base.in_namespace(namespace.adapter, namespace.cache_salt), sequence.tokens, sequence.spans)
 
     def _chain(self) -> tuple[bytes, ...]:
         digests = []

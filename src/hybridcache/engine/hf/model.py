@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
 from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
@@ -33,6 +34,7 @@ from hybridcache.engine.chunk_checks import (
     validated_table,
     validated_tokens,
 )
+from hybridcache.engine.model_identity import identity_digest, library_versions
 from hybridcache.engine.model_api import (
     CHUNK_RESUME,
     TOKEN_BY_TOKEN_RESUME,
@@ -48,6 +50,8 @@ from hybridcache.errors import InvalidArgumentError, InvalidTypeError, SharedWri
 _RESUME_PROBE_SPLIT = 3
 _RESUME_PROBE_STATE_STD = 1.0
 _RESUME_PROBE_RTOL = 1e-3
+# Config keys that say where a checkpoint was read from or which version wrote it, not what it computes.
+_LOCATION_KEYS = ("_name_or_path", "_commit_hash", "transformers_version")
 
 
 @contextlib.contextmanager
@@ -90,6 +94,20 @@ class HFModel:
             self._routers = RouterHooks(probe.routers, probe.router_outputs)
             self.layout = ModelLayout(probe.layers, vocab_size, self._routers.width, CHUNK_RESUME)
             self.layout = replace(self.layout, resume=self._detect_resume())
+
+    def weights_identity(self) -> str:
+        """The digest of everything this checkpoint computes with: its family and whole config
+        (``rope_theta``, norm epsilons, embedding multipliers, experts per token, ...), every
+        parameter and buffer (non-persistent ones such as a rotary ``inv_freq`` included), the
+        dtype and thread count it runs with, and the torch and transformers versions. The
+        checkpoint's path is not part of it: a copy elsewhere is the same model."""
+        import transformers
+
+        config = {k: v for k, v in self._model.config.to_dict().items() if k not in _LOCATION_KEYS}
+        described = {"config": config, "dtype": self.config.dtype, "num_threads": self.config.num_threads}
+        module = self._model
+        tensors = itertools.chain(module.named_parameters(), (("buffer:" + n, b) for n, b in module.named_buffers()))
+        return identity_digest(self._model.config.model_type, described, tensors, library_versions(transformers))
 
     @property
     def transformers_model(self) -> torch.nn.Module:
