@@ -6,6 +6,8 @@ Every KV entry and recurrent state lives in the caller's ``PagedStorage``: per c
 ``DynamicCache`` is built from the chunk's blocks and slot, the model runs the chunk as one
 multi-token call with explicit positions, and the new KV and final state are written back.
 
+Mixers that clamp the SSM time step only in their multi-token scan (NemotronH, Zamba2) get the
+same clamp in their single-token step (``time_steps``), so decoding equals the full forward.
 Families whose multi-token path ignores a restored state (a Mamba1 scan, as in Jamba and Zamba)
 are found at load time by ``_detect_resume`` and resume token by token after position 0.
 """
@@ -26,6 +28,7 @@ from hybridcache.engine.hf.config import HFModelConfig
 from hybridcache.engine.hf.introspect import probe_model
 from hybridcache.engine.hf.loading import load_causal_lm
 from hybridcache.engine.hf.routing import RouterHooks
+from hybridcache.engine.hf.time_steps import clamp_single_token_time_steps
 from hybridcache.engine.chunk_checks import (
     as_index,
     check_writable,
@@ -85,6 +88,7 @@ class HFModel:
             raise InvalidTypeError("config must be an HFModelConfig")
         self.config = config
         self._model = load_causal_lm(config)
+        clamp_single_token_time_steps(self._model)  # decode must compute what the full forward does
         parameters = inspect.signature(self._model.forward).parameters
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
         self._keeps_last_logits = "logits_to_keep" in parameters
