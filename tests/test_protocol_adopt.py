@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hybridcache import Sequence
-from hybridcache.errors import InvalidStepError, InvalidTypeError
+from hybridcache.errors import AdoptionWriteError, InvalidArgumentError, InvalidStepError, InvalidTypeError, LifecycleError
 
 from tests.test_protocol import B, protocol, serve
 
@@ -62,6 +62,63 @@ def test_a_failed_write_leaves_nothing_matchable_and_nothing_held():
     assert cache.cached_prefix(Sequence(PROMPT)) == (0, 0)
     assert free_counts(cache) == before
     cache.check_invariants()
+
+
+def _raise(error: Exception):
+    def write(adoption):
+        raise error
+
+    return write
+
+
+@pytest.mark.parametrize(
+    "error,expected",
+    [(IndexError("index 3 is out of bounds"), AdoptionWriteError), (ValueError("x"), AdoptionWriteError),
+     (InvalidArgumentError("misfit"), InvalidArgumentError)],
+    ids=["IndexError", "ValueError", "hybridcache error"],
+)
+def test_a_raising_write_fails_frees_everything_then_raises_typed(error, expected):
+    cache = protocol()
+    serve(cache, PROMPT[: B])  # a local hit: the adoption borrows it and must give it back
+    before = free_counts(cache)
+    for _ in range(cache.states.num_slots):  # more raising writes than there are slots: none leaks
+        with pytest.raises(expected) as raised:
+            cache.adopt(Sequence(PROMPT[: 3 * B]), 3 * B, _raise(error))
+        assert raised.value is error or raised.value.__cause__ is error
+        cache.check_invariants()
+    assert free_counts(cache) == before
+    assert cache.cached_prefix(Sequence(PROMPT))[0] == B  # nothing of the failed adoptions is matchable
+
+
+def test_free_while_the_forward_is_in_flight_is_refused_and_changes_nothing():
+    cache = protocol()
+    seq = Sequence(PROMPT)
+    cache.prepare(seq)
+    admission = cache.admit(seq, len(PROMPT))
+    cache.reserve_save(seq, seq.num_tokens)
+    cache.forward_queued(seq)
+    held = (seq.block_table.tolist(), free_counts(cache))
+    with pytest.raises(LifecycleError):
+        cache.free(seq, admission.runtime_slot)
+    assert (seq.block_table.tolist(), free_counts(cache)) == held
+    cache.check_invariants([seq])
+    seq.set_computed(admission.end)
+    cache.forward_done(seq, admission.start)
+    cache.free(seq, admission.runtime_slot)
+    cache.check_invariants()
+
+
+def test_check_invariants_catches_a_pinned_save_whose_sequence_is_gone():
+    cache = protocol()
+    seq = Sequence(PROMPT)
+    cache.prepare(seq)
+    admission = cache.admit(seq, len(PROMPT))
+    cache.reserve_save(seq, seq.num_tokens)
+    cache.forward_queued(seq)
+    cache.trie.free_sequence(seq)  # behind the protocol's back: the save stays pinned
+    cache.states.free_runtime(admission.runtime_slot)
+    with pytest.raises(AssertionError, match="producer pins without owners"):
+        cache.check_invariants([])
 
 
 def test_attention_only_caches_adopt_nothing():

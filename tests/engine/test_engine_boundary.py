@@ -92,6 +92,18 @@ def test_names_that_are_not_text_are_refused_when_the_request_is_built(field, ba
         Request(prompt=[1, 2], **{field: bad})
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [{"modality": bad} for bad in (5, b"image", None, ["image"], 1.5)]
+    + [{"data": bad} for bad in (5, "text", None, ["x"])]
+    + [{"start": bad} for bad in ("0", None, 1.5, True)],
+    ids=repr,
+)
+def test_a_multimodal_field_of_the_wrong_type_is_a_type_error(fields):
+    with pytest.raises(InvalidTypeError):
+        MultimodalInput(**{"start": 0, "end": 2, "data": b"pixels", **fields})
+
+
 @pytest.mark.parametrize("adapters", ["lora1", ("lora1", "\ud800"), ("a", "a"), {"a"}, (1,)])
 def test_adapter_lists_must_be_ordered_names(adapters):
     with pytest.raises(InvalidConfigError):
