@@ -148,7 +148,8 @@ class TinyHybridModel:
         """The digest of everything this model computes with: its config (``experts_per_token``,
         ``adapter_rank`` and every other field), seed, dtype, each weight tensor and the library
         versions. Adapter weights are drawn from the adapter's name and this seed and config."""
-        described = {"config": asdict(self.config), "seed": self.seed, "dtype": self.dtype_name, "rope_base": _ROPE_BASE}
+        described = {"config": asdict(self.config), "seed": self.seed, "dtype": self.dtype_name}
+        described["rope_base"] = _ROPE_BASE
         return identity_digest("tiny_hybrid", described, self._named_tensors(), library_versions())
 
     def _named_tensors(self):

@@ -29,7 +29,9 @@ def library_versions(*modules: object) -> dict[str, str]:
     return versions
 
 
-def identity_digest(family: str, config: Mapping, tensors: Iterable[tuple[str, torch.Tensor]], versions: Mapping) -> str:
+def identity_digest(
+    family: str, config: Mapping, tensors: Iterable[tuple[str, torch.Tensor]], versions: Mapping
+) -> str:
     """BLAKE2b-128 hex over ``family``, ``config`` (canonical JSON: sorted keys, values without
     a JSON form by their ``repr``), ``versions`` and every named tensor's shape, dtype and bits."""
     hasher = hashlib.blake2b(digest_size=16, person=_PERSON)

@@ -1,8 +1,9 @@
 """The engine's side of the host, disk and shared tiers: publish chunk-aligned prefixes after
 the forward that reaches them, adopt verified ones from the tiers when a request arrives.
 
-Owns: this engine's namespace fingerprint (model identity, weights digest, dtype, layouts,
-block and chunk size; each request adds its adapter and cache salt) and its tier counters.
+Owns: this engine's namespace fingerprint (model class, the model's ``weights_identity``,
+dtype, layouts, block and chunk size; each request adds its adapter and cache salt), the
+storage's array layout a fetched payload must match, and its tier counters.
 The ``TieredStore`` (the caller's) owns the tiers and their contents; the device cache is
 changed only through ``CacheProtocol.adopt``.
 
@@ -84,7 +85,8 @@ class EngineTiers:
         chunk that ended on a publish step (its sequence still holds its blocks and slot).
         Never raises: a failing publish is counted (``publish_failed``, and by error class)
         and costs only that publish."""
-        self._guarded("publish_failed", self.store.cost.observe_recompute, sum(c.end - c.start for c in chunks), forward_s)
+        computed = sum(chunk.end - chunk.start for chunk in chunks)
+        self._guarded("publish_failed", self.store.cost.observe_recompute, computed, forward_s)
         for chunk in chunks:
             self._guarded("publish_failed", self.publish, chunk.entry.seq, chunk.end, chunk.entry.runtime_slot)
 
@@ -204,4 +206,6 @@ def _fits(payload, layout: dict[str, tuple[tuple[int, ...], np.dtype]]) -> bool:
     """Whether ``payload`` names exactly ``layout``'s arrays, each of exactly its shape and dtype."""
     if set(payload) != set(layout):
         return False
-    return all(tuple(np.shape(payload[name])) == shape and payload[name].dtype == dtype for name, (shape, dtype) in layout.items())
+    return all(
+        np.shape(payload[name]) == shape and payload[name].dtype == dtype for name, (shape, dtype) in layout.items()
+    )
