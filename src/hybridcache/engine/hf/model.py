@@ -1,7 +1,8 @@
 """``HFModel``: a local transformers causal LM served over paged KV blocks and state slots.
 
-Owns: the loaded transformers model (weights fixed after loading), its ``ModelLayout`` read
-from a probe forward, and the router hooks (``RouterHooks``) with their per-call buffers.
+Owns: the loaded transformers model (weights fixed after loading, with the single-token
+time-step hooks of ``time_steps``), its ``ModelLayout`` read from a probe forward, and the
+router hooks (``RouterHooks``) with their per-call buffers.
 Every KV entry and recurrent state lives in the caller's ``PagedStorage``: per chunk a fresh
 ``DynamicCache`` is built from the chunk's blocks and slot, the model runs the chunk as one
 multi-token call with explicit positions, and the new KV and final state are written back.
