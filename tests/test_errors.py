@@ -8,6 +8,7 @@ import pytest
 
 from hybridcache import errors
 from hybridcache.errors import (
+    AdoptionWriteError,
     AlreadyPublishedError,
     CorruptObjectError,
     DoubleFreeError,
@@ -69,6 +70,7 @@ HIERARCHY = {
     PinnedError: (LifecycleError, RuntimeError),
     PinUnderflowError: (LifecycleError, RuntimeError),
     SharedWriteError: (LifecycleError, RuntimeError),
+    AdoptionWriteError: (LifecycleError, RuntimeError),
     ResourceExhaustedError: (HybridCacheError, MemoryError),
     OutOfBlocksError: (ResourceExhaustedError, MemoryError),
     OutOfStateSlotsError: (ResourceExhaustedError, MemoryError),
