@@ -2,8 +2,10 @@
 trie's exact comparisons (tokens, namespace, multimodal identity) decide what is a hit.
 
 A keyer produces two kinds of numbers and each keyer here degrades both: the prefix keys the
-node index stores (``extend``), and the keyed value of one block (``block_values``,
-``values_of``, ``value_of``), which a checkpoint probe hashes together with its step.
+node index stores (``prefix_keys``, the one derivation ``extend`` and ``key_after`` share), and
+the keyed value of one block (``block_values``, ``values_of``, ``value_of``), which a checkpoint
+probe hashes together with its step. Every derivation of a number is degraded alike, so the
+trie sees one consistent (if colliding) keyer, as it would a real one.
 """
 
 from __future__ import annotations
@@ -21,10 +23,8 @@ class ConstantKeyer(BlockKeyer):
     """Every prefix key and every block value is ``CONSTANT``: every node lookup and every
     checkpoint bucket of a step collides."""
 
-    def extend(self, seq):
-        keys = super().extend(seq)
-        keys[...] = CONSTANT
-        return keys
+    def prefix_keys(self, block_sums):
+        return np.full(np.shape(block_sums), CONSTANT, dtype=np.uint64)
 
     def block_values(self, seq, first, end):
         return np.full(end - first, CONSTANT, dtype=np.uint64)
@@ -42,10 +42,8 @@ class TwoBitKeyer(BlockKeyer):
 
     _MASK = np.uint64(3)
 
-    def extend(self, seq):
-        keys = super().extend(seq)
-        keys &= self._MASK
-        return keys
+    def prefix_keys(self, block_sums):
+        return super().prefix_keys(block_sums) & self._MASK
 
     def block_values(self, seq, first, end):
         return super().block_values(seq, first, end) & self._MASK

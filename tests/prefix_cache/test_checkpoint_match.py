@@ -12,7 +12,10 @@ import pytest
 from hybridcache.prefix_cache.checkpoint_lifecycle import NO_SAVE
 from hybridcache.prefix_cache.checkpoint_record import CheckpointState
 from hybridcache.prefix_cache.stats import MissReason
+from hybridcache.prefix_cache import BlockKeyer
 from hybridcache.sequence import MultimodalSpan, Namespace, Sequence
+
+from tests.keyers import ConstantKeyer, TwoBitKeyer
 
 from ._helpers import (
     B,
@@ -220,6 +223,43 @@ def test_collision_bucket_bad_record_first_then_the_good_one_hits():
     assert trie.index.bucket(NS, good.key) == (bad, other, good) and other.is_published
     trie.rollback(txn)
     trie.check_invariants([request])
+
+
+@pytest.mark.parametrize("keyer", [ConstantKeyer(B), TwoBitKeyer(B, secret=b"few-bits")], ids=["constant", "two-bit"])
+def test_colliding_keys_never_hide_a_deeper_checkpoint_from_a_fresh_request(keyer):
+    """A fresh request with many candidate steps first asks whether its first block is cached
+    at all (a miss then probes only steps inside it). Under colliding keys that question must
+    be asked with the key the node was stored under: it used to be rebuilt by a second
+    derivation a keyer could change apart from the first, and read "not cached" (issue 19,
+    item 24, found by the soak)."""
+    pool, states, trie = make_hybrid(num_slots=9, budget=7, keyer=keyer)
+    prompt = tokens(6 * B)
+    steps = [B + 1, 2 * B + 3, 3 * B, 4 * B + 5, 5 * B + 2]  # more than the probes before the test
+    records = [produce(trie, prompt, step)[1] for step in steps]
+    store_kv(trie, tokens(B, start=900))  # a colliding first block that is not the request's
+    request = Sequence(prompt + [0])
+    txn, misses, _ = match(trie, request)
+    assert request.prefix_state.checkpoints.restore is records[-1] and request.num_computed == steps[-1]
+    assert misses == {}
+    trie.rollback(txn)
+    trie.check_invariants([request])
+
+
+def test_check_invariants_catch_a_keyer_whose_stored_keys_are_not_its_prefix_keys():
+    """The keys nodes are stored under and the keys probes are made with come from one
+    derivation (``BlockKeyer.prefix_keys``); a keyer that changes only what ``extend`` returns
+    would make probes miss stored nodes, and the invariants say so."""
+
+    class ExtendOnlyKeyer(BlockKeyer):
+        def extend(self, seq):
+            keys = super().extend(seq)
+            keys &= np.uint64(3)
+            return keys
+
+    pool, states, trie = make_hybrid(keyer=ExtendOnlyKeyer(B))
+    store_kv(trie, tokens(2 * B))
+    with pytest.raises(AssertionError, match="not the keyer's key of its running sum"):
+        trie.check_invariants([])
 
 
 def test_namespaces_never_share_a_checkpoint():

@@ -11,6 +11,8 @@ import pytest
 from hybridcache.prefix_cache import BlockKeyer
 from hybridcache.sequence import MultimodalSpan, Sequence
 
+from tests.keyers import ConstantKeyer, TwoBitKeyer
+
 from ._helpers import B, tokens
 
 
@@ -274,3 +276,26 @@ def test_key_after_continues_a_running_sum_by_one_block():
         keys = keyer.extend(seq).tolist()
         sums = [keyer.namespace_seed(seq.namespace)] + [int(s) for s in seq.prefix_state.keys.block_sums[:3]]
         assert [keyer.key_after(seq, index, sums[index]) for index in range(4)] == keys
+
+
+@pytest.mark.parametrize(
+    "keyer",
+    [BlockKeyer(B), BlockKeyer.deterministic(B), ConstantKeyer(B), TwoBitKeyer(B, secret=b"few-bits")],
+    ids=["per-process", "deterministic", "constant", "two-bit"],
+)
+def test_every_derivation_of_a_key_or_value_agrees(keyer):
+    """A key or block value is computed on several paths (vectorized for many blocks, scalar
+    for one probe, continued from a node's running sum); the trie finds a node or checkpoint
+    only when they agree, so they must for the real keyer and for the colliding ones the tests
+    use."""
+    spans = [MultimodalSpan(B + 2, 2 * B + 1, "image", "a")]
+    seq = Sequence(tokens(5 * B + 3), multimodal=spans, adapter="lora")
+    keys = keyer.extend(seq).tolist()
+    sums = seq.prefix_state.keys.block_sums[:5]
+    assert keyer.prefix_keys(sums).tolist() == keys == [keyer.finalize(int(total)) for total in sums]
+    before = [keyer.namespace_seed(seq.namespace)] + [int(total) for total in sums[:4]]
+    fresh = Sequence(tokens(5 * B + 3), multimodal=spans, adapter="lora")
+    assert [keyer.key_after(fresh, index, before[index]) for index in range(5)] == keys
+    values = keyer.block_values(seq, 0, 5).tolist()
+    assert [keyer.value_of(seq, index) for index in range(5)] == values
+    assert keyer.values_of(seq, np.arange(5)).tolist() == values

@@ -581,15 +581,22 @@ def test_collision_on_the_deepest_key_falls_back_to_the_walk():
     """Only one key collides: binary search lands on a foreign node, the walk finds the truth."""
 
     class OneCollision(BlockKeyer):
-        def extend(self, seq):
-            keys = super().extend(seq)
-            if seq.num_tokens and int(seq.tokens[0]) == 1000 and keys.size >= 3:
-                keys[2] = 12345  # the 'foreign' prompt's block 2
-            if seq.num_tokens and int(seq.tokens[0]) == 1 and keys.size >= 4:
-                keys[3] = 12345  # our prompt's block 3 collides with it
+        colliding = np.zeros(0, dtype=np.uint64)  # running sums whose keys are made equal
+
+        def prefix_keys(self, block_sums):
+            keys = super().prefix_keys(block_sums)
+            keys[np.isin(block_sums, self.colliding)] = 12345
             return keys
 
-    pool, trie = make_trie(64, keyer=OneCollision(B))
+    keyer = OneCollision(B)
+    foreign, ours = Sequence(tokens(3 * B + 1, start=1000)), Sequence(tokens(4 * B + 1, start=1))
+    keyer.extend(foreign)
+    keyer.extend(ours)
+    # the 'foreign' prompt's block 2 and our prompt's block 3 share a key
+    keyer.colliding = np.array(
+        [foreign.prefix_state.keys.block_sums[2], ours.prefix_state.keys.block_sums[3]], dtype=np.uint64
+    )
+    pool, trie = make_trie(64, keyer=keyer)
     produce(trie, tokens(3 * B + 1, start=1000))
     produce(trie, tokens(2 * B + 1, start=1))
     seq = Sequence(tokens(4 * B + 1, start=1))

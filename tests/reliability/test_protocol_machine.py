@@ -119,3 +119,37 @@ def test_a_resumed_match_never_restores_below_pending_ancestors():
         assert session.num_computed == 11 and (session.block_table == table).all()
     trie.rollback(txn)
     trie.check_invariants([waiting, session, ahead])
+
+
+def test_a_colliding_keyer_never_hides_deeper_checkpoints_from_a_fresh_request():
+    """The shrunk 600 s soak failure (issue 19, item 24), step by step: under colliding keys a
+    fresh request with more than a few candidate steps first asks whether its first block is
+    cached; that key was made by another derivation than the stored keys, read "not cached",
+    and the search dropped every step beyond the first block ("missed exact published
+    checkpoints at [10, 11, 16, 18, 20]"; or "hit at 1, not the deepest")."""
+    machine = CacheProtocolMachine()
+    request = dict(choice=None, evict=True, in_flight=False, index=0, pin=False, recompute=0, save=False, wild=False)
+    converse = dict(choice=None, follow_up=(0, [0], False, None), in_flight=False, pin=False, recompute=0, stop="published")
+    base = ("base", (0, 1, [], 0, None))
+    steps = [
+        lambda: machine.setup(hybrid=True, pending=True, colliding=True),
+        lambda: machine.request(source=("follow_up", (0, [0], False, None)), stop="published", **request),
+        lambda: machine.free(index=0),
+        lambda: machine.create(recompute=0, source=base),
+        lambda: machine.match(index=0),
+        lambda: machine.converse(**converse),
+        lambda: machine.request(source=None, stop="published", **request),
+        lambda: machine.decode(evict=False, follow=None, in_flight=False, index=0, pin=False, tokens=[0, 0, 0, 0, 0]),
+        lambda: machine.create(recompute=0, source=base),
+        lambda: machine.resume(admit=True, evict=False, follow=None, index=0, tokens=[0]),
+        lambda: machine.forward(index=0),
+        lambda: machine.overtake(admit=False, beyond=[0], extra=[0], index=0, step=None),
+        lambda: machine.resume(admit=True, evict=False, follow=None, index=0, tokens=[0]),
+        lambda: machine.free(index=0),
+        lambda: machine.converse(**converse),
+        lambda: machine.overtake(admit=True, beyond=[0], extra=[0], index=0, step=None),
+    ]
+    for step in steps:
+        step()
+        machine.consistent()
+    machine.teardown()

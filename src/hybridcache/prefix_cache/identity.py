@@ -11,7 +11,8 @@ How a key is made (all vectorized, no Python loop per block):
    different blocks collide with probability <= 2**-32 over the secret);
 2. the block's position and the hash of its multimodal spans are mixed in, and a keyed
    SplitMix64 finalizer makes it non-linear;
-3. the prefix key is the finalized running sum of those values, seeded by the namespace.
+3. the prefix key is the finalized running sum of those values, seeded by the namespace
+   (``prefix_keys``: the only place a sum becomes a key, for stored keys and probes alike).
 Nodes keep their running sum, so keys can resume from any verified node (``resume_at``)
 without hashing the blocks before it, and a checkpoint is keyed by its step and the value of
 its anchor's last block alone (one block hashed per probe).
@@ -144,9 +145,17 @@ class BlockKeyer:
                     hashes[position] ^= np.uint64(self.spans_hash(spans))
         return _splitmix(hashes ^ self._block_key)
 
+    def prefix_keys(self, block_sums: np.ndarray) -> np.ndarray:
+        """The prefix keys of running sums (what the node index stores): the one place a key is
+        made from a sum. ``extend`` and ``finalize`` both go through it, so a keyer that
+        changes keys (a subclass) cannot make the keys the trie stores and the keys it probes
+        with disagree; a probe with a key no node was stored under would read as "not cached"
+        and hide what is."""
+        return _splitmix(np.asarray(block_sums, dtype=np.uint64) ^ self._prefix_key)
+
     def finalize(self, block_sum: int) -> int:
-        """The prefix key of a running sum (what the node index stores)."""
-        return _splitmix_int(block_sum ^ int(self._prefix_key))
+        """The prefix key of one running sum (``prefix_keys`` of one value)."""
+        return int(self.prefix_keys(np.array([block_sum], dtype=np.uint64))[0])
 
     def key_after(self, seq: Sequence, index: int, block_sum: int) -> int:
         """The prefix key of complete block ``index`` when the running sum of the blocks
@@ -188,7 +197,7 @@ class BlockKeyer:
                 state.keys.block_keys = _grown(state.keys.block_keys, capacity)
                 state.keys.block_sums = _grown(state.keys.block_sums, capacity)
             state.keys.block_sums[first:end] = sums
-            state.keys.block_keys[first:end] = _splitmix(sums ^ self._prefix_key)
+            state.keys.block_keys[first:end] = self.prefix_keys(sums)
             state.keys.key_sum = int(sums[-1])
             state.keys.num_keys = end
         return state.keys.block_keys[:end]

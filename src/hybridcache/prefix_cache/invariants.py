@@ -42,6 +42,9 @@ def check_trie(trie: TrieParts, sequences: tuple[Sequence, ...] | list[Sequence]
     attached = nodes.attached_slots()
     if attached.size:
         assert trie.tokens.capacity > attached.max(), "a node has no token row"
+    assert np.array_equal(nodes.key[attached], trie.lookup.keyer.prefix_keys(nodes.key_sums[attached])), (
+        "a node's key is not the keyer's key of its running sum (a probe would miss it)"
+    )
     blocks = nodes.block[attached]
     assert np.unique(blocks).size == blocks.size, "two trie nodes own one block"
     expected = np.zeros(trie.pool.num_blocks, dtype=np.int64)
