@@ -129,7 +129,9 @@ def test_a_colliding_keyer_never_hides_deeper_checkpoints_from_a_fresh_request()
     checkpoints at [10, 11, 16, 18, 20]"; or "hit at 1, not the deepest")."""
     machine = CacheProtocolMachine()
     request = dict(choice=None, evict=True, in_flight=False, index=0, pin=False, recompute=0, save=False, wild=False)
-    converse = dict(choice=None, follow_up=(0, [0], False, None), in_flight=False, pin=False, recompute=0, stop="published")
+    converse = dict(
+        choice=None, follow_up=(0, [0], False, None), in_flight=False, pin=False, recompute=0, stop="published"
+    )
     base = ("base", (0, 1, [], 0, None))
     steps = [
         lambda: machine.setup(hybrid=True, pending=True, colliding=True),

@@ -84,6 +84,8 @@ class BlockKeyer:
         )
         self._namespace_seeds: dict[Namespace, int] = {}
         self._scalar_keys = (int(self._position_key), int(self._block_key))
+        # finalize's scalar form of prefix_keys, valid only while a subclass has not changed it
+        self._scalar_prefix_key = int(self._prefix_key) if type(self).prefix_keys is BlockKeyer.prefix_keys else None
 
     @classmethod
     def deterministic(cls, block_size: int) -> "BlockKeyer":
@@ -154,8 +156,12 @@ class BlockKeyer:
         return _splitmix(np.asarray(block_sums, dtype=np.uint64) ^ self._prefix_key)
 
     def finalize(self, block_sum: int) -> int:
-        """The prefix key of one running sum (``prefix_keys`` of one value)."""
-        return int(self.prefix_keys(np.array([block_sum], dtype=np.uint64))[0])
+        """The prefix key of one running sum: ``prefix_keys`` of one value, in Python integers
+        (a one-block probe, without NumPy's per-call overhead) unless a subclass changed
+        ``prefix_keys``, which then decides alone."""
+        if self._scalar_prefix_key is None:
+            return int(self.prefix_keys(np.array([block_sum], dtype=np.uint64))[0])
+        return _splitmix_int(block_sum ^ self._scalar_prefix_key)
 
     def key_after(self, seq: Sequence, index: int, block_sum: int) -> int:
         """The prefix key of complete block ``index`` when the running sum of the blocks
