@@ -231,10 +231,10 @@ def test_colliding_keys_never_hide_a_deeper_checkpoint_from_a_fresh_request(keye
     at all (a miss then probes only steps inside it). Under colliding keys that question must
     be asked with the key the node was stored under: it used to be rebuilt by a second
     derivation a keyer could change apart from the first, and read "not cached" (issue 19,
-    item 24, found by the soak)."""
+    item 24, found by the soak: a miss, or a hit inside the first block, not the deepest)."""
     pool, states, trie = make_hybrid(num_slots=9, budget=7, keyer=keyer)
     prompt = tokens(6 * B)
-    steps = [B + 1, 2 * B + 3, 3 * B, 4 * B + 5, 5 * B + 2]  # more than the probes before the test
+    steps = [5, B + 1, 2 * B + 3, 3 * B, 4 * B + 5, 5 * B + 2]  # more than the probes before the test
     records = [produce(trie, prompt, step)[1] for step in steps]
     store_kv(trie, tokens(B, start=900))  # a colliding first block that is not the request's
     request = Sequence(prompt + [0])
