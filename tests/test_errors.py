@@ -11,6 +11,7 @@ from hybridcache.errors import (
     AlreadyPublishedError,
     CorruptObjectError,
     DoubleFreeError,
+    EventStreamError,
     ForeignSequenceError,
     HybridCacheError,
     InvalidArgumentError,
@@ -87,6 +88,7 @@ HIERARCHY = {
     StoreUnavailableError: (StoreError, OSError),
     StoreTimeoutError: (StoreError, OSError),
     ServerStartError: (StoreError, OSError),
+    EventStreamError: (HybridCacheError, OSError),
 }
 FAMILIES = (ValueError, TypeError, IndexError, RuntimeError, MemoryError, OSError)
 
