@@ -16,6 +16,7 @@ from collections.abc import Sequence as Seq
 import msgspec
 
 _ENCODE = msgspec.msgpack.Encoder().encode
+SALT_KEY = "salt"  # the first element of the extra key that carries a cache salt
 
 
 def block_hash(parent: int | None, token_ids: Seq[int], extra: tuple | None = None, lora_name: str | None = None) -> int:
@@ -26,7 +27,7 @@ def block_hash(parent: int | None, token_ids: Seq[int], extra: tuple | None = No
 
 def first_block_extra(cache_salt: str | None) -> tuple | None:
     """The extra key of a chain's first block: the cache salt (None when there is none)."""
-    return None if cache_salt is None else ("salt", cache_salt)
+    return None if cache_salt is None else (SALT_KEY, cache_salt)
 
 
 def chain_hashes(
