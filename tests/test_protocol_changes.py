@@ -49,6 +49,6 @@ def test_changes_add_up_to_the_matchable_nodes_and_published_checkpoints(async_d
         assert checkpoints == _published(trie)
         for block in changes.stored:
             assert block.parent is None or block.parent in nodes
-            assert block.token_ids.size == 8
+            assert len(block.token_ids) == 8
         engine.check_invariants()
     assert engine.stats()["evicted_blocks"] > 0 and engine.stats()["failed_forwards"] > 0

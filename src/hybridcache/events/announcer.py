@@ -14,6 +14,8 @@ that was never announced is not announced either (no consumer could place it).
 
 from __future__ import annotations
 
+import itertools
+
 from hybridcache.events.hashing import block_hash, first_block_extra
 from hybridcache.events.schema import (
     FULL_ATTENTION,
@@ -59,7 +61,7 @@ class Announcer:
 
     def _hash_of(self, block) -> int:
         parent = None if block.parent is None else self._hashes[block.parent]
-        return block_hash(parent, block.token_ids.tolist(), self._extra(block), block.namespace.adapter)
+        return block_hash(parent, block.token_ids, self._extra(block), block.namespace.adapter)
 
     @staticmethod
     def _extra(block) -> tuple | None:
@@ -73,7 +75,7 @@ class Announcer:
         return BlockStored(
             block_hashes=[self._hashes[block.node] for block in chain],
             parent_block_hash=None if first.parent is None else self._hashes[first.parent],
-            token_ids=[token for block in chain for token in block.token_ids.tolist()],
+            token_ids=list(itertools.chain.from_iterable(block.token_ids for block in chain)),
             block_size=self._block_size,
             lora_id=None,
             medium=self._medium,

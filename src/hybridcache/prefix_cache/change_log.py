@@ -30,7 +30,7 @@ class StoredBlock:
     node: Handle
     parent: Handle | None
     namespace: Namespace
-    token_ids: np.ndarray
+    token_ids: list[int]
     content_ids: tuple[str, ...]  # multimodal identity of the block, in span order
 
 
@@ -69,22 +69,38 @@ class ChangeLog:
 
     def take(self, nodes: NodeTable, tokens: TokenStore) -> CacheChanges:
         """Everything since the last ``take``, as values; the log is empty afterwards."""
-        stored = [self._stored(nodes, tokens, slot) for slot, generation in self.ready if nodes.is_valid(slot, generation)]
-        stored.sort(key=lambda block: int(nodes.depth[block.node[0]]))
         published = [self._published(nodes, record) for record in self.published if record.state is CheckpointState.PUBLISHED]
-        changes = CacheChanges(stored, self.detached, published, self.released)
+        changes = CacheChanges(self._stored(nodes, tokens), self.detached, published, self.released)
         self.ready, self.detached, self.published, self.released = [], [], [], []
         return changes
 
-    @staticmethod
-    def _stored(nodes: NodeTable, tokens: TokenStore, slot: int) -> StoredBlock:
-        parent = int(nodes.parent[slot])
-        parent_handle = None if nodes.is_root[parent] else (parent, int(nodes.generation[parent]))
-        spans = nodes.extra_identity.get(slot, ())
-        return StoredBlock(
-            (slot, int(nodes.generation[slot])), parent_handle, nodes.namespace_of(slot), tokens.run(slot, slot).copy(),
-            tuple(span.content_id for span in spans),
+    def _stored(self, nodes: NodeTable, tokens: TokenStore) -> list[StoredBlock]:
+        """The ready nodes still attached with their generation, parents first (one gather
+        per column, not one per node)."""
+        if not self.ready:
+            return []
+        handles = np.array(self.ready, dtype=np.int64)
+        slots, generations = handles[:, 0], handles[:, 1]
+        live = nodes.attached[slots] & (nodes.generation[slots] == generations)
+        slots, generations = slots[live], generations[live]
+        order = np.argsort(nodes.depth[slots], kind="stable")
+        slots, generations = slots[order], generations[order]
+        parents = nodes.parent[slots]
+        columns = zip(
+            slots.tolist(), generations.tolist(), parents.tolist(), nodes.is_root[parents].tolist(),
+            nodes.generation[parents].tolist(), tokens.rows(slots).tolist(),
         )
+        namespaces: dict[int, Namespace] = {}  # slot -> namespace, inherited from a parent in this take
+        stored = []
+        for slot, generation, parent, parent_is_root, parent_generation, token_ids in columns:
+            namespace = namespaces.get(parent) or nodes.namespace_of(slot)
+            namespaces[slot] = namespace
+            spans = nodes.extra_identity.get(slot, ())
+            stored.append(StoredBlock(
+                (slot, generation), None if parent_is_root else (parent, parent_generation), namespace, token_ids,
+                tuple(span.content_id for span in spans),
+            ))
+        return stored
 
     @staticmethod
     def _published(nodes: NodeTable, record: CheckpointRecord) -> PublishedCheckpoint:
