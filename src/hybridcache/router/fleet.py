@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from hybridcache.errors import EventStreamError
 from hybridcache.router.discovery import read_load, read_streams
@@ -32,7 +32,6 @@ class Replica:
     feed: ReplicaFeed | None = None
     healthy: bool = False
     load: float = 0.0
-    routed: int = field(default=0)
 
 
 class Fleet:
@@ -72,9 +71,12 @@ class Fleet:
             policy = self.policy if key is not None else "round-robin"
             depths = [r.index.depths(key) if key is not None and r.index is not None else Depths(0, 0) for r in candidates]
             decision = choose(policy, prompt_tokens, depths, [r.load for r in candidates], number, self._load_tokens)
-            chosen = candidates[decision.index]
-            chosen.routed += 1
-            return chosen, decision
+            return candidates[decision.index], decision
+
+    def status(self) -> list[tuple[str, bool, float, int]]:
+        """Each replica's URL, health, load and undecodable batches, read together."""
+        with self._lock:
+            return [(r.url, r.healthy, r.load, 0 if r.feed is None else r.feed.undecodable) for r in self.replicas]
 
     def mark_dead(self, replica: Replica) -> None:
         """A connection to ``replica`` failed: stop routing to it until it answers again."""

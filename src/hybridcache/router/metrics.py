@@ -36,8 +36,8 @@ class RouterMetrics:
         with self._lock:
             return self._counters[name]
 
-    def render(self, replicas: list[tuple[str, bool, float]]) -> str:
-        """Prometheus text: counters, then each replica's health and load."""
+    def render(self, replicas: list[tuple[str, bool, float, int]]) -> str:
+        """Prometheus text: counters, then each replica's health, load and undecodable batches."""
         lines = ["# TYPE hybridcache_router_decisions_total counter"]
         with self._lock:
             for (reason, replica), count in sorted(self._decisions.items()):
@@ -47,7 +47,9 @@ class RouterMetrics:
                 lines.append(f"# TYPE hybridcache_router_{name}_total counter")
                 lines.append(f"hybridcache_router_{name}_total {self._counters[name]}")
         lines.append("# TYPE hybridcache_router_replica_healthy gauge")
-        lines.extend(f'hybridcache_router_replica_healthy{{replica="{url}"}} {int(up)}' for url, up, _ in replicas)
+        lines.extend(f'hybridcache_router_replica_healthy{{replica="{url}"}} {int(up)}' for url, up, _, _ in replicas)
         lines.append("# TYPE hybridcache_router_replica_load gauge")
-        lines.extend(f'hybridcache_router_replica_load{{replica="{url}"}} {load}' for url, _, load in replicas)
+        lines.extend(f'hybridcache_router_replica_load{{replica="{url}"}} {load}' for url, _, load, _ in replicas)
+        lines.append("# TYPE hybridcache_router_undecodable_batches gauge")
+        lines.extend(f'hybridcache_router_undecodable_batches{{replica="{url}"}} {bad}' for url, _, _, bad in replicas)
         return "\n".join(lines) + "\n"

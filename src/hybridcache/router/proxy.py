@@ -122,8 +122,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == "/health":
             return self._reply(200, b"ok", "text/plain")
         if self.path == "/metrics":
-            replicas = [(r.url, r.healthy, r.load) for r in router.fleet.replicas]
-            return self._reply(200, router.metrics.render(replicas).encode(), "text/plain; version=0.0.4")
+            return self._reply(200, router.metrics.render(router.fleet.status()).encode(), "text/plain; version=0.0.4")
         self._forward(None, None, 0)
 
     def do_POST(self) -> None:
