@@ -127,3 +127,9 @@ def test_bench_compare_without_the_reference_says_how_to_set_it_up(capsys, monke
     monkeypatch.setattr(lmdeploy_impl, "load_lmdeploy", missing)
     status, out, err = run_main(["bench", "kv-match", "--smoke", "--compare", "lmdeploy"], capsys)
     assert status == 2 and "run make compare-setup first" in err and out == ""
+
+
+def test_router_refuses_an_unknown_policy_without_a_traceback(capsys):
+    status, out, err = run_main(["router", "--replica", "http://127.0.0.1:9", "--policy", "fastest"], capsys)
+    assert status == 2 and "unknown routing policy" in err and out == ""
+    assert "Traceback" not in err

@@ -12,6 +12,7 @@ from hybridcache.errors import (
     AlreadyPublishedError,
     CorruptObjectError,
     DoubleFreeError,
+    EventStreamError,
     ForeignSequenceError,
     HybridCacheError,
     InvalidArgumentError,
@@ -89,6 +90,7 @@ HIERARCHY = {
     StoreUnavailableError: (StoreError, OSError),
     StoreTimeoutError: (StoreError, OSError),
     ServerStartError: (StoreError, OSError),
+    EventStreamError: (HybridCacheError, OSError),
 }
 FAMILIES = (ValueError, TypeError, IndexError, RuntimeError, MemoryError, OSError)
 

@@ -1,4 +1,5 @@
-"""Command line: ``hybridcache demo``, ``hybridcache bench <scenario>`` and ``hybridcache replay``.
+"""Command line: ``hybridcache demo``, ``hybridcache bench <scenario>``, ``hybridcache replay``
+and ``hybridcache router``.
 
 Owns the two consoles: results (tables) go to stdout, progress bars and errors to stderr; both
 follow the terminal's width (or ``COLUMNS``). Every option is checked as it is parsed
@@ -20,6 +21,7 @@ console = Console()
 errors = Console(stderr=True)
 SCENARIO_NAMES = (
     "match", "match-partial", "kv-match", "miss", "rollback", "rematch", "publish", "evict", "memory", "soak-engine",
+    "router",
 )
 
 
@@ -40,6 +42,8 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
     ensure_controlled_process(argv)
     cpu = pin_to_one_cpu()
     try:
+        if args.scenario == "router":
+            return _bench_router(args)
         return _soak_engine(args) if args.scenario == "soak-engine" else _bench_scenarios(args, cpu)
     except (HybridCacheError, OSError) as error:  # OSError: an output that could not be written
         return _failed("bench", error)
@@ -91,6 +95,39 @@ def _soak_engine(args: argparse.Namespace) -> int:
     return 0 if record["leaked_pool_entries"] == 0 and record["exact_samples"].split("/")[0] == record["exact_samples"].split("/")[1] else 1
 
 
+def _bench_router(args: argparse.Namespace) -> int:
+    from hybridcache.bench.cli_support import write_json
+    from hybridcache.bench.router import run_router_bench
+
+    record = run_router_bench(blocks=2_000, requests=100) if args.smoke else run_router_bench(requests=min(args.requests, 100_000))
+    table = cli_args.compact_table("hybridcache bench router (scoring per request)", ["measure", "value"], left=("measure",))
+    for key, value in record.items():
+        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+    console.print(table)
+    if args.json:
+        write_json([record], args.json)
+    return 0
+
+
+def _router(args: argparse.Namespace, _: list[str]) -> int:
+    from hybridcache.router.fleet import Fleet
+    from hybridcache.router.policy import check_policy
+    from hybridcache.router.proxy import RouterServer
+
+    try:
+        fleet = Fleet(args.replica, check_policy(args.policy), health_interval_s=args.health_interval,
+                      load_tokens=args.load_tokens)
+        server = RouterServer(fleet, args.host, args.port)
+    except (HybridCacheError, OSError) as error:  # a bad policy, a port taken: say why, no traceback
+        return _failed("router", error)
+    errors.print(f"hybridcache router on {server.url} ({args.policy}) over {', '.join(args.replica)}", highlight=False)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 def _demo(args: argparse.Namespace, _: list[str]) -> int:
     from hybridcache.demo import run_demo
 
@@ -133,6 +170,15 @@ def build_parser() -> argparse.ArgumentParser:
     replay = commands.add_parser("replay", help="replay a request trace through the cache and measure hit rates")
     add_replay_arguments(replay)
     replay.set_defaults(handler=_replay)
+    router = commands.add_parser("router", help="route OpenAI requests to replicas by what each can restore")
+    router.add_argument("--replica", action="append", required=True, metavar="URL", help="a replica's base URL (repeat)")
+    router.add_argument("--host", default="127.0.0.1")
+    router.add_argument("--port", type=cli_args.int_in(0, 65535), default=8000)
+    router.add_argument("--policy", default="restorable", help="restorable, kv-overlap or round-robin")
+    router.add_argument("--health-interval", type=cli_args.positive_float, default=1.0,
+                        help="seconds between health and load checks")
+    router.add_argument("--load-tokens", type=float, default=512.0, help="cost of one queued request, in prompt tokens")
+    router.set_defaults(handler=_router)
     return parser
 
 

@@ -134,6 +134,11 @@ class RequestFailedError(HybridCacheError, RuntimeError):
     underlying error is its ``__cause__``; the other requests keep being served."""
 
 
+class EventStreamError(HybridCacheError, OSError):
+    """An event stream's sockets could not be opened or used (a port taken, a closed
+    publisher), or a replica's stream description could not be read."""
+
+
 # --- external models -------------------------------------------------------------------------
 
 

@@ -32,6 +32,7 @@ import numpy as np
 
 from hybridcache.cache import CacheComponents
 from hybridcache.errors import AdoptionWriteError, HybridCacheError, InvalidStepError, InvalidTypeError, LifecycleError
+from hybridcache.prefix_cache.change_log import CacheChanges
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord
 from hybridcache.sequence import Sequence
 from hybridcache.types import NO_SAVE, NO_SLOT, as_int, ceil_div
@@ -284,6 +285,17 @@ class CacheProtocol:
         """Evict every unpinned checkpoint and every block only the cache holds; returns how
         many entries went."""
         return self.trie.clear()
+
+    # --- observers -------------------------------------------------------------------------
+
+    def record_changes(self) -> None:
+        """Start logging what an event publisher announces (see ``take_changes``)."""
+        self.trie.record_changes()
+
+    def take_changes(self) -> CacheChanges:
+        """Blocks made matchable or gone, and checkpoints published or gone, since the last
+        call (since ``record_changes`` for the first)."""
+        return self.trie.take_changes()
 
     # --- diagnostics -----------------------------------------------------------------------
 

@@ -12,7 +12,6 @@ import pytest
 
 from hybridcache.errors import InvalidArgumentError
 from hybridcache.replay import replay, resolve_policy
-from hybridcache.replay.routing import choose
 from hybridcache.replay.shared_tier import only_loopback
 from hybridcache.replay.tiering import TierSetup
 from hybridcache.sequence import Sequence
@@ -26,15 +25,9 @@ BIG = budget(4096, 64)
 
 
 def routing_trace():
-    """r0 = S+T, r1 = S, r2 = S + T[:480] + X: the second replica learns S's checkpoint only
-    when r1 goes there, and only restorable routing sends r2 after it."""
+    """r0 = S+T, r1 = S, r2 = S + T[:480] + X: S's checkpoint exists only once r1 ran, on the
+    replica r1 went to; r2 hits only if it follows r1 there."""
     return [request(0, np.concatenate([S, T])), request(1, S), request(2, np.concatenate([S, T[:480], X]))]
-
-
-def test_choose_takes_the_best_score_and_breaks_ties_by_round_robin():
-    assert choose([0, 5, 5], 0) == 1
-    assert choose([0, 5, 5], 2) == 2
-    assert [choose([1, 1, 1], n) for n in range(4)] == [0, 1, 2, 0]
 
 
 @pytest.mark.parametrize(
@@ -42,7 +35,9 @@ def test_choose_takes_the_best_score_and_breaks_ties_by_round_robin():
     [
         ("round-robin", [0, 1, 0], [0, 0, 0]),  # r2 lands where S has no checkpoint
         ("kv-overlap", [0, 0, 0], [0, 0, 512]),  # S's KV is on replica 0, so everything goes there
-        ("restorable", [0, 1, 1], [0, 0, 512]),  # r1 has no checkpoint anywhere: round robin; r2 follows S's
+        # r1 has no checkpoint anywhere: it goes where its KV is (where its checkpoint will
+        # land), so r2 finds S's checkpoint there; depth alone sent r1 round robin to replica 1
+        ("restorable", [0, 0, 0], [0, 0, 512]),
     ],
 )
 def test_routing_choices_on_a_hand_made_trace(routing, replicas, hits):

@@ -111,6 +111,25 @@ class Engine:
         self._faults: deque[str] = deque()
         self._logits: dict[int, list[np.ndarray]] = {}  # per request asking for them, one row per token
         self._counters = {"forwards": 0, "failed_forwards": 0, "computed_tokens": 0, "cache_flushes": 0}
+        self.events = self._open_events(config)
+
+    def _open_events(self, config: EngineConfig):
+        """The KV and checkpoint streams when ``config.kv_events`` enables them (imported only
+        then: pyzmq and msgspec are the ``events`` extra)."""
+        if not config.kv_events.active:
+            return None
+        from hybridcache.engine.kv_events import EngineEvents
+
+        itemsize = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+        layers = self.model.layout.state_layers
+        state_bytes = sum(spec.numel * itemsize[spec.dtype] for layer in layers for spec in layer.state) or None
+        return EngineEvents(config.kv_events, self.prefix_cache, block_size=config.block_size, state_bytes=state_bytes)
+
+    def close(self) -> None:
+        """Close the event streams (the engine serves on without them)."""
+        if self.events is not None:
+            self.events.close()
+            self.events = None
 
     # --- requests ------------------------------------------------------------------------------
 
@@ -216,6 +235,8 @@ class Engine:
             executed += 1
         if not batch.chunks and not executed and self.scheduler.has_work:
             finished.extend(self._unstick())
+        if self.events is not None:
+            self.events.publish_changes()
         return finished
 
     def _unstick(self) -> list[Result]:
@@ -364,4 +385,7 @@ class Engine:
     def clear_cache(self) -> int:
         """Release every cached block and checkpoint not in use; with no request in progress,
         every pool is full afterwards."""
-        return self.prefix_cache.clear()
+        freed = self.prefix_cache.clear()
+        if self.events is not None:
+            self.events.publish_changes()
+        return freed

@@ -12,6 +12,7 @@ from hybridcache.config import CacheConfig
 from hybridcache.engine.model import TinyHybridConfig
 from hybridcache.engine.model_factory import ModelConfig, model_dtype
 from hybridcache.errors import HybridCacheError, InvalidConfigError
+from hybridcache.events.config import KVEventsConfig
 from hybridcache.policies import DEFAULT_POLICY
 from hybridcache.scheduler.scheduler import SchedulerConfig
 from hybridcache.tiers.fingerprint import DEFAULT_CHUNK_SIZE
@@ -43,6 +44,7 @@ class EngineConfig:
     max_checkpoints_per_anchor: int = 4
     checkpoint_policy: str = DEFAULT_POLICY  # where to checkpoint and what to keep (hybridcache.policies)
     tier_chunk_size: int = DEFAULT_CHUNK_SIZE  # tokens per stored KV chunk when tiers are given
+    kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)  # the event streams (off by default)
 
     def __post_init__(self) -> None:
         """Validate every field now (never first at ``Engine`` construction) and refuse
@@ -51,6 +53,8 @@ class EngineConfig:
             object.__setattr__(self, name, as_int(name, getattr(self, name), minimum, error=InvalidConfigError))
         for name in ("prefix_caching", "checkpoint_chunk_ends", "shared_write_guard"):
             object.__setattr__(self, name, as_bool(name, getattr(self, name), error=InvalidConfigError))
+        if not isinstance(self.kv_events, KVEventsConfig):
+            raise InvalidConfigError("kv_events must be a KVEventsConfig")
         if self.async_depth not in (0, 1):
             raise InvalidConfigError("async_depth must be 0 or 1")
         model_dtype(self.model, self.dtype)  # refuses an unknown model or a conflicting dtype

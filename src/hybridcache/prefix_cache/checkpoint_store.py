@@ -98,6 +98,8 @@ class CheckpointStore:
         self._index.add(record)
         record.state = CheckpointState.PUBLISHED
         self._touch(record)
+        if self._nodes.changes is not None:
+            self._nodes.changes.published.append(record)
 
     def _enforce_anchor_cap(self, newest: CheckpointRecord) -> None:
         published = [r for r in self._by_anchor.get(newest.anchor, ()) if r.is_published]
@@ -122,6 +124,8 @@ class CheckpointStore:
     def _release(self, record: CheckpointRecord) -> None:
         if record.state is CheckpointState.PUBLISHED:
             self._index.remove(record)
+            if self._nodes.changes is not None:
+                self._nodes.changes.released.append(record.record_id)
         record.state = CheckpointState.RELEASED
         if record.frozen_block != NO_BLOCK:
             self._pool.unref([record.frozen_block])

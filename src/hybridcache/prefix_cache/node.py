@@ -92,6 +92,8 @@ class NodeTable:
         self._high = 0
         self._num_attached = 0
         self.version = 0
+        # Set by ``BlockTrie.record_changes``: readiness changes are appended for an observer.
+        self.changes = None
 
     # --- capacity ------------------------------------------------------------------------------
 
@@ -168,6 +170,11 @@ class NodeTable:
         self._free_slots.append(slot)
         self.version += 1
 
+    def namespace_of(self, slot: int) -> Namespace:
+        """The namespace of an attached node (its root's)."""
+        _, root = self.path_runs(slot, 0)
+        return self._root_namespaces[root]
+
     def is_valid(self, slot: int, generation: int) -> bool:
         return 0 <= slot < self._high and bool(self.attached[slot]) and int(self.generation[slot]) == generation
 
@@ -227,6 +234,8 @@ class NodeTable:
         self._index.insert_many(keys, slots)
         self._num_attached += count
         self.version += 1
+        if self.changes is not None:
+            self.changes.nodes_ready(self, slots[~self.pending[slots]])
         return slots
 
     def detach_leaf(self, slot: int) -> int:
@@ -235,6 +244,8 @@ class NodeTable:
             raise TopologyError(f"node {slot} is not an attached non-root node")
         if self.num_children[slot]:
             raise TopologyError(f"cannot detach non-leaf node {slot}")
+        if self.changes is not None and not self.pending[slot]:
+            self.changes.detached.append((slot, int(self.generation[slot])))
         self._index.remove(int(self.key[slot]), slot)
         parent = int(self.parent[slot])
         self.num_children[parent] -= 1
@@ -252,6 +263,8 @@ class NodeTable:
 
     def mark_ready(self, slots: np.ndarray) -> None:
         """Pending nodes whose blocks are now computed become matchable."""
+        if self.changes is not None:
+            self.changes.nodes_ready(self, slots[self.pending[slots]])
         self.pending[slots] = False
         self.version += 1
 

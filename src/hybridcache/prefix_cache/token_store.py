@@ -74,6 +74,10 @@ class TokenStore:
         view.flags.writeable = False
         return view
 
+    def rows(self, slots: np.ndarray) -> np.ndarray:
+        """A copy of the token rows of ``slots``, one row per slot."""
+        return self._rows[slots]
+
     def equals(self, first: int, last: int, seq: Sequence, start: int) -> bool:
         """Whether slots ``first..last`` hold exactly the sequence's tokens from ``start`` on."""
         rows = last - first + 1

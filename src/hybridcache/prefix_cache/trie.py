@@ -25,6 +25,7 @@ from hybridcache.errors import ForeignSequenceError, InvalidArgumentError, Inval
 from hybridcache.memory.block_pool import BlockPool
 from hybridcache.memory.state_pool import StatePool
 from hybridcache.prefix_cache.attach import Attacher
+from hybridcache.prefix_cache.change_log import CacheChanges, ChangeLog
 from hybridcache.prefix_cache.checkpoint_index import CheckpointIndex
 from hybridcache.prefix_cache.checkpoint_lifecycle import CheckpointLifecycle
 from hybridcache.prefix_cache.identity import BlockKeyer
@@ -351,6 +352,20 @@ class BlockTrie:
             if not self.checkpoints.records_at(slot):
                 self.nodes.release_root(namespace)
                 self.keyer.forget_namespace(namespace)
+
+    # --- observers -----------------------------------------------------------------------------
+
+    def record_changes(self) -> None:
+        """From now on, log blocks made matchable or detached and checkpoints published or
+        released, for ``take_changes`` (an event publisher's source). Idempotent."""
+        if self.nodes.changes is None:
+            self.nodes.changes = ChangeLog()
+
+    def take_changes(self) -> CacheChanges:
+        """What changed since the last call (nothing when ``record_changes`` was never called)."""
+        if self.nodes.changes is None:
+            return CacheChanges([], [], [], [])
+        return self.nodes.changes.take(self.nodes, self.tokens)
 
     # --- diagnostics ---------------------------------------------------------------------------
 

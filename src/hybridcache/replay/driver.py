@@ -37,7 +37,10 @@ from hybridcache.policies.eviction import MarconiState
 from hybridcache.policies.tuning import AlphaTuner
 from hybridcache.profiles import ModelProfile
 from hybridcache.replay.adapter import CacheAdapter, PoolGeometry, Turn
-from hybridcache.replay.routing import check_routing, choose
+from hybridcache.replay.routing import AnnouncedReplica, check_routing
+from hybridcache.router.policy import choose
+from hybridcache.router.replica_index import Depths
+from hybridcache.router.request_key import RequestKey
 from hybridcache.replay.tiering import (
     NominalSizes,
     ReplicaTiers,
@@ -46,7 +49,6 @@ from hybridcache.replay.tiering import (
     restore_limit,
     tier_report,
 )
-from hybridcache.sequence import Sequence
 from hybridcache.tiers.keys import KeyChain
 from hybridcache.types import as_int
 from hybridcache.workloads.records import Request
@@ -243,6 +245,7 @@ class _Replica:
     adapter: CacheAdapter
     tuning: _Tuning
     tiers: ReplicaTiers | None
+    announced: AnnouncedReplica | None = None  # what a router would know of it (routed runs only)
     requests: int = 0
     hit_tokens: int = 0
 
@@ -282,6 +285,9 @@ def replay(
     if tiered and tiers.chunk_size % block_size:
         raise InvalidArgumentError(f"--tier-chunk {tiers.chunk_size} must be a multiple of the block size {block_size}")
     fleet = [_new_replica(geometry, profile, policy, prefill_chunk, tuning_progress) for _ in range(replicas)]
+    if replicas > 1 and routing != "round-robin":
+        for replica in fleet:
+            replica.announced = AnnouncedReplica(replica.adapter.cache, block_size)
     run = _TierRun(tiers, profile, block_size, device_tflops, requests, fleet) if tiered else None
     counters = _Counters()
     began = time.perf_counter()
@@ -296,6 +302,8 @@ def replay(
             turn.replica = index
             if run is not None:
                 run.publish(replica, request, turn, ends)
+            if replica.announced is not None:
+                replica.announced.refresh()
             replica.tuning.after(request)
             replica.requests += 1
             replica.hit_tokens += turn.hit_tokens
@@ -327,21 +335,20 @@ def _new_replica(geometry: PoolGeometry, profile: ModelProfile, policy: Policy, 
 
 
 def _route(fleet: list[_Replica], routing: str, request: Request, number: int, chain, run) -> int:
-    """The replica serving ``request`` (``routing`` module); scoring changes no cache."""
+    """The replica serving ``request``, chosen by the router's policy from what each replica
+    announced (``routing``); with tiers, ``restorable`` counts the steps they make reachable."""
     if len(fleet) == 1 or routing == "round-robin":
         return number % len(fleet)
-    scratch = Sequence(request.prompt)  # holds no blocks: each cache re-claims it to probe
-    probes = [replica.adapter.probe(scratch) for replica in fleet]
-    if routing == "kv-overlap":
-        return choose([kv for _, kv in probes], number)
-    if run is None or chain is None:
-        return choose([step for step, _ in probes], number)
-    shared = run.shared_presence(chain)
-    scores = [
-        replica.tiers.store.reachable_step(chain, local_step=step, local_kv_tokens=kv, shared_located=shared)
-        for replica, (step, kv) in zip(fleet, probes)
-    ]
-    return choose(scores, number)
+    key = RequestKey(request.prompt.tolist())
+    depths = [replica.announced.depths(key) for replica in fleet]
+    if routing == "restorable" and run is not None and chain is not None:
+        shared = run.shared_presence(chain)
+        depths = [
+            Depths(d.kv_tokens, replica.tiers.store.reachable_step(
+                chain, local_step=d.restorable, local_kv_tokens=d.kv_tokens, shared_located=shared))
+            for replica, d in zip(fleet, depths)
+        ]
+    return choose(routing, request.prompt_length, depths, [0] * len(fleet), number).index
 
 
 class _TierRun:

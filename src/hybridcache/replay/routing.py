@@ -1,34 +1,37 @@
-"""Which replica serves a request: round robin, or the best score with ties by round robin.
+"""Which replica serves a request: the router's own index and cost, fed in process.
 
-Owns no state. Scores are computed by the caller (``driver``) without changing any cache:
-
-* ``kv-overlap``: whole-block KV tokens of the prompt the replica's device cache holds (what
-  KV-aware routers of attention-only engines score; on a hybrid model KV without a checkpoint
-  at its end serves no hit);
-* ``restorable``: the deepest step with a checkpoint and all of its KV reachable: in the device
-  cache, in the replica's host or disk tier, or in the shared tier;
-* ``round-robin``: every replica scores alike.
+Owns, per replica, an ``AnnouncedReplica``: the ``events.Announcer`` of that replica's cache
+changes and the ``router.ReplicaIndex`` built from the events it makes, exactly what
+``hybridcache router`` builds from a server's streams, without the sockets. The policies and
+their cost are the router's (``router.policy``): ``round-robin``, ``kv-overlap`` (whole-block
+KV tokens a replica announced) and ``restorable`` (the deepest announced checkpoint on that
+KV path; with tiers, the deepest step reachable from the device, host, disk or shared tier).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from hybridcache.events.announcer import Announcer
+from hybridcache.protocol import CacheProtocol
+from hybridcache.router.policy import POLICIES, check_policy
+from hybridcache.router.replica_index import Depths, ReplicaIndex
+from hybridcache.router.request_key import RequestKey
 
-from hybridcache.errors import InvalidArgumentError
-
-ROUTINGS = ("round-robin", "kv-overlap", "restorable")
-
-
-def check_routing(name: object) -> str:
-    if name not in ROUTINGS:
-        raise InvalidArgumentError(f"unknown routing {name!r}; choose one of {', '.join(ROUTINGS)}")
-    return name
+ROUTINGS = POLICIES
+check_routing = check_policy
 
 
-def choose(scores: Sequence[int], turn_number: int) -> int:
-    """The replica with the highest score; among equals the first at or after the round-robin
-    position of this request, so equal scores spread requests as round robin does."""
-    best = max(scores)
-    count = len(scores)
-    start = turn_number % count
-    return next(i % count for i in range(start, start + count) if scores[i % count] == best)
+class AnnouncedReplica:
+    def __init__(self, cache: CacheProtocol, block_size: int) -> None:
+        self._cache = cache
+        self._announcer = Announcer(block_size)
+        self.index = ReplicaIndex(block_size)
+        cache.record_changes()
+
+    def refresh(self) -> None:
+        """Apply what the cache announced since the last call."""
+        kv_events, state_events = self._announcer.announce(self._cache.take_changes())
+        self.index.apply_kv(kv_events)
+        self.index.apply_state(state_events)
+
+    def depths(self, key: RequestKey) -> Depths:
+        return self.index.depths(key)

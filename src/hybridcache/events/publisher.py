@@ -1,0 +1,154 @@
+"""The ZMQ publisher of one event stream, with its replay buffer, as vLLM's publisher works.
+
+Owns: one PUB socket, its optional replay ROUTER socket, the buffer of the last
+``buffer_steps`` batches, the batch counter ``seq`` and the queue between the caller and the
+thread that does every socket operation (ZMQ sockets are used by that thread only, after
+their creation here).
+
+Frames on the PUB socket: ``[topic, seq as 8-byte big-endian, payload]``; ``seq`` starts at 0
+and grows by one per batch. A replay request from a DEALER (``[b"", start seq]``, seen by
+the ROUTER as ``[identity, b"", start seq]``) is answered with every buffered batch from that
+seq on as ``[identity, b"", topic, seq, payload]`` and an end marker ``[identity, b"", b"",
+seq -1, b""]``. ``publish`` never blocks the caller: with the queue full a batch is dropped
+and counted (consumers see a gap and replay).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+
+import zmq
+
+from hybridcache.errors import EventStreamError
+from hybridcache.events.schema import KVEventBatch, StateEventBatch, encode_batch
+
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+_POLL_MS = 20
+_CLOSE_WAIT_S = 5.0
+
+
+def seq_frame(seq: int) -> bytes:
+    return seq.to_bytes(8, "big")
+
+
+class EventPublisher:
+    def __init__(
+        self,
+        endpoint: str,
+        replay_endpoint: str | None = None,
+        topic: str = "",
+        *,
+        binds: bool = True,
+        buffer_steps: int = 10_000,
+        hwm: int = 100_000,
+        max_queue_size: int = 100_000,
+    ) -> None:
+        """``binds``: bind the PUB socket at ``endpoint`` (else connect to a bound subscriber);
+        the replay socket always binds. ``tcp://HOST:*`` picks a free port (see ``endpoint``)."""
+        self._topic = topic.encode()
+        self._context = zmq.Context()
+        self._pub = self._context.socket(zmq.PUB)
+        self._pub.set_hwm(hwm)
+        self._pub.setsockopt(zmq.LINGER, 1000)
+        self._replay = None
+        try:
+            (self._pub.bind if binds else self._pub.connect)(endpoint)
+            if replay_endpoint is not None:
+                self._replay = self._context.socket(zmq.ROUTER)
+                self._replay.setsockopt(zmq.LINGER, 0)
+                self._replay.bind(replay_endpoint)
+        except zmq.ZMQError as error:
+            self._close_sockets()
+            raise EventStreamError(f"cannot open event sockets at {endpoint} / {replay_endpoint}: {error}") from None
+        self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT) if binds else endpoint
+        self.replay_endpoint = None if self._replay is None else self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
+        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=max_queue_size)
+        self._next_seq = 0
+        self.dropped = 0
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="hybridcache-events", daemon=True)
+        self._thread.start()
+
+    @property
+    def topic(self) -> str:
+        return self._topic.decode()
+
+    def publish(self, batch: KVEventBatch | StateEventBatch) -> bool:
+        """Queue one batch; False (and counted in ``dropped``) when the queue is full."""
+        if self._closed:
+            raise EventStreamError("the publisher is closed")
+        if not isinstance(batch, (KVEventBatch, StateEventBatch)):
+            raise EventStreamError(f"expected an event batch, got {type(batch).__name__}")
+        try:
+            self._queue.put_nowait(encode_batch(batch))
+        except queue.Full:
+            self.dropped += 1
+            return False
+        return True
+
+    @property
+    def published(self) -> int:
+        """Batches sent so far (the next batch's seq)."""
+        return self._next_seq
+
+    def flush(self, timeout_s: float = _CLOSE_WAIT_S) -> bool:
+        """Wait (bounded) until every queued batch is sent; True when it was."""
+        deadline = time.monotonic() + timeout_s
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.002)
+        return not self._queue.unfinished_tasks
+
+    def close(self) -> None:
+        """Send what is queued, stop the thread (bounded wait) and close the sockets."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)
+        self._thread.join(_CLOSE_WAIT_S)
+        if not self._thread.is_alive():
+            self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        self._pub.close()
+        if self._replay is not None:
+            self._replay.close()
+        self._context.term()
+
+    # --- the socket thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        if self._replay is not None:
+            poller.register(self._replay, zmq.POLLIN)
+        while True:
+            if self._replay is not None and dict(poller.poll(0)):
+                self._serve_replay()
+            try:
+                payload = self._queue.get(timeout=_POLL_MS / 1000)
+            except queue.Empty:
+                continue
+            if payload is None:
+                self._queue.task_done()
+                return
+            self._send(payload)
+            self._queue.task_done()
+
+    def _send(self, payload: bytes) -> None:
+        seq = self._next_seq
+        self._pub.send_multipart((self._topic, seq_frame(seq), payload), copy=False)
+        self._buffer.append((seq, payload))
+        self._next_seq = seq + 1
+
+    def _serve_replay(self) -> None:
+        frames = self._replay.recv_multipart()
+        if len(frames) != 3 or len(frames[2]) != 8:
+            return  # not a replay request: ignored, as vLLM does
+        identity, start = frames[0], int.from_bytes(frames[2], "big")
+        for seq, payload in self._buffer:
+            if seq >= start:
+                self._replay.send_multipart((identity, b"", self._topic, seq_frame(seq), payload), copy=False)
+        self._replay.send_multipart((identity, b"", b"", END_SEQ, b""))

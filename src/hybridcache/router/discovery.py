@@ -1,0 +1,75 @@
+"""What a replica's HTTP server says about itself: its event streams and its load.
+
+Owns nothing. ``GET /kv_events`` describes the streams (``{"block_size", "kv": {"endpoint",
+"replay_endpoint", "topic"}, "state": {...} | null}``, as ``Engine.events.describe`` gives
+it); an endpoint bound on every interface (``*``, ``0.0.0.0``, ``::``) is reached at the
+replica's host. ``GET /metrics`` gives the load: ``vllm:num_requests_running`` plus
+``vllm:num_requests_waiting``. Every call is bounded by ``timeout_s`` and raises
+``EventStreamError`` (description) or returns None (load) when the replica does not answer.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from hybridcache.errors import EventStreamError
+from hybridcache.router.feed import StreamInfo
+
+_WILDCARD_HOSTS = ("*", "0.0.0.0", "[::]", "::")
+_LOAD_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+
+
+@dataclass(frozen=True)
+class ReplicaStreams:
+    block_size: int
+    kv: StreamInfo
+    state: StreamInfo | None
+
+
+def read_streams(url: str, timeout_s: float) -> ReplicaStreams:
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/kv_events", timeout=timeout_s) as response:
+            described = json.loads(response.read())
+        host = urlsplit(url).hostname or "127.0.0.1"
+        kv = _stream(described["kv"], host)
+        state = None if described.get("state") is None else _stream(described["state"], host)
+        block_size = int(described["block_size"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise EventStreamError(f"{url}/kv_events gave no stream description: {error}") from None
+    return ReplicaStreams(block_size, kv, state)
+
+
+def _stream(described: dict, host: str) -> StreamInfo:
+    replay = described.get("replay_endpoint")
+    return StreamInfo(_reachable(described["endpoint"], host), None if replay is None else _reachable(replay, host),
+                      str(described.get("topic", "")))
+
+
+def _reachable(endpoint: str, host: str) -> str:
+    scheme, _, rest = endpoint.partition("://")
+    if scheme != "tcp":
+        return endpoint
+    bound, _, port = rest.rpartition(":")
+    return f"tcp://{host}:{port}" if bound in _WILDCARD_HOSTS else endpoint
+
+
+def read_load(url: str, timeout_s: float) -> float | None:
+    """Running plus waiting requests, or None when the replica does not answer."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=timeout_s) as response:
+            text = response.read().decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return None
+    load = 0.0
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in _LOAD_METRICS:
+            try:
+                load += float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError):
+                continue
+    return load

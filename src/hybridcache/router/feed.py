@@ -1,0 +1,90 @@
+"""One replica's two event streams, applied to its index as they arrive.
+
+Owns: the subscribers of the replica's KV stream and checkpoint stream
+(``events.StreamSubscriber``) and the count of batches that failed to decode. A reset on a
+stream (the replica restarted, or a gap its replay buffer no longer covers) clears what that
+stream built; a batch that does not decode is skipped and counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+
+from hybridcache.events.schema import decode_kv_batch, decode_state_batch
+from hybridcache.events.subscriber import RESET, StreamSubscriber
+from hybridcache.router.replica_index import ReplicaIndex
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    endpoint: str
+    replay_endpoint: str | None = None
+    topic: str = ""
+
+
+class ReplicaFeed:
+    def __init__(self, index: ReplicaIndex, kv: StreamInfo, state: StreamInfo | None = None, *, replay_timeout_s: float = 2.0) -> None:
+        self.index = index
+        self._kv = StreamSubscriber(kv.endpoint, kv.replay_endpoint, kv.topic, replay_timeout_s=replay_timeout_s)
+        self._state = None
+        if state is not None:
+            try:
+                self._state = StreamSubscriber(state.endpoint, state.replay_endpoint, state.topic, replay_timeout_s=replay_timeout_s)
+            except Exception:
+                self._kv.close()
+                raise
+        self.undecodable = 0
+
+    def catch_up(self) -> None:
+        """Read what the replay sockets hold (a router joining, or restarted)."""
+        self._apply_kv(self._kv.catch_up())
+        if self._state is not None:
+            self._apply_state(self._state.catch_up())
+
+    def poll(self, timeout_ms: int = 0) -> int:
+        """Apply every batch that arrived (waiting at most ``timeout_ms`` on the KV stream);
+        returns how many were delivered."""
+        delivered = self._kv.receive(timeout_ms)
+        self._apply_kv(delivered)
+        count = len(delivered)
+        if self._state is not None:
+            state = self._state.receive(0)
+            self._apply_state(state)
+            count += len(state)
+        return count
+
+    def _apply_kv(self, delivered: list) -> None:
+        for item in delivered:
+            if item is RESET:
+                self.index.blocks.clear()
+                continue
+            try:
+                self.index.apply_kv(decode_kv_batch(item.payload).events)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                self.undecodable += 1
+
+    def _apply_state(self, delivered: list) -> None:
+        for item in delivered:
+            if item is RESET:
+                self.index.checkpoints.clear()
+                continue
+            try:
+                self.index.apply_state(decode_state_batch(item.payload).events)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                self.undecodable += 1
+
+    @property
+    def last_seqs(self) -> tuple[int | None, int | None]:
+        """The last seq applied from the KV stream and from the checkpoint stream."""
+        return self._kv.last_delivered, None if self._state is None else self._state.last_delivered
+
+    @property
+    def resets(self) -> int:
+        return self._kv.resets + (self._state.resets if self._state is not None else 0)
+
+    def close(self) -> None:
+        self._kv.close()
+        if self._state is not None:
+            self._state.close()

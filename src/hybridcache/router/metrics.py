@@ -1,0 +1,55 @@
+"""The router's own counters, rendered in Prometheus' text format.
+
+Owns: decisions by reason and replica, retries, requests that found no replica, and the
+comparison of each predicted restorable depth with the ``cached_tokens`` the replica then
+reported (``usage.prompt_tokens_details.cached_tokens``). Thread safe (one lock).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._decisions: Counter[tuple[str, str]] = Counter()
+        self._counters: Counter[str] = Counter()
+
+    def decided(self, replica: str, reason: str) -> None:
+        with self._lock:
+            self._decisions[(reason, replica)] += 1
+
+    def count(self, name: str, amount: int = 1) -> None:
+        with self._lock:
+            self._counters[name] += amount
+
+    def reported(self, predicted: int, cached_tokens: int) -> None:
+        with self._lock:
+            self._counters["predicted_cached_tokens"] += predicted
+            self._counters["reported_cached_tokens"] += cached_tokens
+            self._counters["predictions_checked"] += 1
+            self._counters["predictions_exact"] += predicted == cached_tokens
+
+    def value(self, name: str) -> int:
+        with self._lock:
+            return self._counters[name]
+
+    def render(self, replicas: list[tuple[str, bool, float, int]]) -> str:
+        """Prometheus text: counters, then each replica's health, load and undecodable batches."""
+        lines = ["# TYPE hybridcache_router_decisions_total counter"]
+        with self._lock:
+            for (reason, replica), count in sorted(self._decisions.items()):
+                lines.append(f'hybridcache_router_decisions_total{{reason="{reason}",replica="{replica}"}} {count}')
+            for name in ("requests", "retries", "no_replica", "predictions_checked", "predictions_exact",
+                         "predicted_cached_tokens", "reported_cached_tokens"):
+                lines.append(f"# TYPE hybridcache_router_{name}_total counter")
+                lines.append(f"hybridcache_router_{name}_total {self._counters[name]}")
+        lines.append("# TYPE hybridcache_router_replica_healthy gauge")
+        lines.extend(f'hybridcache_router_replica_healthy{{replica="{url}"}} {int(up)}' for url, up, _, _ in replicas)
+        lines.append("# TYPE hybridcache_router_replica_load gauge")
+        lines.extend(f'hybridcache_router_replica_load{{replica="{url}"}} {load}' for url, _, load, _ in replicas)
+        lines.append("# TYPE hybridcache_router_undecodable_batches gauge")
+        lines.extend(f'hybridcache_router_undecodable_batches{{replica="{url}"}} {bad}' for url, _, _, bad in replicas)
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,230 @@
+"""``hybridcache router``: an OpenAI-compatible HTTP proxy choosing a replica per request.
+
+Owns: the HTTP server (standard library, one thread per connection), the ``Fleet`` it routes
+over and the ``RouterMetrics``. A ``POST /v1/completions`` or ``/v1/chat/completions`` is
+read whole, its prompt tokens found (a completions ``prompt`` of token ids as it is;
+otherwise the replica's ``POST /tokenize``, as vLLM serves it; without tokens the request is
+routed by load and round robin), scored on every healthy replica, and forwarded to the chosen
+one; the answer (a JSON body, or an event stream relayed chunk by chunk as it arrives) goes
+back unchanged. A connection that fails before the first byte of the answer marks the replica
+dead and is retried once on the next choice; after the first byte a failure ends the answer.
+``GET /metrics`` gives the router's own counters, ``GET /health`` its liveness, and other
+``GET``s (``/v1/models``) go to any healthy replica.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+from hybridcache.router.fleet import Fleet, Replica
+from hybridcache.router.metrics import RouterMetrics
+from hybridcache.router.request_key import RequestKey
+
+ROUTED_PATHS = ("/v1/completions", "/v1/chat/completions")
+_HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}
+_MAX_BODY = 64 * 1024 * 1024
+_CHUNK = 64 * 1024
+
+
+class RouterServer:
+    def __init__(self, fleet: Fleet, host: str = "127.0.0.1", port: int = 0, *, timeout_s: float = 600.0) -> None:
+        self.fleet = fleet
+        self.metrics = RouterMetrics()
+        self.timeout_s = timeout_s
+        handler = type("RouterHandler", (_Handler,), {"router": self})
+        self._server = ThreadingHTTPServer((host, port), handler)
+        self._server.daemon_threads = True
+        self.host, self.port = self._server.server_address[:2]
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> None:
+        """Start the fleet's thread and serve in a background thread."""
+        self.fleet.start()
+        self._thread = threading.Thread(target=self._server.serve_forever, name="hybridcache-router", daemon=True)
+        self._thread.start()
+
+    def serve_forever(self) -> None:
+        self.fleet.start()
+        try:
+            self._server.serve_forever()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._server.shutdown()
+            self._thread.join(10)
+            self._thread = None
+        self._server.server_close()
+        self.fleet.close()
+
+    # --- one request ---------------------------------------------------------------------------
+
+    def key_for(self, path: str, body: dict) -> RequestKey | None:
+        """The request's prompt tokens and namespace, or None when they cannot be had."""
+        prompt = body.get("prompt") if path == "/v1/completions" else None
+        salt = body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None
+        lora = None  # adapters are served under their own model names; the base model has none
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return RequestKey(prompt, lora, salt)
+        tokens = self._tokenize(path, body)
+        return None if tokens is None else RequestKey(tokens, lora, salt)
+
+    def _tokenize(self, path: str, body: dict) -> list[int] | None:
+        field = "prompt" if path == "/v1/completions" else "messages"
+        if field not in body:
+            return None
+        routed = self.fleet.route(None, 0)
+        if routed is None:
+            return None
+        request = {"model": body.get("model"), field: body[field]}
+        try:
+            status, _, data = _exchange(routed[0].url, "POST", "/tokenize", json.dumps(request).encode(), {}, 10.0)
+            tokens = json.loads(data)["tokens"] if status == 200 else None
+        except (OSError, ValueError, KeyError, TypeError, http.client.HTTPException):
+            return None
+        return tokens if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens) else None
+
+
+def _exchange(url: str, method: str, path: str, body: bytes | None, headers: dict, timeout_s: float):
+    """One whole request/answer with a replica: (status, headers, body)."""
+    connection = _connect(url, timeout_s)
+    try:
+        connection.request(method, path, body=body, headers=headers)
+        response = connection.getresponse()
+        return response.status, response.getheaders(), response.read()
+    finally:
+        connection.close()
+
+
+def _connect(url: str, timeout_s: float) -> http.client.HTTPConnection:
+    parts = urlsplit(url)
+    return http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout_s)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    router: RouterServer
+
+    def log_message(self, format: str, *args) -> None:  # quiet: the metrics count requests
+        return
+
+    def do_GET(self) -> None:
+        router = self.router
+        if self.path == "/health":
+            return self._reply(200, b"ok", "text/plain")
+        if self.path == "/metrics":
+            return self._reply(200, router.metrics.render(router.fleet.status()).encode(), "text/plain; version=0.0.4")
+        self._forward(None, None, 0)
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if not 0 <= length <= _MAX_BODY:
+            return self._reply(413, b'{"error": "request body too large"}')
+        raw = self.rfile.read(length)
+        body = None
+        if self.path in ROUTED_PATHS:
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                return self._reply(400, b'{"error": "the body is not JSON"}')
+            if not isinstance(body, dict):
+                return self._reply(400, b'{"error": "the body is not a JSON object"}')
+        key = self.router.key_for(self.path, body) if body is not None else None
+        self._forward(raw, key, 0 if key is None else len(key.token_ids))
+
+    def _forward(self, raw: bytes | None, key: RequestKey | None, prompt_tokens: int) -> None:
+        router = self.router
+        router.metrics.count("requests")
+        tried: tuple[Replica, ...] = ()
+        for attempt in range(2):
+            routed = router.fleet.route(key, prompt_tokens, exclude=tried)
+            if routed is None:
+                break
+            replica, decision = routed
+            router.metrics.decided(replica.url, decision.reason)
+            response, connection = self._open(replica, raw)
+            if response is None:
+                router.fleet.mark_dead(replica)
+                if attempt == 0:
+                    router.metrics.count("retries")
+                tried += (replica,)
+                continue
+            try:
+                self._relay(response, decision.predicted_tokens if key is not None else None)
+            finally:
+                connection.close()
+            return
+        router.metrics.count("no_replica")
+        self._reply(503, b'{"error": "no replica could take the request"}')
+
+    def _open(self, replica: Replica, raw: bytes | None):
+        """Send the request; (response, connection) once the answer's head arrived, else (None, None)."""
+        connection = _connect(replica.url, self.router.timeout_s)
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_HEADERS}
+        try:
+            connection.request(self.command, self.path, body=raw, headers=headers)
+            return connection.getresponse(), connection
+        except (OSError, http.client.HTTPException):
+            connection.close()
+            return None, None
+
+    def _relay(self, response: http.client.HTTPResponse, predicted: int | None) -> None:
+        length = response.getheader("Content-Length")
+        self.send_response(response.status)
+        for name, value in response.getheaders():
+            if name.lower() not in _HOP_HEADERS:
+                self.send_header(name, value)
+        if length is not None:
+            data = response.read()
+            self._check_prediction(data, predicted)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        tail = b""
+        while True:
+            chunk = response.read1(_CHUNK)
+            if not chunk:
+                break
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            self.wfile.flush()
+            tail = (tail + chunk)[-_CHUNK:]
+        self._check_prediction(_last_usage_event(tail), predicted)
+        self.wfile.write(b"0\r\n\r\n")
+
+    def _check_prediction(self, data: bytes | None, predicted: int | None) -> None:
+        if predicted is None or not data:
+            return
+        try:
+            cached = json.loads(data)["usage"]["prompt_tokens_details"]["cached_tokens"]
+        except (ValueError, KeyError, TypeError):
+            return
+        if isinstance(cached, int):
+            self.router.metrics.reported(predicted, cached)
+
+    def _reply(self, status: int, data: bytes, content_type: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def _last_usage_event(stream_tail: bytes) -> bytes | None:
+    """The last ``data:`` event of an SSE answer that carries a usage object."""
+    for line in reversed(stream_tail.split(b"\n")):
+        line = line.strip()
+        if line.startswith(b"data:") and b'"usage"' in line and b'"prompt_tokens_details"' in line:
+            return line[5:].strip()
+    return None

@@ -1,0 +1,120 @@
+"""The publisher's frames, counter and replay socket, read with raw ZMQ sockets on loopback."""
+
+from __future__ import annotations
+
+import pytest
+import zmq
+
+from hybridcache.errors import EventStreamError
+from hybridcache.events.publisher import END_SEQ, EventPublisher
+from hybridcache.events.schema import BlockRemoved, KVEventBatch, decode_kv_batch
+from tests.events.streams import LOOPBACK_ANY_PORT
+
+
+@pytest.fixture
+def publisher():
+    pub = EventPublisher(LOOPBACK_ANY_PORT, LOOPBACK_ANY_PORT, "kv@pod@tiny", buffer_steps=3)
+    yield pub
+    pub.close()
+
+
+def _raw_sub(context, endpoint):
+    sub = context.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"kv@")
+    sub.connect(endpoint)
+    return sub
+
+
+def _next_frames(sub, publisher, probe_until_connected=True):
+    for _ in range(200):
+        if probe_until_connected:
+            publisher.publish(KVEventBatch(0.0, []))
+        if sub.poll(25):
+            return sub.recv_multipart()
+    raise AssertionError("nothing arrived")
+
+
+def test_frames_are_topic_seq_payload_and_seq_grows_by_one_per_batch(publisher):
+    context = zmq.Context()
+    sub = _raw_sub(context, publisher.endpoint)
+    try:
+        first = _next_frames(sub, publisher)
+        assert publisher.flush()
+        while sub.poll(100):
+            sub.recv_multipart()  # the other probes
+        publisher.publish(KVEventBatch(1.0, [BlockRemoved([5], "GPU")]))
+        frames = _next_frames(sub, publisher, probe_until_connected=False)
+    finally:
+        sub.close()
+        context.term()
+    assert len(first) == 3 and first[0] == b"kv@pod@tiny" and len(first[1]) == 8
+    topic, seq, payload = frames
+    assert topic == b"kv@pod@tiny"
+    assert int.from_bytes(seq, "big") == publisher.published - 1 > int.from_bytes(first[1], "big")
+    assert decode_kv_batch(payload).events == [BlockRemoved([5], "GPU")]
+
+
+def test_replay_serves_the_last_buffer_steps_batches_then_the_end_marker(publisher):
+    for ts in range(5):
+        publisher.publish(KVEventBatch(float(ts), []))
+    assert publisher.flush()
+    context = zmq.Context()
+    dealer = context.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(publisher.replay_endpoint)
+    replies = []
+    try:
+        dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+        while dealer.poll(2000):
+            frames = dealer.recv_multipart()
+            replies.append(frames)
+            if frames[-1] == b"":
+                break
+    finally:
+        dealer.close()
+        context.term()
+    data, end = replies[:-1], replies[-1]
+    assert [int.from_bytes(f[2], "big") for f in data] == [2, 3, 4]  # buffer_steps=3
+    assert all(f[0] == b"" and f[1] == b"kv@pod@tiny" for f in data)
+    assert [decode_kv_batch(f[3]).ts for f in data] == [2.0, 3.0, 4.0]
+    assert end == [b"", b"", END_SEQ, b""]
+
+
+def test_replay_from_a_later_seq_sends_only_what_follows(publisher):
+    for ts in range(3):
+        publisher.publish(KVEventBatch(float(ts), []))
+    assert publisher.flush()
+    context = zmq.Context()
+    dealer = context.socket(zmq.DEALER)
+    dealer.connect(publisher.replay_endpoint)
+    seqs = []
+    try:
+        dealer.send_multipart([b"", (2).to_bytes(8, "big")])
+        while dealer.poll(2000):
+            frames = dealer.recv_multipart()
+            if frames[-1] == b"":
+                break
+            seqs.append(int.from_bytes(frames[2], "big"))
+    finally:
+        dealer.close(linger=0)
+        context.term()
+    assert seqs == [2]
+
+
+def test_a_taken_port_and_a_closed_publisher_raise_event_stream_errors(publisher):
+    with pytest.raises(EventStreamError):
+        EventPublisher(publisher.endpoint)
+    publisher.close()
+    with pytest.raises(EventStreamError):
+        publisher.publish(KVEventBatch(0.0, []))
+    publisher.close()  # closing twice is harmless
+
+
+def test_a_full_queue_drops_and_counts_instead_of_blocking():
+    pub = EventPublisher(LOOPBACK_ANY_PORT, max_queue_size=1)
+    try:
+        accepted = [pub.publish(KVEventBatch(0.0, [])) for _ in range(200)]
+    finally:
+        pub.close()
+    assert pub.dropped == accepted.count(False) and pub.dropped > 0

@@ -1,0 +1,109 @@
+"""The subscriber's ordering rules: duplicates skipped, gaps filled by replay, resets seen."""
+
+from __future__ import annotations
+
+import pytest
+import zmq
+
+from hybridcache.events.publisher import EventPublisher, seq_frame
+from hybridcache.events.schema import KVEventBatch, decode_kv_batch, encode_batch
+from hybridcache.events.subscriber import RESET, StreamSubscriber
+from tests.events.streams import LOOPBACK_ANY_PORT, receive_until, wait_connected
+
+
+@pytest.fixture
+def stream():
+    pub = EventPublisher(LOOPBACK_ANY_PORT, LOOPBACK_ANY_PORT, "kv@p@m")
+    sub = StreamSubscriber(pub.endpoint, pub.replay_endpoint, "kv@")
+    wait_connected(pub, sub)
+    yield pub, sub
+    sub.close()
+    pub.close()
+
+
+def _ts(items):
+    return [None if item is RESET else decode_kv_batch(item.payload).ts for item in items]
+
+
+def test_batches_arrive_once_in_order(stream):
+    pub, sub = stream
+    for ts in (1.0, 2.0, 3.0):
+        pub.publish(KVEventBatch(ts, []))
+    items = receive_until(sub, 3)
+    assert _ts(items) == [1.0, 2.0, 3.0]
+    assert [item.seq for item in items] == [sub.last_delivered - 2, sub.last_delivered - 1, sub.last_delivered]
+
+
+def test_a_gap_is_filled_from_the_replay_socket_before_the_batch_that_revealed_it(stream):
+    pub, sub = stream
+    assert pub.flush()
+    before, replays = sub.last_delivered, sub.replays
+    # Batches the subscriber never sees live: written into the buffer directly, as a dropped
+    # message leaves them (the PUB socket's loss, not the publisher's).
+    pub._buffer.extend((before + 1 + i, encode_batch(KVEventBatch(10.0 + i, []))) for i in range(2))
+    pub._next_seq = before + 3
+    pub.publish(KVEventBatch(12.0, []))
+    items = receive_until(sub, 3)
+    assert _ts(items) == [10.0, 11.0, 12.0]
+    assert sub.replays == replays + 1 and sub.failed_replays == 0
+
+
+def test_a_seq_going_backwards_is_a_reset_followed_by_the_new_publishers_buffer(stream):
+    pub, sub = stream
+    pub.publish(KVEventBatch(1.0, []))
+    receive_until(sub, 1)
+    assert pub.flush()
+    pub._next_seq = 0  # a restarted publisher counts from 0 again
+    pub._buffer.clear()
+    pub.publish(KVEventBatch(2.0, []))
+    items = receive_until(sub, 2)
+    assert _ts(items) == [None, 2.0]
+    assert sub.resets == 1 and sub.last_delivered == 0
+
+
+def test_duplicates_are_skipped():
+    context = zmq.Context()
+    pub = context.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind(LOOPBACK_ANY_PORT)
+    sub = StreamSubscriber(pub.getsockopt_string(zmq.LAST_ENDPOINT))
+    try:
+        payload = encode_batch(KVEventBatch(1.0, []))
+        for _ in range(200):
+            pub.send_multipart([b"", seq_frame(0), payload])
+            if sub.receive(20):
+                break
+        for seq in (0, 0, 1, 1):
+            pub.send_multipart([b"", seq_frame(seq), payload])
+        items = receive_until(sub, 1, timeout_s=1.0)
+    finally:
+        sub.close()
+        pub.close()
+        context.term()
+    assert [item.seq for item in items] == [1]
+
+
+def test_a_replay_socket_that_never_answers_ends_in_a_reset_within_its_timeout():
+    context = zmq.Context()
+    pub = context.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind(LOOPBACK_ANY_PORT)
+    silent = context.socket(zmq.ROUTER)  # bound, never answers
+    silent.setsockopt(zmq.LINGER, 0)
+    silent.bind(LOOPBACK_ANY_PORT)
+    sub = StreamSubscriber(pub.getsockopt_string(zmq.LAST_ENDPOINT), silent.getsockopt_string(zmq.LAST_ENDPOINT), replay_timeout_s=0.3)
+    try:
+        payload = encode_batch(KVEventBatch(1.0, []))
+        items = []
+        for _ in range(200):
+            pub.send_multipart([b"", seq_frame(5), payload])  # joins mid-stream: replay from 0
+            items = sub.receive(20)
+            if items:
+                break
+    finally:
+        sub.close()
+        pub.close()
+        silent.close()
+        context.term()
+    assert items[0] is RESET and items[1].seq == 5
+    assert sub.failed_replays == 1
