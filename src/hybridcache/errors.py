@@ -178,6 +178,11 @@ class StoreLockedError(LifecycleError):
     """A disk tier directory is already owned by another open store."""
 
 
+class NotAStoreRootError(InvalidConfigError):
+    """A disk tier root is a non-empty directory without the store's marker: it holds someone
+    else's files, and a store opened there could delete or overwrite them."""
+
+
 class StoreError(HybridCacheError, OSError):
     """An object store failed an operation; nothing it returned may be trusted.
 
@@ -196,3 +201,8 @@ class ServerStartError(StoreError):
 
 class StoreTimeoutError(StoreError, TimeoutError):
     """A store operation did not finish within its timeout."""
+
+
+class StoreClosedError(StoreUnavailableError, LifecycleError):
+    """An operation reached an object store after it was closed: unavailable to a tiered
+    caller, and lifecycle misuse to a direct one."""

@@ -104,11 +104,11 @@ def test_a_crash_mid_write_leaves_no_visible_object(tmp_path):
     child.start()
     child.join(60)
     assert child.exitcode == 17
-    assert list((tmp_path / "tmp").iterdir())  # the interrupted write is still there ...
+    assert list((tmp_path / "scratch").iterdir())  # the interrupted write is still there ...
     assert not list((tmp_path / "objects").rglob("*.obj"))  # ... but never under an object name
     with DiskStore(tmp_path, 1 << 20) as store:
         assert store.exists(["victim"]) == [False] and store.get(["victim"]) == [None]
-        assert not list((tmp_path / "tmp").iterdir())  # cleaned on open
+        assert not list((tmp_path / "scratch").iterdir())  # cleaned on open
         assert store.put_if_absent([("victim", b"v" * 4096)]) == [PutOutcome.STORED]
 
 

@@ -7,7 +7,8 @@ import pytest
 
 from hybridcache.errors import InvalidArgumentError, InvalidStepError, InvalidTypeError, LifecycleError
 from hybridcache.tiers.backends import DiskStore, Fault, FaultInjectingStore, HostMemoryStore, Operation, PutOutcome
-from hybridcache.tiers.tiered import SLOWER_THAN_RECOMPUTE, MAX_REMEMBERED_CHECKPOINTS, RestoreCost, TieredStore
+from hybridcache.tiers.publish_index import NODE_BYTES, PublishIndex
+from hybridcache.tiers.tiered import SLOWER_THAN_RECOMPUTE, RestoreCost, TieredStore
 
 from .helpers import CHUNK, chain, kv_arrays, state_arrays
 
@@ -238,11 +239,15 @@ def test_a_checkpoint_whose_chunks_are_gone_is_dropped_not_demoted(tmp_path):
     store.check_invariants()
 
 
-def test_the_dead_weight_index_is_bounded():
+def test_the_dead_weight_index_is_bounded_in_bytes():
     store = TieredStore(shared=HostMemoryStore(1 << 20))
-    for number in range(MAX_REMEMBERED_CHECKPOINTS + 3):
-        store._remember(f"hc1-ck-{number:064x}", [f"hc1-kv-{number:064x}"])
-    assert len(store._needs) == MAX_REMEMBERED_CHECKPOINTS
+    store.index = PublishIndex(budget_bytes=100 * NODE_BYTES)
+    for number in range(300):  # 300 one-chunk requests: the oldest are forgotten
+        store.index.begin(chain([number] * CHUNK), CHUNK)
+        store.index.end(chain([number] * CHUNK).chunk_key(0).digest)
+    assert store.index.nbytes <= 100 * NODE_BYTES
+    assert store.index.chunks_needed(chain([299] * CHUNK).chunk_key(0).digest) is not None
+    assert store.index.chunks_needed(chain([0] * CHUNK).chunk_key(0).digest) is None  # forgotten, not judged
     store.check_invariants()
 
 

@@ -11,13 +11,18 @@ whose arrays are read-only. The byte layout is documented in ``docs/tiers.md``; 
             length u64 | array bytes, each starting at a multiple of 64 from the payload start
 
 Encoding is canonical (one object, one byte string), so equal objects have equal bytes.
+
+A header never carries a tenant's cache salt, only its digest (:func:`sealed_fingerprint`). With
+a deployment key (``auth_key``, 16 to 64 bytes) the salt's digest is keyed, and the payload
+checksum becomes a keyed BLAKE2b (a MAC) over the header fields before it and the payload, so
+whoever can write the store but lacks the key cannot plant an object that verifies.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Mapping
 
@@ -39,6 +44,8 @@ MAGIC = b"HCTO"
 ROUTED_EXPERTS = "routed_experts"  # the payload name of a checkpoint's routed-expert rows
 PAYLOAD_ALIGNMENT = 64
 _HEADER_CHECKSUM_BYTES = 16
+MIN_AUTH_KEY_BYTES = 16
+MAX_AUTH_KEY_BYTES = 64  # BLAKE2b's key limit
 _FIXED_PREFIX = 4 + 2 + 1 + 1 + 4  # magic, version, kind, flags, header length
 _MAX_NDIM = 8
 _MAX_NAME_BYTES = 255
@@ -83,11 +90,13 @@ class StoredObject:
 # --- building ----------------------------------------------------------------------------------
 
 
-def encode_kv_chunk(chain: KeyChain, index: int, arrays: Mapping[str, np.ndarray]) -> bytes:
+def encode_kv_chunk(
+    chain: KeyChain, index: int, arrays: Mapping[str, np.ndarray], *, auth_key: bytes | None = None
+) -> bytes:
     """The bytes of chunk ``index`` of ``chain`` holding its KV ``arrays`` (any layout)."""
     if not isinstance(chain, KeyChain):
         raise InvalidTypeError("chain must be a KeyChain")
-    return _encode(chain.expect_chunk(index), _checked_arrays(arrays))
+    return _encode(chain.expect_chunk(index), _checked_arrays(arrays), check_auth_key(auth_key))
 
 
 def encode_checkpoint(
@@ -95,12 +104,15 @@ def encode_checkpoint(
     step: int,
     states: Mapping[str, np.ndarray],
     routed_experts: np.ndarray | None = None,
+    *,
+    auth_key: bytes | None = None,
 ) -> bytes:
     """The bytes of the checkpoint at ``step``: every recurrent layer's state, optionally the
     routed-expert rows of the whole prefix (one row per token, stored as ``routed_experts``)."""
     if not isinstance(chain, KeyChain):
         raise InvalidTypeError("chain must be a KeyChain")
     expected = chain.expect_checkpoint(step)
+    auth_key = check_auth_key(auth_key)
     arrays = _checked_arrays(states)
     if ROUTED_EXPERTS in arrays:
         raise InvalidArgumentError(f"state name {ROUTED_EXPERTS!r} is reserved for routed-expert rows")
@@ -109,7 +121,27 @@ def encode_checkpoint(
         if rows.ndim < 1 or rows.shape[0] != step:
             raise InvalidArgumentError(f"routed_experts needs {step} rows, got shape {rows.shape}")
         arrays[ROUTED_EXPERTS] = rows
-    return _encode(expected, arrays)
+    return _encode(expected, arrays, auth_key)
+
+
+def check_auth_key(auth_key: object) -> bytes | None:
+    """A deployment key: None, or 16 to 64 bytes."""
+    if auth_key is None:
+        return None
+    if not isinstance(auth_key, bytes):
+        raise InvalidTypeError(f"auth_key must be bytes or None, got {type(auth_key).__name__}")
+    if not MIN_AUTH_KEY_BYTES <= len(auth_key) <= MAX_AUTH_KEY_BYTES:
+        raise InvalidArgumentError(f"auth_key must hold {MIN_AUTH_KEY_BYTES} to {MAX_AUTH_KEY_BYTES} bytes, got {len(auth_key)}")
+    return auth_key
+
+
+def sealed_fingerprint(fingerprint: NamespaceFingerprint, auth_key: bytes | None = None) -> NamespaceFingerprint:
+    """The fingerprint as a header carries it: the cache salt replaced by its digest (keyed
+    by ``auth_key`` when given), so a store's reader never learns a tenant's salt."""
+    if fingerprint.cache_salt is None:
+        return fingerprint
+    hasher = hashlib.blake2b(fingerprint.cache_salt.encode(), digest_size=DIGEST_BYTES, key=auth_key or b"", person=b"hc-salt")
+    return replace(fingerprint, cache_salt="blake2b:" + hasher.hexdigest())
 
 
 def _checked_arrays(arrays: object) -> dict[str, np.ndarray]:
@@ -134,24 +166,24 @@ def _checked_array(name: object, array: object) -> np.ndarray:
     return array if array.flags.c_contiguous else array.copy(order="C")  # ascontiguousarray lifts 0-d
 
 
-def _encode(expected: Expectation, arrays: dict[str, np.ndarray]) -> bytes:
+def _encode(expected: Expectation, arrays: dict[str, np.ndarray], auth_key: bytes | None) -> bytes:
     payload = _encode_payload(arrays)
-    body = b"".join(
+    described = b"".join(
         (
             wire.pack_u64(expected.start),
             wire.pack_u64(expected.step),
             expected.key.digest,
-            _pack_fingerprint(expected.fingerprint),
+            _pack_fingerprint(sealed_fingerprint(expected.fingerprint, auth_key)),
             wire.pack_u32(expected.tokens.size),
             np.ascontiguousarray(expected.tokens, dtype=wire.TOKEN_WIRE_DTYPE).tobytes(),
             wire.encode_spans(expected.multimodal),
             wire.pack_u64(len(payload)),
-            _payload_checksum(payload),
         )
     )
-    header_length = _FIXED_PREFIX + len(body) + _HEADER_CHECKSUM_BYTES
+    header_length = _FIXED_PREFIX + len(described) + DIGEST_BYTES + _HEADER_CHECKSUM_BYTES
     prefix = MAGIC + wire.pack_u16(FORMAT_VERSION) + wire.pack_u8(expected.key.kind) + b"\0"
-    unsigned = prefix + wire.pack_u32(header_length) + body
+    before_checksum = prefix + wire.pack_u32(header_length) + described
+    unsigned = before_checksum + _payload_checksum(before_checksum, payload, auth_key)
     return unsigned + _header_checksum(unsigned) + payload
 
 
@@ -187,8 +219,14 @@ def _aligned(offset: int) -> int:
     return -(-offset // PAYLOAD_ALIGNMENT) * PAYLOAD_ALIGNMENT
 
 
-def _payload_checksum(payload: bytes | memoryview) -> bytes:
-    return hashlib.blake2b(payload, digest_size=DIGEST_BYTES, person=b"hc-payload").digest()
+def _payload_checksum(described: bytes | memoryview, payload: bytes | memoryview, auth_key: bytes | None) -> bytes:
+    """BLAKE2b-256 of the payload; with a deployment key, a keyed BLAKE2b over the header
+    fields before the checksum and the payload (a MAC binding the two)."""
+    if auth_key is None:
+        return hashlib.blake2b(payload, digest_size=DIGEST_BYTES, person=b"hc-payload").digest()
+    hasher = hashlib.blake2b(described, digest_size=DIGEST_BYTES, key=auth_key, person=b"hc-sealed")
+    hasher.update(payload)
+    return hasher.digest()
 
 
 def _header_checksum(header: bytes | memoryview) -> bytes:
@@ -258,21 +296,23 @@ def _read_header_fields(reader: wire.Reader, kind: ObjectKind, header_length: in
     )
 
 
-def payload_matches(data: object, header: ObjectHeader) -> bool:
-    """True when the payload bytes hash to the header's checksum."""
+def payload_matches(data: object, header: ObjectHeader, auth_key: bytes | None = None) -> bool:
+    """True when the payload bytes hash to the header's checksum (keyed with ``auth_key``)."""
     view = _readonly_view(data)
-    return _payload_checksum(view[header.header_length :]) == header.payload_checksum
+    described_end = header.header_length - _HEADER_CHECKSUM_BYTES - DIGEST_BYTES
+    checksum = _payload_checksum(view[:described_end], view[header.header_length :], check_auth_key(auth_key))
+    return checksum == header.payload_checksum
 
 
-def decode(data: object) -> StoredObject:
-    """Parse a whole object: header, payload checksum and every array.
+def decode(data: object, *, auth_key: bytes | None = None) -> StoredObject:
+    """Parse a whole object: header, payload checksum (keyed with ``auth_key``) and every array.
 
     Raises :class:`PayloadChecksumError` when the payload was altered, and the errors of
     :func:`decode_header`.
     """
     view = _readonly_view(data)
     header = decode_header(view)
-    if not payload_matches(view, header):
+    if not payload_matches(view, header, auth_key):
         raise PayloadChecksumError(f"payload checksum mismatch for {header.key.name}")
     return StoredObject(header, decode_payload(view, header))
 

@@ -1,10 +1,18 @@
 """Host, disk and shared tiers behind the device pools: publish last, restore exact, fail closed.
 
-Owns, for one process: its tiers (``host``, ``disk``, ``shared``, each an ``ObjectStore``),
-what it published to them (which chunks each of its checkpoints needs, for the dead-weight
-rule), its counters, and the measured restore cost model. The stores own their contents; the
-device cache (trie and pools) is not touched here: a caller adopts a verified restore through
-``CacheProtocol.adopt``.
+Owns, for one process: its tiers (``host``, ``disk``, ``shared``, each an ``ObjectStore``), its
+counters and the measured restore cost model; what it published (a
+:class:`~hybridcache.tiers.publish_index.PublishIndex`, for the dead-weight rule) and each
+tier's circuit breaker (:class:`~hybridcache.tiers.breaker.CircuitBreaker`) are held here and
+own their state. The stores own their contents; the device cache (trie and pools) is not
+touched here: a caller adopts a verified restore through ``CacheProtocol.adopt``. One store may
+serve several engines on several threads: what a call works on (what it fetched, what it
+promotes) is the call's own.
+
+Every store call goes through the tier's breaker: after a timeout or unavailability the tier is
+skipped for a back-off window (counted ``<tier>_skipped``), probed once per window
+(``<tier>_probes``). A store failure costs a miss (counted by its reason) or a failed publish;
+it never raises out of ``publish`` or ``find_restore``.
 
 Write path (``publish``): for one chunk-aligned step, into the host and shared tiers
 (write-through): the KV chunks of ``[0, step)`` the tier lacks (put-if-absent), then, only once
@@ -17,13 +25,15 @@ Read path (``find_restore``): the deepest step beyond the local hit whose checkp
 chunk the device cache lacks exist in some tier; each object is fetched, decoded and compared
 with the request (fingerprint field by field, range, tokens, multimodal identity, key, payload
 checksum). Any doubt falls back to a shallower step, and each rejected step is counted by
-reason; a restore the cost model says is slower than recomputing is skipped.
+reason; a restore the cost model says is slower than recomputing is skipped. An object that
+fails verification is removed from the tier that served it (its key names content it does not
+hold), so the next publish can put the right one.
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -31,21 +41,35 @@ import numpy as np
 
 from hybridcache.errors import (
     InvalidArgumentError,
+    InvalidKeyError,
     InvalidTypeError,
     StoreError,
     StoreTimeoutError,
+    StoreUnavailableError,
 )
-from hybridcache.tiers.backends.base import ObjectStore, PutOutcome
+from hybridcache.tiers.backends.base import ObjectStore, PutOutcome, checked_timeout
 from hybridcache.tiers.backends.host import HostMemoryStore
-from hybridcache.tiers.keys import Expectation, KeyChain, ObjectKind
-from hybridcache.tiers.objects import StoredObject, encode_checkpoint, encode_kv_chunk
+from hybridcache.tiers.breaker import Admission, CircuitBreaker
+from hybridcache.tiers.keys import Expectation, KeyChain, ObjectKey, ObjectKind
+from hybridcache.tiers.objects import StoredObject, check_auth_key, encode_checkpoint, encode_kv_chunk
+from hybridcache.tiers.publish_index import PublishIndex
 from hybridcache.tiers.verify import MissReason, Verdict, verify
 from hybridcache.types import as_int
 
 TIER_NAMES = ("host", "disk", "shared")
 SLOWER_THAN_RECOMPUTE = "slower_than_recompute"
 _CONFIRMED = (PutOutcome.STORED, PutOutcome.PRESENT)
-MAX_REMEMBERED_CHECKPOINTS = 1 << 16
+# What the store's own reply says about the object (not about the store): it is not the object
+# its key names, so it is removed from the tier that served it.
+_REJECTED_OBJECT = frozenset(MissReason) - {MissReason.MISSING, MissReason.TIMEOUT, MissReason.UNAVAILABLE}
+
+
+class _TierSkipped(StoreUnavailableError):
+    """A call not made: the tier's breaker is open. Never leaves this module."""
+
+
+def _failure_reason(error: StoreError) -> MissReason:
+    return MissReason.TIMEOUT if isinstance(error, StoreTimeoutError) else MissReason.UNAVAILABLE
 
 ArraysFor = Callable[[int], Mapping[str, np.ndarray]]
 
@@ -62,6 +86,20 @@ class RestoreCost:
         default_factory=lambda: {"host": 1 / 10e9, "disk": 1 / 2e9, "shared": 1 / 1e9}
     )
     s_per_call: dict[str, float] = field(default_factory=lambda: {"host": 1e-6, "disk": 1e-4, "shared": 5e-4})
+    recovery: float = 0.5  # each skipped restore moves the estimates this far back toward the priors
+
+    def __post_init__(self) -> None:
+        if isinstance(self.recovery, bool) or not isinstance(self.recovery, (int, float)) or not 0 < self.recovery <= 1:
+            raise InvalidArgumentError(f"recovery must lie in (0, 1], got {self.recovery!r}")
+        self._priors = (dict(self.s_per_byte), dict(self.s_per_call))
+
+    def recover(self) -> None:
+        """A restore was skipped as too slow: decay toward the priors. Skipping means no read
+        is measured, so without this one stall would keep a tier switched off for good; with
+        it, a tier is tried again after a few skips, and a slow one is measured slow again."""
+        for measured, prior in zip((self.s_per_byte, self.s_per_call), self._priors):
+            for tier, value in prior.items():
+                measured[tier] += self.recovery * (value - measured[tier])
 
     def observe_read(self, tier: str, nbytes: int, seconds: float) -> None:
         """One batch read of ``nbytes`` from ``tier`` took ``seconds``."""
@@ -119,6 +157,23 @@ class PublishReport:
     bytes_written: Mapping[str, int]
 
 
+@dataclass
+class _Lookup:
+    """One ``find_restore`` call's own state: where each object is, which tiers could not
+    answer (and why), what was fetched, and what to promote into the host tier afterwards."""
+
+    where: dict[str, list[str]]
+    failed: dict[str, MissReason]
+    fetched: dict[str, StoredObject] = field(default_factory=dict)
+    promotions: list[tuple[str, bytes]] = field(default_factory=list)
+
+    def unlocated_reason(self) -> MissReason:
+        """Why a part was found in no tier: absent, unless a tier could not be asked."""
+        if not self.failed:
+            return MissReason.MISSING
+        return MissReason.TIMEOUT if MissReason.TIMEOUT in self.failed.values() else MissReason.UNAVAILABLE
+
+
 class TieredStore:
     def __init__(
         self,
@@ -129,15 +184,18 @@ class TieredStore:
         timeout: float | None = None,
         cost: RestoreCost | None = None,
         size_hint: Callable[[ObjectKind, int], int] | None = None,
+        breaker: CircuitBreaker | None = None,
+        deployment_key: bytes | None = None,
     ) -> None:
         """Tiers may be any subset. This store listens to ``host``'s evictions (its write-back
         demotion), so a host store serves one ``TieredStore``. ``timeout`` bounds each batch call
         (None: each store's default). ``size_hint(kind, tokens)``: the bytes an object of that
         kind covering ``tokens`` tokens carries, for the cost model (None: the mean size read so
-        far), for callers whose stored payloads stand in for larger ones (the replay)."""
+        far), for callers whose stored payloads stand in for larger ones (the replay).
+        ``breaker``: the tiers' circuit breaker (None: a 30 s back-off). ``deployment_key``
+        (16 to 64 bytes): seal every object with it and accept only objects sealed with it."""
         if size_hint is not None and not callable(size_hint):
             raise InvalidTypeError("size_hint must be callable")
-        self.size_hint = size_hint
         given = {"host": host, "disk": disk, "shared": shared}
         for name, store in given.items():
             if store is not None and not isinstance(store, ObjectStore):
@@ -146,19 +204,44 @@ class TieredStore:
             raise InvalidTypeError("host must be a HostMemoryStore")
         if cost is not None and not isinstance(cost, RestoreCost):
             raise InvalidTypeError("cost must be a RestoreCost")
+        if breaker is not None and not isinstance(breaker, CircuitBreaker):
+            raise InvalidTypeError("breaker must be a CircuitBreaker")
+        self.timeout = None if timeout is None else checked_timeout(timeout)
+        self.deployment_key = check_auth_key(deployment_key)
         self.tiers: dict[str, ObjectStore] = {name: store for name, store in given.items() if store is not None}
         if not self.tiers:
             raise InvalidArgumentError("a TieredStore needs at least one tier")
-        if host is not None:
-            host.listen_evictions(self._demote)
-        self.timeout = timeout
+        self.size_hint = size_hint
         self.cost = RestoreCost() if cost is None else cost
-        self._needs: OrderedDict[str, tuple[str, ...]] = OrderedDict()  # checkpoint -> chunks it needs, oldest first
-        self._needed_by: dict[str, set[str]] = {}  # chunk name -> checkpoint names needing it
-        self._publishing: set[str] = set()  # checkpoints whose chunks are being put right now
-        self._promotions: list[tuple[str, bytes]] = []  # objects read from below, during a restore
+        self.breaker = CircuitBreaker() if breaker is None else breaker
+        self.index = PublishIndex()
         self.counters: Counter[str] = Counter()
         self.misses: Counter[str] = Counter()
+        if host is not None:
+            host.listen_evictions(self._demote)
+
+    # --- every store call ------------------------------------------------------------------------
+
+    def _call(self, tier: str, operation: str, argument: list):
+        """One batch call on ``tier`` through its breaker; raises StoreError (``_TierSkipped``
+        when the breaker is open), nothing else."""
+        admission = self.breaker.admit(tier)
+        if admission is Admission.SKIP:
+            self.counters[f"{tier}_skipped"] += 1
+            raise _TierSkipped(f"the {tier} tier is skipped: it failed within the last {self.breaker.backoff_s:g} s")
+        if admission is Admission.PROBE:
+            self.counters[f"{tier}_probes"] += 1
+        try:
+            result = getattr(self.tiers[tier], operation)(argument, timeout=self.timeout)
+        except (StoreTimeoutError, StoreUnavailableError):
+            if self.breaker.failed(tier):
+                self.counters[f"{tier}_breaker_opened"] += 1
+            raise
+        except StoreError:
+            self.breaker.answered(tier)
+            raise
+        self.breaker.answered(tier)
+        return result
 
     # --- write path ------------------------------------------------------------------------------
 
@@ -171,28 +254,28 @@ class TieredStore:
         checkpoint_key = chain.checkpoint_key(as_int("step", step, 1))  # validates the step
         chunk_keys = [chain.chunk_key(i).name for i in range(step // chain.chunk_size)]
         index_of = {name: index for index, name in enumerate(chunk_keys)}
-        self._remember(checkpoint_key.name, chunk_keys)
         encoded: dict[str, bytes] = {}
+        sealed = self.deployment_key
 
         def chunk_bytes(name: str) -> bytes:
             if name not in encoded:
-                encoded[name] = encode_kv_chunk(chain, index_of[name], chunk_arrays(index_of[name]))
+                encoded[name] = encode_kv_chunk(chain, index_of[name], chunk_arrays(index_of[name]), auth_key=sealed)
             return encoded[name]
 
         def checkpoint_bytes() -> bytes:
             if checkpoint_key.name not in encoded:
-                encoded[checkpoint_key.name] = encode_checkpoint(chain, step, state_arrays())
+                encoded[checkpoint_key.name] = encode_checkpoint(chain, step, state_arrays(), auth_key=sealed)
             return encoded[checkpoint_key.name]
 
         stored, published, written = {}, {}, {}
-        self._publishing.add(checkpoint_key.name)
+        digest = self.index.begin(chain, step)
         try:
             for tier in self._write_through_tiers():
                 stored[tier], published[tier], written[tier] = self._publish_into(
-                    tier, self.tiers[tier], checkpoint_key.name, chunk_keys, chunk_bytes, checkpoint_bytes
+                    tier, checkpoint_key.name, chunk_keys, chunk_bytes, checkpoint_bytes
                 )
         finally:
-            self._publishing.discard(checkpoint_key.name)
+            self.index.end(digest)
         return PublishReport(stored, published, written)
 
     def _write_through_tiers(self) -> list[str]:
@@ -201,14 +284,14 @@ class TieredStore:
         local = next((tier for tier in ("host", "disk") if tier in self.tiers), None)
         return [tier for tier in (local, "shared") if tier in self.tiers]
 
-    def _publish_into(self, tier, store, checkpoint_name, chunk_keys, chunk_bytes, checkpoint_bytes):
+    def _publish_into(self, tier, checkpoint_name, chunk_keys, chunk_bytes, checkpoint_bytes):
         """Missing chunks first (also when the checkpoint is there: a store may have evicted
         one part of the entry on its own), then the checkpoint if absent and every chunk is in."""
         try:
-            present = store.exists([checkpoint_name, *chunk_keys], timeout=self.timeout)
+            present = self._call(tier, "exists", [checkpoint_name, *chunk_keys])
             missing = [name for name, here in zip(chunk_keys, present[1:]) if not here]
             items = [(name, chunk_bytes(name)) for name in missing]
-            outcomes = store.put_if_absent(items, timeout=self.timeout) if items else []
+            outcomes = self._call(tier, "put_if_absent", items) if items else []
             new_chunks = sum(outcome is PutOutcome.STORED for outcome in outcomes)
             written = sum(len(value) for (_, value), outcome in zip(items, outcomes) if outcome is PutOutcome.STORED)
             if any(outcome not in _CONFIRMED for outcome in outcomes):
@@ -217,47 +300,32 @@ class TieredStore:
             published = present[0]
             if not published:
                 value = checkpoint_bytes()
-                (outcome,) = store.put_if_absent([(checkpoint_name, value)], timeout=self.timeout)
+                (outcome,) = self._call(tier, "put_if_absent", [(checkpoint_name, value)])
                 published = outcome in _CONFIRMED
                 if outcome is PutOutcome.STORED:
                     self.counters[f"{tier}_checkpoints_stored"] += 1
                     written += len(value)
-        except StoreError:
+        except _TierSkipped:
+            self.counters[f"{tier}_publish_skipped"] += 1
+            return 0, False, 0
+        except StoreError as error:
             self.counters[f"{tier}_publish_failed"] += 1
+            self.counters[f"{tier}_publish_failed_{_failure_reason(error).value}"] += 1
             return 0, False, 0
         self.counters[f"{tier}_chunks_stored"] += new_chunks
         self.counters[f"{tier}_bytes_written"] += written
         return new_chunks, published, written
 
-    def _remember(self, checkpoint_name: str, chunk_names: list[str]) -> None:
-        if checkpoint_name in self._needs:
-            return
-        if len(self._needs) >= MAX_REMEMBERED_CHECKPOINTS:  # bounded: the oldest is forgotten, not judged
-            self._forget(next(iter(self._needs)))
-        self._needs[checkpoint_name] = tuple(chunk_names)
-        for name in chunk_names:
-            self._needed_by.setdefault(name, set()).add(checkpoint_name)
-
-    def _forget(self, checkpoint_name: str) -> None:
-        for name in self._needs.pop(checkpoint_name, ()):
-            users = self._needed_by.get(name)
-            if users is not None:
-                users.discard(checkpoint_name)
-                if not users:
-                    del self._needed_by[name]
-
     def _demote(self, name: str, value: bytes) -> None:
         """The host tier evicted ``name``: write it back to disk unless it is dead weight."""
-        disk = self.tiers.get("disk")
-        if disk is None:
+        if "disk" not in self.tiers:
             self.counters["host_dropped"] += 1
-            self._forget(name)
             return
         if self._is_dead_weight(name):
             self.counters["host_dropped_dead_weight"] += 1
             return
         try:
-            disk.put_if_absent([(name, value)], timeout=self.timeout)
+            self._call("disk", "put_if_absent", [(name, value)])
             self.counters["demoted_to_disk"] += 1
         except StoreError:
             self.counters["disk_demotion_failed"] += 1
@@ -265,24 +333,33 @@ class TieredStore:
     def _is_dead_weight(self, name: str) -> bool:
         """A checkpoint a chunk of whose prefix is gone from every tier, or a chunk that no
         checkpoint in any tier needs, can never serve a hit (as far as this process knows)."""
-        if name in self._needs:
-            needed = list(self._needs[name])
-            dead = bool(needed) and not all(self._present_anywhere(needed))
+        try:
+            key = ObjectKey.from_name(name)
+        except InvalidKeyError:
+            return False  # not an object of ours to judge
+        if key.kind is ObjectKind.CHECKPOINT:
+            chunks = self.index.chunks_needed(key.digest)
+            if chunks is None:
+                return False
+            dead = not all(self._present_anywhere([ObjectKey(ObjectKind.KV_CHUNK, d).name for d in chunks]))
             if dead:
-                self._forget(name)
+                self.index.forget_checkpoint(key.digest)
             return dead
-        users = self._needed_by.get(name)
-        if users is None or users & self._publishing:
+        users = self.index.checkpoints_needing(key.digest)
+        if users is None:
             return False  # not ours to judge (fetched, or another process's), or its checkpoint comes next
-        return not any(self._present_anywhere(sorted(users)))
+        return not any(self._present_anywhere([ObjectKey(ObjectKind.CHECKPOINT, d).name for d in users]))
 
     def _present_anywhere(self, names: list[str]) -> list[bool]:
+        """Which names some tier holds; a tier that cannot answer counts as holding them all
+        (never drop what might still serve)."""
         found = [False] * len(names)
-        for store in self.tiers.values():
+        for tier in self.tiers:
             try:
-                found = [seen or here for seen, here in zip(found, store.exists(names, timeout=self.timeout))]
+                here = self._call(tier, "exists", names)
             except StoreError:
-                continue
+                return [True] * len(names)
+            found = [seen or present for seen, present in zip(found, here)]
         return found
 
     # --- read path -------------------------------------------------------------------------------
@@ -294,14 +371,12 @@ class TieredStore:
         steps, first_chunk, names = self._candidates(chain, local_step, local_kv_tokens)
         if not steps:
             return None
-        where = self.locate(names)
-        fetched: dict[str, StoredObject] = {}
-        self._promotions = []
+        lookup = self._locate(names, list(self.tiers))
         self.counters["restore_lookups"] += 1
         try:
-            return self._first_restorable(chain, steps, first_chunk, where, fetched, local_step)
+            return self._first_restorable(chain, steps, first_chunk, lookup, local_step)
         finally:
-            self._promote()  # only now: a promotion may evict from host what this restore reads
+            self._promote(lookup.promotions)  # only now: a promotion may evict from host what this restore reads
 
     def reachable_step(
         self, chain: KeyChain, *, local_step: int, local_kv_tokens: int, shared_located: dict | None = None
@@ -340,8 +415,9 @@ class TieredStore:
         names += [chain.chunk_key(index).name for index in range(first_chunk, steps[0] // size)]
         return steps, first_chunk, names
 
-    def _first_restorable(self, chain, steps, first_chunk, where, fetched, local_step) -> Restore | None:
+    def _first_restorable(self, chain, steps, first_chunk, lookup: _Lookup, local_step) -> Restore | None:
         size = chain.chunk_size
+        where = lookup.where
         # Chunks [first_chunk, complete) are all located: a step is whole when its checkpoint is
         # located and it ends by then. Linear in the chunks, where checking each step's own
         # chunk list is quadratic (a 20k-token prompt has 80 steps of up to 80 chunks). A chunk
@@ -350,10 +426,10 @@ class TieredStore:
         for step in steps:
             lowest = min(first_chunk, step // size)
             if step // size > complete or not where.get(chain.checkpoint_key(step).name):
-                self.misses[MissReason.MISSING.value] += 1
+                self.misses[lookup.unlocated_reason().value] += 1
                 continue
             needed = [chain.expect_checkpoint(step)] + [chain.expect_chunk(i) for i in range(lowest, step // size)]
-            restore = self._fetch_step(chain, step, lowest, needed, where, fetched, local_step)
+            restore = self._fetch_step(chain, step, lowest, needed, lookup, local_step)
             if restore is not None:
                 self.counters["restores"] += 1
                 self.counters["restored_tokens"] += step - local_step
@@ -371,42 +447,49 @@ class TieredStore:
 
     def locate(self, names: list[str], tiers: list[str] | None = None) -> dict[str, list[str]]:
         """Which of ``tiers`` (default: all, in tier order) hold each name: one batch
-        ``exists`` per tier; a failing tier holds nothing (counted)."""
-        where: dict[str, list[str]] = {name: [] for name in names}
-        for tier in self.tiers if tiers is None else tiers:
-            store = self.tiers[tier]
+        ``exists`` per tier; a failing or skipped tier holds nothing (counted)."""
+        return self._locate(names, list(self.tiers) if tiers is None else tiers).where
+
+    def _locate(self, names: list[str], tiers: list[str]) -> _Lookup:
+        lookup = _Lookup({name: [] for name in names}, {})
+        for tier in tiers:
             try:
-                present = store.exists(names, timeout=self.timeout)
-            except StoreError:
+                present = self._call(tier, "exists", names)
+            except StoreError as error:
                 self.counters[f"{tier}_exists_failed"] += 1
+                lookup.failed[tier] = _failure_reason(error)
                 continue
             for name, here in zip(names, present):
                 if here:
-                    where[name].append(tier)
-        return where
+                    lookup.where[name].append(tier)
+        return lookup
 
-    def _fetch_step(self, chain, step, first_chunk, needed, where, fetched, local_step) -> Restore | None:
-        if not self.cost.worth_restoring(self._estimate(needed, where, chain.chunk_size), step - local_step):
+    def _fetch_step(self, chain, step, first_chunk, needed, lookup: _Lookup, local_step) -> Restore | None:
+        if not self.cost.worth_restoring(self._estimate(needed, lookup.where, chain.chunk_size), step - local_step):
             self.misses[SLOWER_THAN_RECOMPUTE] += 1
+            self.cost.recover()
             return None
         bytes_by_tier: Counter[str] = Counter()
         for expectation in needed:
-            if expectation.key.name not in fetched and not self._fetch_one(expectation, where, fetched, bytes_by_tier):
+            if expectation.key.name not in lookup.fetched and not self._fetch_one(expectation, lookup, bytes_by_tier):
                 return None
+        fetched = lookup.fetched
         chunks = {i: fetched[chain.chunk_key(i).name] for i in range(first_chunk, step // chain.chunk_size)}
         return Restore(step, first_chunk, fetched[chain.checkpoint_key(step).name], chunks, dict(bytes_by_tier))
 
-    def _fetch_one(self, expectation, where, fetched, bytes_by_tier) -> bool:
+    def _fetch_one(self, expectation, lookup: _Lookup, bytes_by_tier) -> bool:
         """Fetch and verify one object from the first tier holding it; a verified object from
         below the host tier is promoted into it (same key). False, counted, when none verifies."""
         key = expectation.key
         name = key.name
-        for tier in list(where[name]):
+        for tier in list(lookup.where[name]):
             began = time.perf_counter()
             data, verdict = self._read(tier, expectation)
             if not verdict.ok:
                 self.misses[verdict.reason.value] += 1
-                where[name].remove(tier)
+                lookup.where[name].remove(tier)
+                if verdict.reason in _REJECTED_OBJECT:
+                    self._remove_rejected(tier, name)
                 continue
             self.cost.observe_read(tier, len(data), time.perf_counter() - began)
             bytes_by_tier[tier] += len(data)
@@ -414,28 +497,34 @@ class TieredStore:
             self.counters[f"read_bytes_{key.kind.tag}"] += len(data)
             self.counters[f"read_count_{key.kind.tag}"] += 1
             self.counters[f"{tier}_read_count_{key.kind.tag}"] += 1  # what each tier served, by kind
-            fetched[name] = verdict.obj
+            lookup.fetched[name] = verdict.obj
             if tier != "host" and "host" in self.tiers:
-                self._promotions.append((name, data))
+                lookup.promotions.append((name, data))
             return True
         return False
 
     def _read(self, tier: str, expectation: Expectation):
         try:
-            (data,) = self.tiers[tier].get([expectation.key.name], timeout=self.timeout)
-        except StoreTimeoutError as error:
-            return None, Verdict(MissReason.TIMEOUT, str(error))
+            (data,) = self._call(tier, "get", [expectation.key.name])
         except StoreError as error:
-            return None, Verdict(MissReason.UNAVAILABLE, str(error))
-        return data, verify(data, expectation)
+            return None, Verdict(_failure_reason(error), str(error))
+        return data, verify(data, expectation, auth_key=self.deployment_key)
 
-    def _promote(self) -> None:
+    def _remove_rejected(self, tier: str, name: str) -> None:
+        """A squatter (corrupt, forged or foreign object) under ``name`` goes, so that the next
+        publish of the real object is not answered ``PRESENT`` forever."""
+        try:
+            self._call(tier, "remove", [name])
+            self.counters[f"{tier}_rejected_removed"] += 1
+        except StoreError:
+            self.counters[f"{tier}_rejected_remove_failed"] += 1
+
+    def _promote(self, promotions: list[tuple[str, bytes]]) -> None:
         """Copy what was read from below into the host tier, under the same keys."""
-        promotions, self._promotions = self._promotions, []
         if not promotions:
             return
         try:
-            outcomes = self.tiers["host"].put_if_absent(promotions, timeout=self.timeout)
+            outcomes = self._call("host", "put_if_absent", promotions)
             self.counters["promoted_to_host"] += sum(outcome is PutOutcome.STORED for outcome in outcomes)
         except StoreError:
             self.counters["host_promotion_failed"] += 1
@@ -460,17 +549,10 @@ class TieredStore:
         return {"counters": dict(self.counters), "misses": dict(self.misses), "tiers": list(self.tiers)}
 
     def check_invariants(self) -> None:
-        for checkpoint, chunks in self._needs.items():
-            for name in chunks:
-                assert checkpoint in self._needed_by.get(name, ()), "needs and needed_by disagree"
-        for name, users in self._needed_by.items():
-            assert users, "a chunk is remembered with no checkpoint needing it"
-            for checkpoint in users:
-                assert name in self._needs.get(checkpoint, ()), "needed_by names a checkpoint that does not need it"
+        self.index.check_invariants()
+        self.breaker.check_invariants()
         assert all(value >= 0 for value in self.counters.values()), "a counter went negative"
-        assert not self._publishing, "a publish is still marked in progress"
 
     def close(self) -> None:
         for store in self.tiers.values():
             store.close()
-

@@ -17,7 +17,15 @@ import numpy as np
 
 from hybridcache.errors import CorruptObjectError, InvalidTypeError, StoreError, StoreTimeoutError, UnsupportedFormatError
 from hybridcache.tiers.keys import Expectation
-from hybridcache.tiers.objects import ObjectHeader, StoredObject, decode_header, decode_payload, payload_matches
+from hybridcache.tiers.objects import (
+    ObjectHeader,
+    StoredObject,
+    check_auth_key,
+    decode_header,
+    decode_payload,
+    payload_matches,
+    sealed_fingerprint,
+)
 
 
 class MissReason(enum.Enum):
@@ -48,20 +56,22 @@ class Verdict:
         return self.reason is None
 
 
-def verify(data: bytes | bytearray | memoryview | None, expected: Expectation) -> Verdict:
-    """Check fetched bytes (``None`` = not found) against what the request needs."""
+def verify(data: bytes | bytearray | memoryview | None, expected: Expectation, *, auth_key: bytes | None = None) -> Verdict:
+    """Check fetched bytes (``None`` = not found) against what the request needs; with a
+    deployment key, an object not sealed with it fails as ``CHECKSUM_MISMATCH``."""
     if not isinstance(expected, Expectation):
         raise InvalidTypeError("expected must be an Expectation")
+    auth_key = check_auth_key(auth_key)
     if data is None:
         return Verdict(MissReason.MISSING, expected.key.name)
     try:
         header = decode_header(data)
     except CorruptObjectError as error:
         return Verdict(_decode_reason(error), str(error))
-    mismatch = _header_mismatch(header, expected)
+    mismatch = _header_mismatch(header, expected, auth_key)
     if mismatch is not None:
         return mismatch
-    if not payload_matches(data, header):
+    if not payload_matches(data, header, auth_key):
         return Verdict(MissReason.CHECKSUM_MISMATCH, expected.key.name)
     try:
         return Verdict(None, obj=StoredObject(header, decode_payload(data, header)))
@@ -74,8 +84,8 @@ def _decode_reason(error: CorruptObjectError) -> MissReason:
     return MissReason.FINGERPRINT_MISMATCH if isinstance(error, UnsupportedFormatError) else MissReason.CORRUPT
 
 
-def _header_mismatch(header: ObjectHeader, expected: Expectation) -> Verdict | None:
-    differing = expected.fingerprint.differing_fields(header.fingerprint)
+def _header_mismatch(header: ObjectHeader, expected: Expectation, auth_key: bytes | None) -> Verdict | None:
+    differing = sealed_fingerprint(expected.fingerprint, auth_key).differing_fields(header.fingerprint)
     if differing:
         return Verdict(MissReason.FINGERPRINT_MISMATCH, "differs in " + ", ".join(differing))
     if (header.kind, header.start, header.step) != (expected.key.kind, expected.start, expected.step):
@@ -94,7 +104,9 @@ def _header_mismatch(header: ObjectHeader, expected: Expectation) -> Verdict | N
     return None
 
 
-def fetch_verified(store, expectations: Sequence[Expectation], timeout: float | None = None) -> list[Verdict]:
+def fetch_verified(
+    store, expectations: Sequence[Expectation], timeout: float | None = None, *, auth_key: bytes | None = None
+) -> list[Verdict]:
     """Read ``expectations`` from ``store`` in one batch and verify each object."""
     expectations = list(expectations)
     if any(not isinstance(item, Expectation) for item in expectations):
@@ -105,4 +117,4 @@ def fetch_verified(store, expectations: Sequence[Expectation], timeout: float | 
         return [Verdict(MissReason.TIMEOUT, str(error)) for _ in expectations]
     except StoreError as error:
         return [Verdict(MissReason.UNAVAILABLE, str(error)) for _ in expectations]
-    return [verify(data, item) for data, item in zip(found, expectations)]
+    return [verify(data, item, auth_key=auth_key) for data, item in zip(found, expectations)]

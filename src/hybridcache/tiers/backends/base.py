@@ -12,7 +12,10 @@ Contract (tested against every backend by one suite):
   the object sizes (``None``: missing, or larger than its buffer: never a usable object);
 * every call finishes or raises :class:`StoreTimeoutError` within its timeout (``None``: the
   store's default); a store failure raises :class:`StoreUnavailableError` or
-  :class:`StoreError`; no other exception escapes.
+  :class:`StoreError`, and a call on a closed store :class:`StoreClosedError` (both a
+  ``StoreError`` and a ``LifecycleError``). Bad arguments raise their ``hybridcache.errors``
+  class; any other exception a backend or its client raises (``MemoryError``, a client's
+  ``UnicodeDecodeError``) is wrapped into :class:`StoreError` here, so none escapes.
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ from abc import ABC, abstractmethod
 from typing import Callable, Sequence, TypeVar
 
 from hybridcache.errors import (
+    HybridCacheError,
     InvalidArgumentError,
     InvalidKeyError,
     InvalidTypeError,
-    LifecycleError,
+    StoreClosedError,
+    StoreError,
     StoreTimeoutError,
 )
 
@@ -52,38 +57,47 @@ class ObjectStore(ABC):
     """Batch-first store of immutable objects; see the module docstring for the contract."""
 
     def __init__(self, *, default_timeout: float = DEFAULT_TIMEOUT_S) -> None:
-        self.default_timeout = _checked_timeout(default_timeout)
+        self.default_timeout = checked_timeout(default_timeout)
         self._closed = False
 
     # --- public boundary: validate, then delegate --------------------------------------------
 
     def exists(self, keys: Sequence[str], timeout: float | None = None) -> list[bool]:
         keys = self._prepare(keys)
-        return self._exists(keys, self._timeout(timeout)) if keys else []
+        return self._guarded("exists", lambda: self._exists(keys, self._timeout(timeout))) if keys else []
 
     def put_if_absent(
         self, items: Sequence[tuple[str, BytesLike]], timeout: float | None = None
     ) -> list[PutOutcome]:
         pairs = self._prepare_items(items)
-        return self._put_if_absent(pairs, self._timeout(timeout)) if pairs else []
+        return self._guarded("put", lambda: self._put_if_absent(pairs, self._timeout(timeout))) if pairs else []
 
     def get(self, keys: Sequence[str], timeout: float | None = None) -> list[bytes | None]:
         keys = self._prepare(keys)
-        return self._get(keys, self._timeout(timeout)) if keys else []
+        return self._guarded("get", lambda: self._get(keys, self._timeout(timeout))) if keys else []
 
     def get_into(
         self, keys: Sequence[str], buffers: Sequence[object], timeout: float | None = None
     ) -> list[int | None]:
         keys = self._prepare(keys)
         views = _writable_views(buffers, len(keys))
-        return self._get_into(keys, views, self._timeout(timeout)) if keys else []
+        return self._guarded("get", lambda: self._get_into(keys, views, self._timeout(timeout))) if keys else []
 
     def remove(self, keys: Sequence[str], timeout: float | None = None) -> list[bool]:
         keys = self._prepare(keys)
-        return self._remove(keys, self._timeout(timeout)) if keys else []
+        return self._guarded("remove", lambda: self._remove(keys, self._timeout(timeout))) if keys else []
+
+    def _guarded(self, what: str, call: Callable[[], _T]) -> _T:
+        """Run one backend operation; whatever it raises that is not ours becomes a StoreError."""
+        try:
+            return call()
+        except HybridCacheError:
+            raise
+        except Exception as error:  # a backend or client bug, MemoryError, a decode error: a failed store
+            raise StoreError(f"{type(self).__name__} {what} failed: {type(error).__name__}: {error}") from error
 
     def close(self) -> None:
-        """Release connections and workers; idempotent. Later calls raise LifecycleError."""
+        """Release connections and workers; idempotent. Later calls raise StoreClosedError."""
         if not self._closed:
             self._closed = True
             self._close()
@@ -143,11 +157,11 @@ class ObjectStore(ABC):
         return pairs
 
     def _timeout(self, timeout: object) -> float:
-        return self.default_timeout if timeout is None else _checked_timeout(timeout)
+        return self.default_timeout if timeout is None else checked_timeout(timeout)
 
     def _check_open(self) -> None:
         if self._closed:
-            raise LifecycleError(f"{type(self).__name__} is closed")
+            raise StoreClosedError(f"{type(self).__name__} is closed")
 
 
 def check_key(key: object) -> str:
@@ -172,7 +186,8 @@ def _checked_item(item: object) -> tuple[str, bytes]:
     return key, value
 
 
-def _checked_timeout(timeout: object) -> float:
+def checked_timeout(timeout: object) -> float:
+    """A timeout in seconds: a real number, positive and finite."""
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise InvalidTypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
     if not math.isfinite(timeout) or timeout <= 0:

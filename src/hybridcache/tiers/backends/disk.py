@@ -1,13 +1,24 @@
 """T2: one file per object in a local directory, size-bounded, least recently used evicted first.
 
-Owns the directory while open (an exclusive ``flock`` on ``<root>/lock``), the in-memory index
-of object sizes in recency order, the bytes it holds and the lock guarding both.
+Owns the directory while open (an exclusive ``flock`` on ``<root>/lock``; a shared one in
+read-only mode), the in-memory index of object sizes in recency order, the bytes it holds and
+the lock guarding both.
 
-A put writes ``<root>/tmp/<unique>.tmp``, fsyncs it, then hard-links it to its final name
+The root is the store's own: a new or empty directory is marked (``<root>/hybridcache-disk-tier``,
+written first), and a non-empty directory without that marker is refused
+(:class:`NotAStoreRootError`), so a store never deletes or overwrites files it did not create.
+
+A put writes ``<root>/scratch/<pid>-<n>.tmp``, fsyncs it, then hard-links it to its final name
 ``<root>/objects/<shard>/<key>.obj`` (a link never replaces an existing file, so it is an atomic
 put-if-absent), fsyncs the directory and unlinks the temporary name. A crash at any point leaves
-either no object or the complete one; leftover temporary files are deleted on the next open.
-Recency survives a restart through file modification times, refreshed on every read.
+either no object or the complete one; leftover scratch files (only names of that form) are
+deleted on the next open. Recency survives a restart through file modification times,
+refreshed on every read when the directory is writable.
+
+Reads trust nothing about the file under an object name: it is opened without following links
+and without blocking, and used only when it is a regular file of the size the index recorded
+(else it is forgotten, a miss). A store opened with ``read_only=True`` never writes: its puts
+are ``REJECTED``, removals and evictions do nothing, and a warm cache on a read-only disk serves.
 """
 
 from __future__ import annotations
@@ -17,15 +28,28 @@ import fcntl
 import hashlib
 import itertools
 import os
+import re
+import stat
 import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import Callable
 
-from hybridcache.errors import InvalidArgumentError, InvalidTypeError, StoreError, StoreLockedError
-from hybridcache.tiers.backends.base import DEFAULT_TIMEOUT_S, ObjectStore, PutOutcome
+from hybridcache.errors import (
+    InvalidArgumentError,
+    InvalidTypeError,
+    NotAStoreRootError,
+    StoreError,
+    StoreLockedError,
+)
+from hybridcache.tiers.backends.base import DEFAULT_TIMEOUT_S, ObjectStore, PutOutcome, check_key
 
 _SUFFIX = ".obj"
+MARKER_NAME = "hybridcache-disk-tier"
+_MARKER_TEXT = b"hybridcache disk tier, layout 2: objects/<shard>/<key>.obj, scratch/<pid>-<n>.tmp\n"
+_SCRATCH_NAME = re.compile(r"[0-9]+-[0-9]+\.tmp")
+_OWN_NAMES = {MARKER_NAME, "lock", "objects", "scratch"}
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
 
 class DiskStore(ObjectStore):
@@ -38,9 +62,11 @@ class DiskStore(ObjectStore):
         *,
         default_timeout: float = DEFAULT_TIMEOUT_S,
         charge: Callable[[str, int], int] | None = None,
+        read_only: bool = False,
     ) -> None:
         """``charge(key, size)``: the bytes an object counts against the budget (None: its
-        size); a caller whose objects stand in for larger ones (the replay) charges those."""
+        size); a caller whose objects stand in for larger ones (the replay) charges those.
+        ``read_only``: serve an existing store without writing anything (it must be marked)."""
         super().__init__(default_timeout=default_timeout)
         if charge is not None and not callable(charge):
             raise InvalidTypeError("charge must be callable")
@@ -51,20 +77,25 @@ class DiskStore(ObjectStore):
             raise InvalidTypeError("capacity_bytes must be an int")
         if capacity_bytes <= 0:
             raise InvalidArgumentError(f"capacity_bytes must be positive, got {capacity_bytes}")
+        if not isinstance(read_only, bool):
+            raise InvalidTypeError("read_only must be a bool")
         self.capacity_bytes = capacity_bytes
+        self.read_only = read_only
         self.root = Path(root)
         self._objects_dir = self.root / "objects"
-        self._tmp_dir = self.root / "tmp"
+        self._scratch_dir = self.root / "scratch"
         self._lock = threading.Lock()
         self._names = itertools.count()
-        self._index: OrderedDict[str, int] = OrderedDict()
+        self._index: OrderedDict[str, int] = OrderedDict()  # key -> charged bytes, oldest first
+        self._sizes: dict[str, int] = {}  # key -> the file's size in bytes
         self._used = 0
         self._evictions = 0
-        self._lock_fd = self._open_exclusively()
+        self._lock_fd = self._open_read_only() if read_only else self._open_exclusively()
         try:
             self._recover()
         except BaseException:
-            os.close(self._lock_fd)
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
             raise
 
     @property
@@ -77,15 +108,49 @@ class DiskStore(ObjectStore):
 
     # --- opening -------------------------------------------------------------------------------
 
+    def _claim_root(self) -> None:
+        """Mark a new or empty root as this store's; refuse one holding anything else."""
+        marker = self.root / MARKER_NAME
+        if marker.is_file():
+            return
+        if self.root.is_dir() and any(self.root.iterdir()):
+            raise NotAStoreRootError(
+                f"{self.root} is not empty and has no {MARKER_NAME} marker: not a disk tier; "
+                "give a new or empty directory"
+            )
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            _write_all(fd, _MARKER_TEXT)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _fsync_directory(self.root)
+
     def _open_exclusively(self) -> int:
         try:
-            self._objects_dir.mkdir(parents=True, exist_ok=True)
-            self._tmp_dir.mkdir(exist_ok=True)
-            fd = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+            self._claim_root()
+            self._objects_dir.mkdir(exist_ok=True)
+            self._scratch_dir.mkdir(exist_ok=True)
+            fd = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as error:
             raise StoreError(f"cannot open disk tier at {self.root}: {error}") from error
+        return self._flocked(fd, fcntl.LOCK_EX)
+
+    def _open_read_only(self) -> int | None:
+        """A shared lock when the lock file can be read (a writer holds it exclusively);
+        None when it cannot, on a medium where no writer can run anyway."""
+        if not (self.root / MARKER_NAME).is_file():
+            raise NotAStoreRootError(f"{self.root} has no {MARKER_NAME} marker: not a disk tier to read")
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fd = os.open(self.root / "lock", os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return None
+        return self._flocked(fd, fcntl.LOCK_SH)
+
+    def _flocked(self, fd: int, mode: int) -> int:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
         except OSError as error:
             os.close(fd)
             if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
@@ -94,20 +159,35 @@ class DiskStore(ObjectStore):
         return fd
 
     def _recover(self) -> None:
-        """Delete interrupted writes, then index the complete objects, oldest first."""
+        """Delete this store's interrupted writes, then index the complete objects, oldest first."""
         try:
-            for leftover in self._tmp_dir.iterdir():
-                leftover.unlink(missing_ok=True)
-            found = []
-            for path in self._objects_dir.glob(f"*/*{_SUFFIX}"):
-                stat = path.stat()
-                found.append((stat.st_mtime_ns, path.name[: -len(_SUFFIX)], stat.st_size))
+            if not self.read_only:
+                for leftover in self._scratch_dir.iterdir():
+                    if _SCRATCH_NAME.fullmatch(leftover.name) and leftover.is_file():
+                        leftover.unlink(missing_ok=True)
+            found = [entry for entry in map(self._indexable, self._object_files()) if entry is not None]
         except OSError as error:
             raise StoreError(f"cannot scan disk tier at {self.root}: {error}") from error
         for _, key, size in sorted(found):
             self._index[key] = self._charge(key, size)
+            self._sizes[key] = size
             self._used += self._index[key]
         self._evict_until_fits(0)
+
+    def _object_files(self) -> list[Path]:
+        return list(self._objects_dir.glob(f"*/*{_SUFFIX}")) if self._objects_dir.is_dir() else []
+
+    def _indexable(self, path: Path) -> tuple[int, str, int] | None:
+        """(mtime, key, size) of a regular object file at its own key's path, else None."""
+        key = path.name[: -len(_SUFFIX)]
+        try:
+            check_key(key)
+        except InvalidArgumentError:
+            return None
+        info = path.lstat()
+        if not stat.S_ISREG(info.st_mode) or not 0 < info.st_size <= self.capacity_bytes or self._path(key) != path:
+            return None
+        return info.st_mtime_ns, key, info.st_size
 
     # --- operations ----------------------------------------------------------------------------
 
@@ -127,18 +207,19 @@ class DiskStore(ObjectStore):
         if key in self._index:
             return PutOutcome.PRESENT
         size = self._charge(key, len(value))
-        if size > self.capacity_bytes:
+        if self.read_only or size > self.capacity_bytes:
             return PutOutcome.REJECTED
         self._evict_until_fits(size)
         if not self._write_atomically(self._path(key), value):
             return PutOutcome.PRESENT
         self._index[key] = size
+        self._sizes[key] = len(value)
         self._used += size
         return PutOutcome.STORED
 
     def _write_atomically(self, final: Path, value: bytes) -> bool:
         """Write, fsync, link into place; False when an object already sits at ``final``."""
-        temporary = self._tmp_dir / f"{os.getpid()}-{next(self._names)}.tmp"
+        temporary = self._scratch_dir / f"{os.getpid()}-{next(self._names)}.tmp"
         try:
             fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
@@ -169,25 +250,52 @@ class DiskStore(ObjectStore):
             return None
         path = self._path(key)
         try:
-            data = path.read_bytes()
-            os.utime(path)  # persists recency for the next open
+            data = self._read_regular(path, self._sizes[key])
         except FileNotFoundError:  # removed behind our back: forget it
-            self._used -= self._index.pop(key)
-            return None
+            data = None
         except OSError as error:
             raise StoreError(f"cannot read {path.name}: {error}") from error
+        if data is None:
+            self._forget(key)
+            return None
         self._index.move_to_end(key)
         return data
+
+    def _read_regular(self, path: Path, size: int) -> bytes | None:
+        """The file's bytes when it is a regular file of ``size`` bytes (None otherwise: a link,
+        a FIFO, a device, or a file that changed size is not the object that was stored)."""
+        try:
+            fd = os.open(path, _READ_FLAGS)
+        except OSError as error:
+            if error.errno in (errno.ELOOP, errno.ENXIO, errno.EMLINK):
+                return None  # a symbolic link, or a FIFO or socket with nothing behind it
+            raise
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_size != size:
+                return None
+            data = _read_exactly(fd, size)
+        finally:
+            os.close(fd)
+        if data is not None and not self.read_only:
+            try:
+                os.utime(path, follow_symlinks=False)  # persists recency for the next open
+            except OSError:
+                pass  # recency is a hint; a read that succeeded stays a hit
+        return data
+
+    def _forget(self, key: str) -> None:
+        self._used -= self._index.pop(key)
+        self._sizes.pop(key, None)
 
     def _remove(self, keys: list[str], timeout: float) -> list[bool]:
         with self._lock:
             return [self._remove_one(key) for key in keys]
 
     def _remove_one(self, key: str) -> bool:
-        size = self._index.pop(key, None)
-        if size is None:
+        if self.read_only or key not in self._index:
             return False
-        self._used -= size
+        self._forget(key)
         try:
             self._path(key).unlink(missing_ok=True)
         except OSError as error:
@@ -195,14 +303,15 @@ class DiskStore(ObjectStore):
         return True
 
     def _evict_until_fits(self, incoming: int) -> None:
-        while self._index and self._used + incoming > self.capacity_bytes:
+        while not self.read_only and self._index and self._used + incoming > self.capacity_bytes:
             oldest = next(iter(self._index))
             self._remove_one(oldest)
             self._evictions += 1
 
     def _close(self) -> None:
         with self._lock:
-            os.close(self._lock_fd)  # closing the descriptor releases the flock
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)  # closing the descriptor releases the flock
 
 
 def _write_all(fd: int, value: bytes) -> None:
@@ -212,6 +321,18 @@ def _write_all(fd: int, value: bytes) -> None:
         if written <= 0:
             raise OSError(errno.EIO, "write made no progress")
         view = view[written:]
+
+
+def _read_exactly(fd: int, size: int) -> bytes | None:
+    """``size`` bytes from ``fd``, or None when the file ends early or holds more."""
+    parts, left = [], size
+    while left:
+        piece = os.read(fd, min(left, 1 << 24))
+        if not piece:
+            return None
+        parts.append(piece)
+        left -= len(piece)
+    return None if os.read(fd, 1) else b"".join(parts)
 
 
 def _fsync_directory(path: Path) -> None:

@@ -56,8 +56,11 @@ class RedisStore(ObjectStore):
                 retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0),  # a failure is a miss, not a wait
                 max_connections=max_connections,
             )
-        except (ValueError, self._errors.RedisError) as error:
+        except (ValueError, TypeError, self._errors.RedisError) as error:
             raise InvalidConfigError(f"bad Redis url {url!r}: {error}") from error
+        if self._client.connection_pool.connection_kwargs.get("decode_responses"):
+            self._client.close()
+            raise InvalidConfigError(f"Redis url {url!r} sets decode_responses: objects are bytes, not text")
         self._runner = DeadlineRunner("redis-store", workers=max_connections)
 
     def _call(self, action: Callable[[], _T], timeout: float, what: str) -> _T:
@@ -103,7 +106,10 @@ class RedisStore(ObjectStore):
         return PutOutcome.STORED if reply else PutOutcome.PRESENT
 
     def _get(self, keys: list[str], timeout: float) -> list[bytes | None]:
-        return self._call(lambda: list(self._client.mget(self._names(keys))), timeout, "get")
+        found = self._call(lambda: list(self._client.mget(self._names(keys))), timeout, "get")
+        if len(found) != len(keys) or any(value is not None and not isinstance(value, bytes) for value in found):
+            raise StoreError("redis get answered something other than one bytes value per key")
+        return found
 
     def _remove(self, keys: list[str], timeout: float) -> list[bool]:
         def run() -> list[bool]:
