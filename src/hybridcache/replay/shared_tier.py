@@ -1,8 +1,12 @@
 """The replay's shared tier: a Redis or Mooncake store at ``--store-url``, or a local server
 started on free loopback ports for the command (``hybridcache.tiers.local_servers``).
 
-Owns, inside one ``open_shared_tier`` context: the client store and the server processes it
-started; both are closed and stopped (by pid) when the context ends, on errors and Ctrl-C too.
+Owns, inside one ``open_shared_tier`` context: the client store, the server processes it
+started, and (on the main thread) the process's SIGTERM and SIGHUP handlers. Store and servers
+are closed and stopped (by pid) when the context ends: on errors, Ctrl-C, SIGTERM and SIGHUP
+alike (the two signals end the command as ``SystemExit(128 + signal)``, which unwinds the
+context as Ctrl-C does). A server started here also dies with this process if it is killed
+outright (``local_servers``: the parent-death signal).
 
 The local servers are sized so a replay never fills them: the shared tier models a store sized
 for the working set (what it would hold is reported as stored bytes). Their objects are stand-ins
@@ -12,6 +16,8 @@ for the working set (what it would hold is reported as stored bytes). Their obje
 from __future__ import annotations
 
 import contextlib
+import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -59,6 +65,33 @@ def only_loopback() -> bool:
     return {line.split(":", 1)[0].strip() for line in lines} <= {"lo"}
 
 
+TERMINATING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def terminating_signals_unwind() -> Iterator[None]:
+    """Inside the context, SIGTERM and SIGHUP raise ``SystemExit`` so that every cleanup runs
+    (by default they end the process on the spot); the previous handlers come back on exit.
+    A signal the process ignores stays ignored; off the main thread nothing changes (Python
+    delivers signals to the main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.getsignal(signum) for signum in TERMINATING_SIGNALS}
+    for signum, handler in previous.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(signum, _exit_on_signal)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+
+
 @contextlib.contextmanager
 def open_shared_tier(kind: str, url: str | None, workdir: Path) -> Iterator[ObjectStore | None]:
     """The shared store of the command (None for ``none``), reachable (probed) on entry."""
@@ -67,6 +100,7 @@ def open_shared_tier(kind: str, url: str | None, workdir: Path) -> Iterator[Obje
         yield None
         return
     with contextlib.ExitStack() as stack:
+        stack.enter_context(terminating_signals_unwind())
         if kind == "redis":
             if url is None:
                 server = local_servers.start_redis(workdir, maxmemory=LOCAL_REDIS_MAXMEMORY)

@@ -2,14 +2,17 @@
 what ``hybridcache replay --shared-tier`` starts when no ``--store-url`` is given, and what the
 tier tests start.
 
-Owns the processes it starts (each ``Server`` its own). Every wait is a bounded loop with a
-deadline; a server that does not come up raises ``ServerStartError`` with the tail of its log,
+Owns the processes it starts (each ``Server`` its own). On Linux each is started with a
+parent-death signal (``prctl(PR_SET_PDEATHSIG, SIGKILL)``), so a server never outlives the
+thread that started it, even when that process is killed without running any cleanup. Every
+wait is a bounded loop with a deadline; a server that does not come up raises ``ServerStartError`` with the tail of its log,
 and so does a missing binary (``apt-get install redis-server libibverbs1``; the ``mooncake``
 extra brings ``mooncake_master``).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -25,6 +28,7 @@ from hybridcache.errors import ServerStartError
 START_DEADLINE_S = 20.0
 STOP_DEADLINE_S = 10.0
 VENV_BIN = Path(sys.executable).parent
+_PR_SET_PDEATHSIG = 1
 
 
 def free_port() -> int:
@@ -89,10 +93,21 @@ class Server:
         os.kill(self.process.pid, signal.SIGCONT)
 
 
+def _parent_death_hook():
+    """What the child runs before exec to be killed when its parent goes: ``prctl`` resolved
+    here, in the parent (a forked child must not load libraries); None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None).prctl  # the process already links libc
+    return lambda: prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
+
 def start(name: str, argv: list[str], port: int, log: Path, env: dict | None = None) -> Server:
     handle = log.open("wb")
     try:
-        process = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        process = subprocess.Popen(
+            argv, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, preexec_fn=_parent_death_hook()
+        )
     finally:
         handle.close()
     server = Server(name, process, port, log)

@@ -10,16 +10,26 @@ with ``segment_bytes > 0``). Mooncake's ``put`` keeps an existing object, so put
 ``batch_is_exist`` followed by ``put_batch`` of the absent items; two writers racing on one key
 both get ``STORED`` and the store keeps one of two identical objects (keys are content
 addresses). Removal is forced: a read lease would otherwise block it for the lease time.
+
+Mooncake's own setup retries for about 90 s while holding the GIL, so no thread can enforce a
+timeout on it. The store therefore probes first, within ``setup_timeout``: a TCP connection to
+the master's RPC port and one HTTP request to the metadata server (a paused master accepts the
+connection but never answers). Setup starts only when both answered. Mooncake's native log is
+limited to errors (``MC_LOG_LEVEL=ERROR``) unless the caller set ``MC_LOG_LEVEL`` first.
 """
 
 from __future__ import annotations
 
 import functools
+import http.client
 import os
+import socket
+import time
 from typing import Callable, TypeVar
+from urllib.parse import urlsplit
 
 from hybridcache.errors import InvalidConfigError, InvalidTypeError, StoreError, StoreUnavailableError
-from hybridcache.tiers.backends.base import DEFAULT_TIMEOUT_S, DeadlineRunner, ObjectStore, PutOutcome
+from hybridcache.tiers.backends.base import DEFAULT_TIMEOUT_S, DeadlineRunner, ObjectStore, PutOutcome, checked_timeout
 
 _T = TypeVar("_T")
 # Mooncake status codes (mooncake-store types.h) this store tells apart.
@@ -30,6 +40,7 @@ DEFAULT_SETUP_TIMEOUT_S = 30.0
 
 
 def _import_store_class():
+    os.environ.setdefault("MC_LOG_LEVEL", "ERROR")  # read when the library loads
     try:
         from mooncake.store import MooncakeDistributedStore
     except ImportError as error:
@@ -71,6 +82,8 @@ class MooncakeStore(ObjectStore):
         if local_buffer_bytes == 0:
             raise InvalidConfigError("local_buffer_bytes must be positive: every transfer stages through it")
         self.max_object_bytes = local_buffer_bytes
+        setup_timeout = checked_timeout(setup_timeout)
+        _probe_cluster(master_address, metadata_server, setup_timeout)
         store_class = _import_store_class()
         os.environ.setdefault("MC_TCP_BIND_ADDRESS", local_hostname)
         os.environ.setdefault("MC_FORCE_TCP", "1")
@@ -80,7 +93,7 @@ class MooncakeStore(ObjectStore):
             self._store.setup, local_hostname, metadata_server, segment_bytes, local_buffer_bytes, "tcp", "", master_address
         )
         try:
-            status = self._runner.run(setup, self._timeout(setup_timeout), "mooncake setup")
+            status = self._runner.run(setup, setup_timeout, "mooncake setup")
         except BaseException:
             self._runner.shutdown()
             raise
@@ -156,3 +169,33 @@ class MooncakeStore(ObjectStore):
             self._runner.run(self._store.close, self.default_timeout, "mooncake close")
         finally:
             self._runner.shutdown()
+
+
+def _host_port(address: str, what: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidConfigError(f"{what} must be HOST:PORT, got {address!r}")
+    return host.strip("[]"), int(port)
+
+
+def _probe_cluster(master_address: str, metadata_server: str, timeout: float) -> None:
+    """Raise StoreUnavailableError unless the master accepts a connection and the metadata
+    server answers an HTTP request, both within ``timeout`` seconds in all."""
+    deadline = time.monotonic() + timeout
+    master = _host_port(master_address, "master_address")
+    parts = urlsplit(metadata_server)
+    if parts.scheme != "http" or not parts.hostname:
+        raise InvalidConfigError(f"metadata_server must be an http:// URL, got {metadata_server!r}")
+    try:
+        with socket.create_connection(master, timeout=max(deadline - time.monotonic(), 1e-3)):
+            pass
+        connection = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=max(deadline - time.monotonic(), 1e-3))
+        try:
+            connection.request("GET", (parts.path or "/") + "?key=hybridcache-probe")
+            connection.getresponse().read()  # any status: the server is there and answering
+        finally:
+            connection.close()
+    except (OSError, http.client.HTTPException) as error:
+        raise StoreUnavailableError(
+            f"mooncake cluster at {master_address} (metadata {metadata_server}) did not answer within {timeout:g} s: {error}"
+        ) from error
