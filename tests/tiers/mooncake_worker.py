@@ -48,6 +48,9 @@ def _answer(store: MooncakeStore, cluster: servers.MooncakeCluster, request: tup
         return controls[operation]()
     if operation == "attribute":
         return getattr(store, args[0])
+    if operation == "open_another":  # a second client of the same cluster, closed at once
+        MooncakeStore(cluster.master_address, cluster.metadata_server, **kwargs).close()
+        return None
     return getattr(store, operation)(*args, **kwargs)
 
 

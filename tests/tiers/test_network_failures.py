@@ -6,7 +6,7 @@ import pytest
 import redis
 
 from hybridcache.errors import InvalidConfigError, InvalidKeyError, StoreTimeoutError, StoreUnavailableError
-from hybridcache.tiers.backends import PutOutcome, RedisStore
+from hybridcache.tiers.backends import MooncakeStore, PutOutcome, RedisStore
 
 from hybridcache.tiers import local_servers as servers
 from .conftest import redis_url
@@ -66,6 +66,8 @@ def test_mooncake_paused_then_stopped_master(tmp_path, new_key):
         try:
             with pytest.raises(StoreTimeoutError):
                 remote.exists([key], timeout=0.3)
+            with pytest.raises(StoreUnavailableError, match="did not answer within 1 s"):
+                remote.control("open_another", setup_timeout=1)  # the probe, not 90 s of native retries
         finally:
             remote.control("resume_master")
         assert remote.get([key], timeout=30) == [b"v"]
@@ -87,3 +89,17 @@ def test_mooncake_evicts_under_memory_pressure(mooncake_remote, new_key):
     for key, here, data in zip(keys, present, mooncake_remote.get(keys)):
         assert (data is not None) <= here
     mooncake_remote.remove(keys)
+
+
+def test_a_redis_url_decoding_replies_to_text_is_refused(redis_server):
+    with pytest.raises(InvalidConfigError, match="decode_responses"):
+        RedisStore(redis_url(redis_server) + "?decode_responses=True")
+
+
+def test_an_unreachable_mooncake_cluster_fails_the_probe_not_the_setup():
+    master, metadata = servers.free_port(), servers.free_port()  # nothing listens on either
+    with pytest.raises(StoreUnavailableError, match="did not answer within 1 s"):
+        MooncakeStore(f"127.0.0.1:{master}", f"http://127.0.0.1:{metadata}/metadata", setup_timeout=1)
+    for bad in (0, -1, float("nan"), "5"):
+        with pytest.raises((InvalidConfigError, InvalidKeyError, ValueError, TypeError)):
+            MooncakeStore(f"127.0.0.1:{master}", f"http://127.0.0.1:{metadata}/metadata", setup_timeout=bad)

@@ -32,6 +32,7 @@ hold), so the next publish can put the right one.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -217,25 +218,30 @@ class TieredStore:
         self.index = PublishIndex()
         self.counters: Counter[str] = Counter()
         self.misses: Counter[str] = Counter()
+        self._counting = threading.Lock()  # ``+=`` on a Counter is not atomic across threads
         if host is not None:
             host.listen_evictions(self._demote)
 
     # --- every store call ------------------------------------------------------------------------
+
+    def _count(self, counter: Counter, name: str, amount: int = 1) -> None:
+        with self._counting:
+            counter[name] += amount
 
     def _call(self, tier: str, operation: str, argument: list):
         """One batch call on ``tier`` through its breaker; raises StoreError (``_TierSkipped``
         when the breaker is open), nothing else."""
         admission = self.breaker.admit(tier)
         if admission is Admission.SKIP:
-            self.counters[f"{tier}_skipped"] += 1
+            self._count(self.counters, f"{tier}_skipped")
             raise _TierSkipped(f"the {tier} tier is skipped: it failed within the last {self.breaker.backoff_s:g} s")
         if admission is Admission.PROBE:
-            self.counters[f"{tier}_probes"] += 1
+            self._count(self.counters, f"{tier}_probes")
         try:
             result = getattr(self.tiers[tier], operation)(argument, timeout=self.timeout)
         except (StoreTimeoutError, StoreUnavailableError):
             if self.breaker.failed(tier):
-                self.counters[f"{tier}_breaker_opened"] += 1
+                self._count(self.counters, f"{tier}_breaker_opened")
             raise
         except StoreError:
             self.breaker.answered(tier)
@@ -295,7 +301,7 @@ class TieredStore:
             new_chunks = sum(outcome is PutOutcome.STORED for outcome in outcomes)
             written = sum(len(value) for (_, value), outcome in zip(items, outcomes) if outcome is PutOutcome.STORED)
             if any(outcome not in _CONFIRMED for outcome in outcomes):
-                self.counters[f"{tier}_publish_refused"] += 1
+                self._count(self.counters, f"{tier}_publish_refused")
                 return new_chunks, False, written
             published = present[0]
             if not published:
@@ -303,32 +309,32 @@ class TieredStore:
                 (outcome,) = self._call(tier, "put_if_absent", [(checkpoint_name, value)])
                 published = outcome in _CONFIRMED
                 if outcome is PutOutcome.STORED:
-                    self.counters[f"{tier}_checkpoints_stored"] += 1
+                    self._count(self.counters, f"{tier}_checkpoints_stored")
                     written += len(value)
         except _TierSkipped:
-            self.counters[f"{tier}_publish_skipped"] += 1
+            self._count(self.counters, f"{tier}_publish_skipped")
             return 0, False, 0
         except StoreError as error:
-            self.counters[f"{tier}_publish_failed"] += 1
-            self.counters[f"{tier}_publish_failed_{_failure_reason(error).value}"] += 1
+            self._count(self.counters, f"{tier}_publish_failed")
+            self._count(self.counters, f"{tier}_publish_failed_{_failure_reason(error).value}")
             return 0, False, 0
-        self.counters[f"{tier}_chunks_stored"] += new_chunks
-        self.counters[f"{tier}_bytes_written"] += written
+        self._count(self.counters, f"{tier}_chunks_stored", new_chunks)
+        self._count(self.counters, f"{tier}_bytes_written", written)
         return new_chunks, published, written
 
     def _demote(self, name: str, value: bytes) -> None:
         """The host tier evicted ``name``: write it back to disk unless it is dead weight."""
         if "disk" not in self.tiers:
-            self.counters["host_dropped"] += 1
+            self._count(self.counters, "host_dropped")
             return
         if self._is_dead_weight(name):
-            self.counters["host_dropped_dead_weight"] += 1
+            self._count(self.counters, "host_dropped_dead_weight")
             return
         try:
             self._call("disk", "put_if_absent", [(name, value)])
-            self.counters["demoted_to_disk"] += 1
+            self._count(self.counters, "demoted_to_disk")
         except StoreError:
-            self.counters["disk_demotion_failed"] += 1
+            self._count(self.counters, "disk_demotion_failed")
 
     def _is_dead_weight(self, name: str) -> bool:
         """A checkpoint a chunk of whose prefix is gone from every tier, or a chunk that no
@@ -372,7 +378,7 @@ class TieredStore:
         if not steps:
             return None
         lookup = self._locate(names, list(self.tiers))
-        self.counters["restore_lookups"] += 1
+        self._count(self.counters, "restore_lookups")
         try:
             return self._first_restorable(chain, steps, first_chunk, lookup, local_step)
         finally:
@@ -426,13 +432,13 @@ class TieredStore:
         for step in steps:
             lowest = min(first_chunk, step // size)
             if step // size > complete or not where.get(chain.checkpoint_key(step).name):
-                self.misses[lookup.unlocated_reason().value] += 1
+                self._count(self.misses, lookup.unlocated_reason().value)
                 continue
             needed = [chain.expect_checkpoint(step)] + [chain.expect_chunk(i) for i in range(lowest, step // size)]
             restore = self._fetch_step(chain, step, lowest, needed, lookup, local_step)
             if restore is not None:
-                self.counters["restores"] += 1
-                self.counters["restored_tokens"] += step - local_step
+                self._count(self.counters, "restores")
+                self._count(self.counters, "restored_tokens", step - local_step)
                 return restore
             complete = self._located_run(chain, where, first_chunk, complete)
         return None
@@ -456,7 +462,7 @@ class TieredStore:
             try:
                 present = self._call(tier, "exists", names)
             except StoreError as error:
-                self.counters[f"{tier}_exists_failed"] += 1
+                self._count(self.counters, f"{tier}_exists_failed")
                 lookup.failed[tier] = _failure_reason(error)
                 continue
             for name, here in zip(names, present):
@@ -466,7 +472,7 @@ class TieredStore:
 
     def _fetch_step(self, chain, step, first_chunk, needed, lookup: _Lookup, local_step) -> Restore | None:
         if not self.cost.worth_restoring(self._estimate(needed, lookup.where, chain.chunk_size), step - local_step):
-            self.misses[SLOWER_THAN_RECOMPUTE] += 1
+            self._count(self.misses, SLOWER_THAN_RECOMPUTE)
             self.cost.recover()
             return None
         bytes_by_tier: Counter[str] = Counter()
@@ -486,17 +492,17 @@ class TieredStore:
             began = time.perf_counter()
             data, verdict = self._read(tier, expectation)
             if not verdict.ok:
-                self.misses[verdict.reason.value] += 1
+                self._count(self.misses, verdict.reason.value)
                 lookup.where[name].remove(tier)
                 if verdict.reason in _REJECTED_OBJECT:
                     self._remove_rejected(tier, name)
                 continue
             self.cost.observe_read(tier, len(data), time.perf_counter() - began)
             bytes_by_tier[tier] += len(data)
-            self.counters[f"{tier}_bytes_read"] += len(data)
-            self.counters[f"read_bytes_{key.kind.tag}"] += len(data)
-            self.counters[f"read_count_{key.kind.tag}"] += 1
-            self.counters[f"{tier}_read_count_{key.kind.tag}"] += 1  # what each tier served, by kind
+            self._count(self.counters, f"{tier}_bytes_read", len(data))
+            self._count(self.counters, f"read_bytes_{key.kind.tag}", len(data))
+            self._count(self.counters, f"read_count_{key.kind.tag}")
+            self._count(self.counters, f"{tier}_read_count_{key.kind.tag}")  # what each tier served, by kind
             lookup.fetched[name] = verdict.obj
             if tier != "host" and "host" in self.tiers:
                 lookup.promotions.append((name, data))
@@ -515,9 +521,9 @@ class TieredStore:
         publish of the real object is not answered ``PRESENT`` forever."""
         try:
             self._call(tier, "remove", [name])
-            self.counters[f"{tier}_rejected_removed"] += 1
+            self._count(self.counters, f"{tier}_rejected_removed")
         except StoreError:
-            self.counters[f"{tier}_rejected_remove_failed"] += 1
+            self._count(self.counters, f"{tier}_rejected_remove_failed")
 
     def _promote(self, promotions: list[tuple[str, bytes]]) -> None:
         """Copy what was read from below into the host tier, under the same keys."""
@@ -525,9 +531,9 @@ class TieredStore:
             return
         try:
             outcomes = self._call("host", "put_if_absent", promotions)
-            self.counters["promoted_to_host"] += sum(outcome is PutOutcome.STORED for outcome in outcomes)
+            self._count(self.counters, "promoted_to_host", sum(outcome is PutOutcome.STORED for outcome in outcomes))
         except StoreError:
-            self.counters["host_promotion_failed"] += 1
+            self._count(self.counters, "host_promotion_failed")
 
     def _estimate(self, needed: list[Expectation], where, chunk_size: int) -> dict[str, int]:
         """Bytes each tier would serve, from the mean object sizes read so far (before any read:

@@ -1,0 +1,187 @@
+"""TieredStore under hostile or careless use (issue 19): a store failure only ever costs a miss
+(counted by its real reason) or a failed publish; squatters are removed; a stall does not switch
+a tier off for good; forged objects fail without the deployment key; one store serves threads."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch  # noqa: F401  (the engine below needs it; imported first for a clear error)
+
+from hybridcache.engine import Engine, EngineConfig, Request, TinyHybridConfig
+from hybridcache.errors import InvalidArgumentError, InvalidTypeError, StoreClosedError
+from hybridcache.tiers import encode_checkpoint
+from hybridcache.tiers.backends import DiskStore, Fault, FaultInjectingStore, HostMemoryStore, Operation
+from hybridcache.tiers.tiered import SLOWER_THAN_RECOMPUTE, RestoreCost, TieredStore
+
+from .helpers import CHUNK, chain, kv_arrays, state_arrays
+
+KEY = b"deployment-key-0123456789abcdef!"
+
+
+def publish(store: TieredStore, keys, step: int, seed: int = 0):
+    return store.publish(keys, step, lambda index: kv_arrays(seed + index), lambda: state_arrays(seed + step))
+
+
+@pytest.mark.parametrize("bad", [0, -1, "5", float("nan"), float("inf"), True])
+def test_bad_timeouts_are_refused_when_built(bad):
+    with pytest.raises((InvalidArgumentError, InvalidTypeError)):
+        TieredStore(shared=HostMemoryStore(1 << 20), timeout=bad)
+
+
+def test_a_closed_store_costs_misses_and_failed_publishes_never_an_exception(tmp_path):
+    keys = chain()
+    host, disk, shared = HostMemoryStore(1 << 24), DiskStore(tmp_path / "disk", 1 << 24), HostMemoryStore(1 << 24)
+    store = TieredStore(host=host, disk=disk, shared=shared)
+    publish(store, keys, 2 * CHUNK)
+    for tier in (host, disk, shared):
+        tier.close()
+    with pytest.raises(StoreClosedError):
+        shared.exists(["a"])  # direct callers still learn it is closed (also a LifecycleError)
+    assert store.find_restore(keys, local_step=0, local_kv_tokens=0) is None
+    assert publish(store, keys, 3 * CHUNK).checkpoint_stored == {"host": False, "shared": False}
+    assert store.misses["unavailable"] == 3 and store.misses["missing"] == 0  # the real reason
+    store.check_invariants()
+
+
+def test_a_closed_shared_store_under_a_running_engine_is_only_misses():
+    model = TinyHybridConfig(vocab_size=64, hidden_size=16, attention_head_dim=8, ssm_head_dim=8, expert_hidden_size=16)
+    config = EngineConfig(block_size=8, num_kv_blocks=96, num_state_slots=10, checkpoint_budget=6, max_batch_tokens=64,
+                          prefill_chunk=24, tier_chunk_size=CHUNK, model=model)
+    shared = HostMemoryStore(1 << 26)
+    engine = Engine(config, tiers=TieredStore(shared=shared))
+    base = np.random.default_rng(1).integers(1, 64, 100).tolist()
+    engine.generate([Request(base, max_new_tokens=2)])
+    shared.close()
+    (result,) = engine.generate([Request(base + [5, 6, 7], max_new_tokens=3)])
+    reference = Engine(EngineConfig(**{**config.__dict__, "prefix_caching": False}))
+    assert result.error is None and result.tokens == reference.generate([Request(base + [5, 6, 7], max_new_tokens=3)])[0].tokens
+    engine.check_invariants()
+
+
+def test_a_step_no_tier_could_be_asked_about_counts_the_store_failure_not_missing():
+    keys = chain()
+    shared = FaultInjectingStore(HostMemoryStore(1 << 24))
+    store = TieredStore(shared=shared)
+    publish(store, keys, 2 * CHUNK)
+    shared.add(Fault.fail(Operation.EXISTS))
+    assert store.find_restore(keys, local_step=0, local_kv_tokens=0) is None
+    assert store.misses == {"unavailable": 3}
+    assert store.find_restore(keys, local_step=0, local_kv_tokens=0) is not None  # one failure is not an outage
+
+
+@pytest.mark.parametrize("squat", ["corrupt", "foreign", "forged"])
+def test_a_squatter_under_a_key_is_removed_so_the_next_publish_replaces_it(squat):
+    keys, other = chain(), chain(tokens=[7] * (3 * CHUNK + 5))
+    shared = HostMemoryStore(1 << 24)
+    store = TieredStore(shared=shared)
+    name = keys.checkpoint_key(CHUNK).name
+    squatter = {
+        "corrupt": b"HCTO" + b"\0" * 60,
+        "foreign": encode_checkpoint(other, CHUNK, state_arrays(9)),  # another prefix's object
+        "forged": encode_checkpoint(keys, CHUNK, state_arrays(9), auth_key=b"x" * 32),  # another deployment's
+    }[squat]
+    shared.put_if_absent([(name, squatter)])
+    if squat == "forged":
+        store = TieredStore(shared=shared, deployment_key=KEY)
+    assert publish(store, keys, CHUNK).checkpoint_stored == {"shared": True}  # PRESENT: the squatter stays ...
+    assert store.find_restore(keys, local_step=0, local_kv_tokens=0) is None  # ... until a reader rejects it
+    assert store.counters["shared_rejected_removed"] == 1 and shared.exists([name]) == [False]
+    publish(store, keys, CHUNK)
+    restore = store.find_restore(keys, local_step=0, local_kv_tokens=0)
+    assert restore is not None and restore.step == CHUNK
+    assert np.array_equal(restore.checkpoint.payload["state.0"], state_arrays(CHUNK)["state.0"])
+
+
+def test_one_stalled_read_does_not_switch_a_tier_off_for_good():
+    keys = chain()
+    cost = RestoreCost(recompute_s_per_token=1e-4)  # 64 tokens: 6.4 ms to recompute
+    store = TieredStore(shared=HostMemoryStore(1 << 24), cost=cost)
+    publish(store, keys, 2 * CHUNK)
+    cost.observe_read("shared", 4096, 1.0)  # one read stalled for a second
+    tries = 0
+    while store.find_restore(keys, local_step=0, local_kv_tokens=0) is None:
+        tries += 1
+        assert tries < 30, "the stall kept the shared tier switched off"
+    assert store.misses[SLOWER_THAN_RECOMPUTE] >= 1 and store.counters["restores"] == 1
+
+
+def test_with_a_deployment_key_a_forged_object_fails_as_a_checksum_mismatch_and_salts_stay_private():
+    keys = chain(cache_salt="tenant-secret-salt")
+    shared = HostMemoryStore(1 << 24)
+    sealed = TieredStore(shared=shared, deployment_key=KEY)
+    publish(sealed, keys, CHUNK)
+    stored = shared.get([keys.checkpoint_key(CHUNK).name])[0]
+    assert b"tenant-secret-salt" not in stored  # a keyed digest of the salt, never the salt
+    assert sealed.find_restore(keys, local_step=0, local_kv_tokens=0) is not None
+    forger = TieredStore(shared=HostMemoryStore(1 << 24))  # can write the store, lacks the key
+    publish(forger, keys, CHUNK, seed=5)
+    shared.remove([keys.checkpoint_key(CHUNK).name])
+    shared.put_if_absent([(keys.checkpoint_key(CHUNK).name, forger.tiers["shared"].get([keys.checkpoint_key(CHUNK).name])[0])])
+    reader = TieredStore(shared=shared, deployment_key=KEY)
+    assert reader.find_restore(keys, local_step=0, local_kv_tokens=0) is None
+    assert reader.misses["fingerprint_mismatch"] + reader.misses["checksum_mismatch"] == 1
+    with pytest.raises((InvalidArgumentError, InvalidTypeError)):
+        TieredStore(shared=shared, deployment_key=b"short")
+    with pytest.raises(InvalidTypeError):
+        TieredStore(shared=shared, deployment_key="text key of enough length")
+
+
+def test_a_forged_object_with_the_right_header_fails_as_a_checksum_mismatch():
+    """A writer without the key copies a sealed header (salt digest included) and swaps the
+    payload, recomputing every unkeyed checksum: only the keyed MAC can catch it."""
+    from hybridcache.tiers import objects
+
+    keys = chain(cache_salt="tenant")
+    genuine = encode_checkpoint(keys, CHUNK, state_arrays(0), auth_key=KEY)
+    header = objects.decode_header(genuine)
+    forged_payload = objects._encode_payload(objects._checked_arrays(state_arrays(7)))
+    described = bytearray(genuine[: header.header_length - 48])
+    forged = bytes(described) + objects._payload_checksum(described, forged_payload, None)
+    forged += objects._header_checksum(forged) + forged_payload
+    store = TieredStore(shared=HostMemoryStore(1 << 24), deployment_key=KEY)
+    store.tiers["shared"].put_if_absent([(keys.checkpoint_key(CHUNK).name, forged)])
+    store.tiers["shared"].put_if_absent([(keys.chunk_key(0).name, objects.encode_kv_chunk(keys, 0, kv_arrays(0), auth_key=KEY))])
+    assert store.find_restore(keys, local_step=0, local_kv_tokens=0) is None
+    assert store.misses["checksum_mismatch"] == 1
+
+
+def test_one_store_serves_two_threads_at_once(tmp_path, monkeypatch):
+    """Two engines' threads restoring the same prefixes from disk through one store: each
+    call promotes what it read (one list per call; a shared one named a key twice)."""
+    monkeypatch.setattr(sys, "getswitchinterval", sys.getswitchinterval)  # restored after the test
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    store = TieredStore(host=HostMemoryStore(12_000), disk=DiskStore(tmp_path / "disk", 1 << 24))
+    chains = [chain(tokens=[seed] * (3 * CHUNK + 5)) for seed in range(1, 5)]
+    for keys in chains:
+        publish(store, keys, 3 * CHUNK)
+    errors: list[BaseException] = []
+    start = threading.Barrier(2)
+
+    def serve() -> None:
+        try:
+            start.wait()
+            for _ in range(40):
+                for keys in chains:
+                    store.find_restore(keys, local_step=0, local_kv_tokens=0)
+                    publish(store, keys, 2 * CHUNK)
+        except BaseException as error:  # noqa: BLE001 -- collected for the assertion below
+            errors.append(error)
+
+    threads = [threading.Thread(target=serve) for _ in range(2)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(0.005)
+    assert errors == []
+    # Every call counted (counters are locked); an object evicted by one thread while the other
+    # judged its prefix may be dropped as dead weight, so not every lookup need restore.
+    assert store.counters["restore_lookups"] == 2 * 40 * len(chains)
+    assert store.counters["restores"] > 0 and store.counters["promoted_to_host"] > 0
+    store.check_invariants()
