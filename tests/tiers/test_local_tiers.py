@@ -7,8 +7,17 @@ import os
 
 import pytest
 
-from hybridcache.errors import InvalidArgumentError, InvalidTypeError, LifecycleError, StoreLockedError
+from hybridcache.errors import (
+    InvalidArgumentError,
+    InvalidTypeError,
+    LifecycleError,
+    NotAStoreRootError,
+    StoreClosedError,
+    StoreError,
+    StoreLockedError,
+)
 from hybridcache.tiers.backends import DiskStore, HostMemoryStore, PutOutcome
+from hybridcache.tiers.backends.disk import MARKER_NAME
 
 
 @pytest.fixture(params=["host", "disk"])
@@ -117,3 +126,108 @@ def test_a_file_removed_behind_the_store_is_a_miss(tmp_path):
         store.put_if_absent([("a", b"abc")])
         store._path("a").unlink()
         assert store.get(["a"]) == [None] and store.used_bytes == 0
+
+
+# --- issue 19: the disk tier owns only its own files and trusts none of them ------------------
+
+
+def test_a_root_holding_someone_elses_files_is_refused_and_left_untouched(tmp_path):
+    home = tmp_path / "home"
+    (home / "tmp").mkdir(parents=True)
+    (home / "tmp" / "draft.txt").write_text("a user's unsaved work")
+    (home / "notes.txt").write_text("keep me")
+    with pytest.raises(NotAStoreRootError):
+        DiskStore(home, 1 << 20)
+    assert (home / "tmp" / "draft.txt").read_text() == "a user's unsaved work"
+    assert sorted(path.name for path in home.iterdir()) == ["notes.txt", "tmp"]
+
+
+def test_a_new_or_empty_root_is_marked_and_reopens(tmp_path):
+    (tmp_path / "empty").mkdir()
+    for root in (tmp_path / "empty", tmp_path / "new" / "nested"):
+        with DiskStore(root, 1 << 20) as store:
+            store.put_if_absent([("a", b"abc")])
+        assert (root / MARKER_NAME).is_file()
+        with DiskStore(root, 1 << 20) as store:
+            assert store.get(["a"]) == [b"abc"]
+
+
+def test_only_scratch_names_the_store_writes_are_deleted_on_open(tmp_path):
+    DiskStore(tmp_path, 1 << 20).close()
+    leftover, stranger = tmp_path / "scratch" / "123-4.tmp", tmp_path / "scratch" / "mine.txt"
+    leftover.write_bytes(b"interrupted")
+    stranger.write_bytes(b"not the store's")
+    DiskStore(tmp_path, 1 << 20).close()
+    assert not leftover.exists() and stranger.read_bytes() == b"not the store's"
+
+
+@pytest.mark.parametrize("planted", ["fifo", "sparse", "symlink to /dev/zero", "directory"])
+def test_a_file_that_is_not_the_stored_object_is_a_miss_never_a_hang_or_an_allocation(tmp_path, planted):
+    store = DiskStore(tmp_path, 1 << 20)
+    store.put_if_absent([("a", b"abc")])
+    path = store._path("a")
+    path.unlink()
+    if planted == "fifo":
+        os.mkfifo(path)
+    elif planted == "sparse":
+        with open(path, "wb") as handle:
+            handle.truncate(64 << 30)  # 64 GiB, no blocks
+    elif planted == "symlink to /dev/zero":
+        path.symlink_to("/dev/zero")
+    else:
+        path.mkdir()
+    assert store.get(["a"]) == [None]
+    assert store.exists(["a"]) == [False] and store.used_bytes == 0
+    store.close()
+    with DiskStore(tmp_path, 1 << 20) as reopened:  # nor is it indexed on the next open
+        assert reopened.exists(["a"]) == [False] and reopened.used_bytes == 0
+
+
+def test_a_read_only_store_serves_a_warm_cache_and_writes_nothing(tmp_path):
+    with DiskStore(tmp_path, 1 << 20) as store:
+        store.put_if_absent([("a", b"abc"), ("b", b"defg")])
+    (tmp_path / "lock").unlink()  # as on a medium the writer's lock file never reached
+
+    def snapshot():
+        return sorted((str(path), path.lstat().st_mtime_ns) for path in tmp_path.rglob("*"))
+
+    before = snapshot()
+    with DiskStore(tmp_path, 5, read_only=True) as reader:  # smaller than its contents: evicts nothing
+        assert reader.get(["a", "b", "c"]) == [b"abc", b"defg", None]
+        assert reader.put_if_absent([("c", b"x")]) == [PutOutcome.REJECTED]
+        assert reader.remove(["a"]) == [False] and reader.exists(["a"]) == [True]
+    assert snapshot() == before
+    with pytest.raises(NotAStoreRootError):
+        DiskStore(tmp_path / "unmarked", 100, read_only=True)
+
+
+def test_a_read_only_store_and_a_writer_exclude_each_other(tmp_path):
+    with DiskStore(tmp_path, 100):
+        with pytest.raises(StoreLockedError):
+            DiskStore(tmp_path, 100, read_only=True)
+    with DiskStore(tmp_path, 100, read_only=True), DiskStore(tmp_path, 100, read_only=True):
+        with pytest.raises(StoreLockedError):
+            DiskStore(tmp_path, 100)
+
+
+def test_a_failed_recency_update_does_not_turn_a_read_into_a_failure(tmp_path, monkeypatch):
+    with DiskStore(tmp_path, 1 << 20) as store:
+        store.put_if_absent([("a", b"abc")])
+
+        def refuse(*args, **kwargs):
+            raise PermissionError(13, "read-only file system")
+
+        monkeypatch.setattr(os, "utime", refuse)
+        assert store.get(["a"]) == [b"abc"]
+
+
+def test_a_closed_store_and_a_failing_backend_raise_store_errors_only(tmp_path):
+    store = DiskStore(tmp_path, 1 << 20)
+    store.put_if_absent([("a", b"abc")])
+    store._read_regular = lambda path, size: (_ for _ in ()).throw(MemoryError("no room"))  # a backend bug
+    with pytest.raises(StoreError) as raised:
+        store.get(["a"])
+    assert not isinstance(raised.value, MemoryError)
+    store.close()
+    with pytest.raises(StoreClosedError):
+        store.get(["a"])
