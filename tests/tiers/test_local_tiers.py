@@ -231,3 +231,20 @@ def test_a_closed_store_and_a_failing_backend_raise_store_errors_only(tmp_path):
     store.close()
     with pytest.raises(StoreClosedError):
         store.get(["a"])
+
+
+def test_folders_linked_elsewhere_are_never_indexed_or_written(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "ab").mkdir(parents=True)
+    (elsewhere / "ab" / "a.obj").write_bytes(b"someone's file")
+    root = tmp_path / "store"
+    with DiskStore(root, 1 << 20) as store:
+        shard = store._path("a").parent
+    shard.symlink_to(elsewhere / "ab")
+    with DiskStore(root, 1 << 20) as store:
+        assert store.exists(["a"]) == [False]  # not indexed through a linked shard
+    (root / "scratch").rmdir()
+    (root / "scratch").symlink_to(elsewhere)
+    with pytest.raises(NotAStoreRootError):
+        DiskStore(root, 1 << 20)
+    assert (elsewhere / "ab" / "a.obj").read_bytes() == b"someone's file"

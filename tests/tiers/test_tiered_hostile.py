@@ -9,7 +9,6 @@ import threading
 
 import numpy as np
 import pytest
-import torch  # noqa: F401  (the engine below needs it; imported first for a clear error)
 
 from hybridcache.engine import Engine, EngineConfig, Request, TinyHybridConfig
 from hybridcache.errors import InvalidArgumentError, InvalidTypeError, StoreClosedError

@@ -119,7 +119,10 @@ class DiskStore(ObjectStore):
                 "give a new or empty directory"
             )
         self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        except FileExistsError:
+            return  # another store marked it first
         try:
             _write_all(fd, _MARKER_TEXT)
             os.fsync(fd)
@@ -160,6 +163,9 @@ class DiskStore(ObjectStore):
 
     def _recover(self) -> None:
         """Delete this store's interrupted writes, then index the complete objects, oldest first."""
+        for folder in (self._objects_dir, self._scratch_dir):
+            if folder.is_symlink():  # its files would be someone else's
+                raise NotAStoreRootError(f"{folder} is a symbolic link: a disk tier keeps its files in its own root")
         try:
             if not self.read_only:
                 for leftover in self._scratch_dir.iterdir():
@@ -183,6 +189,8 @@ class DiskStore(ObjectStore):
         try:
             check_key(key)
         except InvalidArgumentError:
+            return None
+        if path.parent.is_symlink():
             return None
         info = path.lstat()
         if not stat.S_ISREG(info.st_mode) or not 0 < info.st_size <= self.capacity_bytes or self._path(key) != path:
