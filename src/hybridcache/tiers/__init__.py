@@ -4,9 +4,11 @@ Owns no state itself. The object model (:mod:`~hybridcache.tiers.fingerprint`,
 :mod:`~hybridcache.tiers.keys`, :mod:`~hybridcache.tiers.objects`,
 :mod:`~hybridcache.tiers.verify`) needs only NumPy; the stores live in
 :mod:`hybridcache.tiers.backends`; :class:`TieredStore` publishes to them and restores from
-them. The format and the failure rules are in ``docs/tiers.md``.
+them, each tier behind a :class:`CircuitBreaker`. The format and the failure rules are in
+``docs/tiers.md``.
 """
 
+from hybridcache.tiers.breaker import CircuitBreaker
 from hybridcache.tiers.fingerprint import DEFAULT_CHUNK_SIZE, FORMAT_VERSION, NamespaceFingerprint
 from hybridcache.tiers.keys import Expectation, KeyChain, ObjectKey, ObjectKind
 from hybridcache.tiers.objects import (
@@ -22,6 +24,7 @@ from hybridcache.tiers.tiered import PublishReport, Restore, RestoreCost, Tiered
 from hybridcache.tiers.verify import MissReason, Verdict, fetch_verified, verify
 
 __all__ = [
+    "CircuitBreaker",
     "DEFAULT_CHUNK_SIZE",
     "FORMAT_VERSION",
     "ROUTED_EXPERTS",
