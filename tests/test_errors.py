@@ -40,6 +40,8 @@ from hybridcache.errors import (
     StaleHandleError,
     StoreError,
     StoreLockedError,
+    NotAStoreRootError,
+    StoreClosedError,
     StoreTimeoutError,
     ServerStartError,
     StoreUnavailableError,
@@ -91,6 +93,8 @@ HIERARCHY = {
     StoreTimeoutError: (StoreError, OSError),
     ServerStartError: (StoreError, OSError),
     EventStreamError: (HybridCacheError, OSError),
+    NotAStoreRootError: (InvalidConfigError, ValueError),
+    StoreClosedError: (StoreUnavailableError, OSError),
 }
 FAMILIES = (ValueError, TypeError, IndexError, RuntimeError, MemoryError, OSError)
 

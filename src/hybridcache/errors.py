@@ -203,6 +203,7 @@ class StoreTimeoutError(StoreError, TimeoutError):
     """A store operation did not finish within its timeout."""
 
 
-class StoreClosedError(StoreUnavailableError, LifecycleError):
-    """An operation reached an object store after it was closed: unavailable to a tiered
-    caller, and lifecycle misuse to a direct one."""
+class StoreClosedError(StoreUnavailableError):
+    """An operation reached an object store after it was closed. A store failure like any
+    other (a tiered caller counts it as ``unavailable``), not a ``LifecycleError``: a store
+    can be closed under a running engine by code the engine does not control."""

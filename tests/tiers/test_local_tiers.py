@@ -10,7 +10,6 @@ import pytest
 from hybridcache.errors import (
     InvalidArgumentError,
     InvalidTypeError,
-    LifecycleError,
     NotAStoreRootError,
     StoreClosedError,
     StoreError,
@@ -71,7 +70,7 @@ def test_closed_stores_refuse_calls(bounded):
     store = bounded(10)
     store.close()
     store.close()  # idempotent
-    with pytest.raises(LifecycleError):
+    with pytest.raises(StoreClosedError):
         store.get(["a"])
 
 

@@ -39,7 +39,7 @@ def test_a_closed_store_costs_misses_and_failed_publishes_never_an_exception(tmp
     for tier in (host, disk, shared):
         tier.close()
     with pytest.raises(StoreClosedError):
-        shared.exists(["a"])  # direct callers still learn it is closed (also a LifecycleError)
+        shared.exists(["a"])  # direct callers learn it is closed
     assert store.find_restore(keys, local_step=0, local_kv_tokens=0) is None
     assert publish(store, keys, 3 * CHUNK).checkpoint_stored == {"host": False, "shared": False}
     assert store.misses["unavailable"] == 3 and store.misses["missing"] == 0  # the real reason

@@ -12,8 +12,8 @@ Contract (tested against every backend by one suite):
   the object sizes (``None``: missing, or larger than its buffer: never a usable object);
 * every call finishes or raises :class:`StoreTimeoutError` within its timeout (``None``: the
   store's default); a store failure raises :class:`StoreUnavailableError` or
-  :class:`StoreError`, and a call on a closed store :class:`StoreClosedError` (both a
-  ``StoreError`` and a ``LifecycleError``). Bad arguments raise their ``hybridcache.errors``
+  :class:`StoreError`, and a call on a closed store :class:`StoreClosedError` (a
+  ``StoreUnavailableError``). Bad arguments raise their ``hybridcache.errors``
   class; any other exception a backend or its client raises (``MemoryError``, a client's
   ``UnicodeDecodeError``) is wrapped into :class:`StoreError` here, so none escapes.
 """
