@@ -25,10 +25,18 @@ def publish(store: TieredStore, keys, step: int, seed: int = 0):
     return store.publish(keys, step, lambda index: kv_arrays(seed + index), lambda: state_arrays(seed + step))
 
 
-@pytest.mark.parametrize("bad", [0, -1, "5", float("nan"), float("inf"), True])
+@pytest.mark.parametrize("bad", [0, -1, "5", float("nan"), float("inf"), True, np.float64("nan"), np.int64(0), None, [1]])
 def test_bad_timeouts_are_refused_when_built(bad):
     with pytest.raises((InvalidArgumentError, InvalidTypeError)):
-        TieredStore(shared=HostMemoryStore(1 << 20), timeout=bad)
+        if bad is None:
+            HostMemoryStore(1 << 20, default_timeout=bad)
+        else:
+            TieredStore(shared=HostMemoryStore(1 << 20), timeout=bad)
+
+
+@pytest.mark.parametrize("good", [1, 0.5, np.float32(2.0), np.int64(3)])
+def test_numeric_timeouts_of_any_real_type_are_accepted(good):
+    assert TieredStore(shared=HostMemoryStore(1 << 20), timeout=good).timeout == float(good)
 
 
 def test_a_closed_store_costs_misses_and_failed_publishes_never_an_exception(tmp_path):
@@ -184,3 +192,17 @@ def test_one_store_serves_two_threads_at_once(tmp_path, monkeypatch):
     assert store.counters["restore_lookups"] == 2 * 40 * len(chains)
     assert store.counters["restores"] > 0 and store.counters["promoted_to_host"] > 0
     store.check_invariants()
+
+
+def test_a_read_only_disk_tier_under_a_tiered_store_serves_and_refuses_demotions(tmp_path):
+    keys = chain()
+    writer = TieredStore(disk=DiskStore(tmp_path / "disk", 1 << 24))
+    publish(writer, keys, 2 * CHUNK)
+    writer.close()
+    reader = TieredStore(host=HostMemoryStore(6000), disk=DiskStore(tmp_path / "disk", 1 << 24, read_only=True))
+    restore = reader.find_restore(keys, local_step=0, local_kv_tokens=0)
+    assert restore is not None and restore.step == 2 * CHUNK and set(restore.bytes_by_tier) == {"disk"}
+    other = chain(tokens=[9] * (3 * CHUNK))
+    publish(reader, other, 3 * CHUNK)  # its evicted objects are new to the disk, which cannot take them
+    assert reader.counters["disk_demotion_refused"] >= 1 and reader.counters["demoted_to_disk"] == 0
+    reader.check_invariants()

@@ -60,6 +60,11 @@ from hybridcache.types import as_int
 TIER_NAMES = ("host", "disk", "shared")
 SLOWER_THAN_RECOMPUTE = "slower_than_recompute"
 _CONFIRMED = (PutOutcome.STORED, PutOutcome.PRESENT)
+_DEMOTION_COUNTERS = {
+    PutOutcome.STORED: "demoted_to_disk",
+    PutOutcome.PRESENT: "demoted_already_on_disk",
+    PutOutcome.REJECTED: "disk_demotion_refused",  # full, or a read-only disk tier
+}
 # What the store's own reply says about the object (not about the store): it is not the object
 # its key names, so it is removed from the tier that served it.
 _REJECTED_OBJECT = frozenset(MissReason) - {MissReason.MISSING, MissReason.TIMEOUT, MissReason.UNAVAILABLE}
@@ -331,8 +336,8 @@ class TieredStore:
             self._count(self.counters, "host_dropped_dead_weight")
             return
         try:
-            self._call("disk", "put_if_absent", [(name, value)])
-            self._count(self.counters, "demoted_to_disk")
+            (outcome,) = self._call("disk", "put_if_absent", [(name, value)])
+            self._count(self.counters, _DEMOTION_COUNTERS[outcome])
         except StoreError:
             self._count(self.counters, "disk_demotion_failed")
 

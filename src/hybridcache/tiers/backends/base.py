@@ -23,9 +23,12 @@ from __future__ import annotations
 import concurrent.futures
 import enum
 import math
+import numbers
 import re
 from abc import ABC, abstractmethod
 from typing import Callable, Sequence, TypeVar
+
+import numpy as np
 
 from hybridcache.errors import (
     HybridCacheError,
@@ -187,8 +190,8 @@ def _checked_item(item: object) -> tuple[str, bytes]:
 
 
 def checked_timeout(timeout: object) -> float:
-    """A timeout in seconds: a real number, positive and finite."""
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+    """A timeout in seconds: a real number (NumPy's too, never a bool), positive and finite."""
+    if isinstance(timeout, (bool, np.bool_)) or not isinstance(timeout, numbers.Real):
         raise InvalidTypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
     if not math.isfinite(timeout) or timeout <= 0:
         raise InvalidArgumentError(f"timeout must be positive and finite, got {timeout}")
