@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from hybridcache.memory.block_pool import BlockPool
+from hybridcache.errors import InvalidBlockIdError, InvalidTypeError, LifecycleError
+from hybridcache.memory.protocols import KVBlockAllocator
 from hybridcache.prefix_cache.kv_lifecycle import KVLifecycle
 from hybridcache.prefix_cache.lookup import PathLookup
 from hybridcache.prefix_cache.routed_experts import RoutedExpertStore
@@ -24,7 +25,7 @@ _EMPTY_RANGE = (0, 0)
 
 class Attacher:
     def __init__(
-        self, lookup: PathLookup, pool: BlockPool, kv: KVLifecycle, experts: RoutedExpertStore, checkpoints, enabled: bool
+        self, lookup: PathLookup, pool: KVBlockAllocator, kv: KVLifecycle, experts: RoutedExpertStore, checkpoints, enabled: bool
     ) -> None:
         """``checkpoints``: the trie's CheckpointLifecycle or its null object."""
         self._lookup = lookup
@@ -84,6 +85,23 @@ class Attacher:
         position.cursor, position.cursor_generation = node, generation
         position.verified, position.verified_generation = node, generation
         recompute.fresh_range = _EMPTY_RANGE
+
+    def validated_new_blocks(self, seq: Sequence, block_ids: object) -> np.ndarray:
+        """``block_ids`` as a flat int32 array of in-use blocks, distinct and absent from the
+        sequence's table (blocks an engine grew the table with itself)."""
+        ids = np.asarray(block_ids)
+        if ids.size == 0:
+            return np.empty(0, dtype=np.int32)
+        if ids.dtype.kind not in "iu":
+            raise InvalidTypeError(f"block ids must be integers, got {ids.dtype}")
+        ids = ids.reshape(-1).astype(np.int32)
+        if int(ids.min()) < 0 or int(ids.max()) >= self.pool.num_blocks:
+            raise InvalidBlockIdError(f"block id outside [0, {self.pool.num_blocks})")
+        if np.unique(ids).size != ids.size or np.isin(ids, seq.block_table).any():
+            raise InvalidBlockIdError("a block appears twice in the sequence's table")
+        if any(self.pool.refcount_of(int(block)) <= 0 for block in ids.tolist()):
+            raise LifecycleError("a handed-over block is free: allocate it before attaching")
+        return ids
 
     def _adopt_existing(self, seq: Sequence, first_index: int, canonical: np.ndarray, pending: np.ndarray) -> None:
         """Point the table at existing trie blocks where safe; keep private blocks the next

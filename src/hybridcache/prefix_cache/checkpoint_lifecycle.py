@@ -32,8 +32,8 @@ from hybridcache.errors import (
     PinnedError,
     PinUnderflowError,
 )
-from hybridcache.memory.block_pool import BlockPool
-from hybridcache.memory.state_pool import SlotRole, StatePool
+from hybridcache.memory.protocols import KVBlockAllocator, StateSlotAllocator
+from hybridcache.memory.state_pool import SlotRole
 from hybridcache.prefix_cache.checkpoint_index import CheckpointIndex
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord, CheckpointState, anchor_step
 from hybridcache.prefix_cache.checkpoint_store import CheckpointStore
@@ -50,8 +50,8 @@ class CheckpointLifecycle(CheckpointStore):
         self,
         nodes: NodeTable,
         index: CheckpointIndex,
-        pool: BlockPool,
-        states: StatePool,
+        pool: KVBlockAllocator,
+        states: StateSlotAllocator,
         block_size: int,
         max_per_anchor: int = 4,
         *,

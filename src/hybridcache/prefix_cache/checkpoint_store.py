@@ -18,8 +18,8 @@ from typing import Callable
 import numpy as np
 
 from hybridcache.errors import AlreadyPublishedError, InvalidArgumentError, LifecycleError, PinnedError
-from hybridcache.memory.block_pool import BlockPool
-from hybridcache.memory.state_pool import SlotRole, StatePool
+from hybridcache.memory.protocols import KVBlockAllocator, StateSlotAllocator
+from hybridcache.memory.state_pool import SlotRole
 from hybridcache.prefix_cache.checkpoint_index import CheckpointIndex, Verdict, VerifyStatus
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord, CheckpointState
 from hybridcache.prefix_cache.lru import EvictionHeap
@@ -40,8 +40,8 @@ class CheckpointStore:
         self,
         nodes: NodeTable,
         index: CheckpointIndex,
-        pool: BlockPool,
-        states: StatePool,
+        pool: KVBlockAllocator,
+        states: StateSlotAllocator,
         block_size: int,
         max_per_anchor: int,
         score: Callable[[CheckpointRecord], object] | None,

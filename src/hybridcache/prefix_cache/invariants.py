@@ -13,7 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
-from hybridcache.memory.block_pool import BlockPool
+from hybridcache.memory.protocols import KVBlockAllocator
 from hybridcache.prefix_cache.kv_lifecycle import KVLifecycle
 from hybridcache.prefix_cache.lookup import PathLookup
 from hybridcache.prefix_cache.match_txn import MatchTxn
@@ -30,7 +30,7 @@ class TrieParts(Protocol):
     nodes: NodeTable
     tokens: TokenStore
     kv: KVLifecycle
-    pool: BlockPool
+    pool: KVBlockAllocator
     lookup: PathLookup
     checkpoints: object  # CheckpointLifecycle or NoCheckpoints: frozen_blocks, check_invariants
 

@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 
 from hybridcache.errors import RefcountUnderflowError
-from hybridcache.memory.block_pool import BlockPool
+from hybridcache.memory.protocols import KVBlockAllocator
 from hybridcache.prefix_cache.lru import EvictionHeap
 from hybridcache.prefix_cache.node import NodeTable
 
@@ -32,7 +32,7 @@ _HEAP_SLACK = 1024  # stale entries tolerated beyond twice the attached nodes be
 
 
 class KVLifecycle:
-    def __init__(self, nodes: NodeTable, pool: BlockPool, score: Callable[[int], object] | None = None) -> None:
+    def __init__(self, nodes: NodeTable, pool: KVBlockAllocator, score: Callable[[int], object] | None = None) -> None:
         """``score(slot)`` orders leaf candidates (lowest first); by default the recency stamp
         of the leaf's block (LRU)."""
         self._nodes = nodes

@@ -3,7 +3,9 @@
 Owns: the undo records (``MatchTxn``) and the sequences' borrowed-path state
 (``prefix_state.borrow``): a match from the root borrows the matched
 path with one pin on its deepest node (``KVLifecycle.pin_path``) instead of one reference per
-block; a match resuming below a computed prefix references each block it takes. A rollback
+block; a match resuming below a computed prefix references each block it takes. Without
+``borrow_paths`` (an engine whose own block manager counts one reference per block per
+holder) every match references each block it takes. A rollback
 restores the table, the references (or the borrow), the step, the cursor, the fresh range,
 the restore selection and the statistics exactly.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from hybridcache.errors import InvalidTypeError, StaleHandleError
-from hybridcache.memory.block_pool import BlockPool
+from hybridcache.memory.protocols import KVBlockAllocator
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord
 from hybridcache.prefix_cache.kv_lifecycle import KVLifecycle
 from hybridcache.prefix_cache.stats import MissReason, PrefixCacheStats
@@ -64,8 +66,11 @@ def require_txn(txn: object) -> None:
 class MatchBook:
     """Takes and gives back the blocks of matches, and closes their transactions."""
 
-    def __init__(self, pool: BlockPool, kv: KVLifecycle, stats: PrefixCacheStats, checkpoints) -> None:
+    def __init__(
+        self, pool: KVBlockAllocator, kv: KVLifecycle, stats: PrefixCacheStats, checkpoints, borrow_paths: bool = True
+    ) -> None:
         self.pool = pool
+        self.borrow_paths = borrow_paths
         self.kv = kv
         self.stats = stats
         self.checkpoints = checkpoints  # CheckpointLifecycle or its null object
@@ -122,12 +127,13 @@ class MatchBook:
     def take_path_blocks(self, seq: Sequence, txn: MatchTxn, ids: np.ndarray, base_depth: int, node: int) -> None:
         """Hold the blocks ``ids`` (of the path from ``base_depth`` down to ``node``; possibly
         a shared view, never written) and write them at their table positions: a path from the
-        root is borrowed with one pin on ``node``, anything else referenced per block."""
+        root is borrowed with one pin on ``node`` (with ``borrow_paths``), anything else
+        referenced per block."""
         if ids.size == 0:
             return
         state = seq.prefix_state
         borrowing = state.borrow
-        if base_depth == 0 and borrowing.depth == 0:
+        if base_depth == 0 and borrowing.depth == 0 and self.borrow_paths:
             self.borrow(seq, node, ids.size)
             txn.borrowed = True
         else:

@@ -22,8 +22,7 @@ import itertools
 from typing import Callable
 
 from hybridcache.errors import ForeignSequenceError, InvalidArgumentError, InvalidTypeError, PinnedError
-from hybridcache.memory.block_pool import BlockPool
-from hybridcache.memory.state_pool import StatePool
+from hybridcache.memory.protocols import KVBlockAllocator, StateSlotAllocator
 from hybridcache.prefix_cache.attach import Attacher
 from hybridcache.prefix_cache.change_log import CacheChanges, ChangeLog
 from hybridcache.prefix_cache.checkpoint_index import CheckpointIndex
@@ -54,37 +53,42 @@ def _require_sequence(seq: object) -> None:
 class BlockTrie:
     def __init__(
         self,
-        pool: BlockPool,
+        pool: KVBlockAllocator,
         block_size: int,
         *,
         enabled: bool = True,
         keyer: BlockKeyer | None = None,
-        state_pool: StatePool | None = None,
+        state_pool: StateSlotAllocator | None = None,
         max_checkpoints_per_anchor: int = 4,
         track_pending: bool = False,
+        borrow_paths: bool = True,
         kv_score: Callable[[int], object] | None = None,
         checkpoint_score: Callable[..., object] | None = None,
     ) -> None:
         """``state_pool`` makes the trie hybrid (every hit needs a published checkpoint);
         ``kv_score(slot)`` orders KV leaf eviction (default: the block's recency stamp);
-        ``checkpoint_score(record)`` orders checkpoint eviction (default: its recency stamp).
+        ``checkpoint_score(record)`` orders checkpoint eviction (default: its recency stamp);
+        ``borrow_paths=False``: a match references every block it gives a sequence instead of
+        pinning the path (each holder counts one reference per block, as engines whose block
+        manager owns the ids expect).
         An eviction policy may also set ``mid_block_checkpoints_first`` when it binds (see
         ``free_kv_blocks``)."""
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 2 or block_size % 2:
             raise InvalidArgumentError(f"block_size must be an even int >= 2, got {block_size!r}")
-        if not isinstance(pool, BlockPool):
-            raise InvalidTypeError(f"pool must be a BlockPool, got {type(pool).__name__}")
+        if not isinstance(pool, KVBlockAllocator):
+            raise InvalidTypeError(f"pool must be a KV block allocator (BlockPool or alike), got {type(pool).__name__}")
         if keyer is not None and not isinstance(keyer, BlockKeyer):
             raise InvalidTypeError(f"keyer must be a BlockKeyer, got {type(keyer).__name__}")
         if keyer is not None and keyer.block_size != block_size:
             raise InvalidArgumentError("keyer block size differs from the trie's")
-        if state_pool is not None and not isinstance(state_pool, StatePool):
-            raise InvalidTypeError(f"state_pool must be a StatePool, got {type(state_pool).__name__}")
+        if state_pool is not None and not isinstance(state_pool, StateSlotAllocator):
+            raise InvalidTypeError(f"state_pool must be a state slot allocator (StatePool or alike), got {type(state_pool).__name__}")
         self.trie_id = next(_TRIE_IDS)
         self.pool = pool
         self.block_size = block_size
         self.enabled = bool(enabled)
         self.track_pending = bool(track_pending)
+        self.borrow_paths = bool(borrow_paths)
         self.keyer = keyer or BlockKeyer(block_size)
         self.nodes = NodeTable()
         self.tokens = TokenStore(block_size, self.nodes.capacity)
@@ -117,7 +121,7 @@ class BlockTrie:
                 score=score,
                 free_kv_blocks=self._free_block_for_frozen_copy,
             )
-        self.book = MatchBook(self.pool, self.kv, self.stats, self.checkpoints)
+        self.book = MatchBook(self.pool, self.kv, self.stats, self.checkpoints, self.borrow_paths)
         if self.index is None:
             self.matcher: BlockMatcher | CheckpointMatcher = BlockMatcher(self.lookup, self.book, self.experts)
         else:
@@ -225,6 +229,17 @@ class BlockTrie:
         computed yet stay unmatchable until ``mark_computed``.
         """
         self._claim(seq)
+        self.attacher.allocate(seq, upto)
+
+    def attach_table(self, seq: Sequence, block_ids: object, upto: int | None = None) -> None:
+        """Append blocks the engine allocated itself to the sequence's table, then ``allocate``.
+
+        The caller hands over one reference per id that it already holds (the sequence's own),
+        as ``pool.grow_table`` would have taken; every id must be in use and not already in
+        the table. Refused ids change nothing."""
+        self._claim(seq)
+        ids = self.attacher.validated_new_blocks(seq, block_ids)
+        seq.write_blocks(seq.num_blocks, ids)
         self.attacher.allocate(seq, upto)
 
     def exclusive_blocks(self, seq: Sequence, start: int, end: int) -> frozenset[int]:

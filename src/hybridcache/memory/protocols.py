@@ -1,0 +1,82 @@
+"""What the cache needs of its pools, so an engine can hand in its own allocators.
+
+Owns nothing: two protocols. ``BlockPool`` and ``StatePool`` satisfy them; an engine that
+owns its block ids and state rows (a serving engine's block manager and state manager) wraps
+them in objects with the same calls and passes those to ``build_cache`` or ``BlockTrie``.
+The calls keep the pools' contract: ids are validated, a failed call changes nothing, and
+every holder of a block owns exactly one reference.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from hybridcache.memory.state_pool import SlotRole
+from hybridcache.sequence import Sequence
+
+
+@runtime_checkable
+class KVBlockAllocator(Protocol):
+    """Reference-counted KV block ids with recency stamps from one logical clock."""
+
+    num_blocks: int
+
+    @property
+    def num_free(self) -> int: ...
+
+    def allocate(self, count: int) -> np.ndarray:
+        """``count`` free blocks, each with one reference, stamped now."""
+
+    def ref(self, block_ids: object, *, unique: bool = False) -> None: ...
+
+    def unref(self, block_ids: object, *, unique: bool = False) -> np.ndarray:
+        """Drop one reference per occurrence; returns the ids freed."""
+
+    def refcount_of(self, block_id: int) -> int: ...
+
+    def stamp_of(self, block_id: int) -> int: ...
+
+    def stamp_now(self, block_id: int) -> None: ...
+
+    def raise_stamp(self, block_id: int, stamp: int) -> None: ...
+
+    def tick(self) -> int:
+        """Advance the logical clock; stamps kept elsewhere compare with block stamps."""
+
+    def grow_table(self, seq: Sequence, num_tokens: int, block_size: int) -> np.ndarray: ...
+
+    def check_invariants(self, expected_refcounts: np.ndarray | None = None) -> None: ...
+
+
+@runtime_checkable
+class StateSlotAllocator(Protocol):
+    """Recurrent-state rows in two roles: runtime (running sequences) and checkpoint."""
+
+    @property
+    def num_free(self) -> int: ...
+
+    @property
+    def num_free_runtime(self) -> int: ...
+
+    @property
+    def num_free_checkpoint(self) -> int: ...
+
+    @property
+    def num_runtime(self) -> int: ...
+
+    @property
+    def num_checkpoint(self) -> int: ...
+
+    def role_of(self, slot: int) -> SlotRole: ...
+
+    def allocate_runtime(self) -> int: ...
+
+    def allocate_checkpoint(self) -> int: ...
+
+    def free_runtime(self, slot: int) -> None: ...
+
+    def free_checkpoint(self, slot: int) -> None: ...
+
+    def check_invariants(self) -> None: ...
