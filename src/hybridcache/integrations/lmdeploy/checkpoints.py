@@ -1,0 +1,161 @@
+"""lmdeploy's ``state_checkpoints`` surface over hybridcache's checkpoint lifecycle.
+
+Owns: the mirror of each sequence's checkpoint phases on lmdeploy's side
+(``prefix_cache.pending_save``, ``restore.pinned``, ``producer_save_pin``,
+``decode_checkpoint_node``); the records themselves, their slots, frozen blocks, pins and
+eviction order stay in ``CheckpointLifecycle``. lmdeploy's preconditions that only refuse
+(step range, decode alignment, multimodal boundaries) answer -1 / False as lmdeploy does.
+"""
+
+from __future__ import annotations
+
+from hybridcache.errors import PinnedError
+from hybridcache.integrations.lmdeploy.shadows import ShadowBook
+from hybridcache.integrations.lmdeploy.views import NodeView, ViewBook
+from hybridcache.prefix_cache.checkpoint_record import CheckpointState
+from hybridcache.types import NO_SAVE
+
+
+class StateCheckpoints:
+    def __init__(self, trie: object, shadows: ShadowBook, views: ViewBook) -> None:
+        self._trie = trie  # the hybridcache BlockTrie
+        self._shadows = shadows
+        self._views = views
+
+    @property
+    def _active(self) -> bool:
+        return self._trie.enabled and self._trie.is_hybrid
+
+    # --- saves ---------------------------------------------------------------------------------
+
+    def reserve_save(self, seq: object, step: int | None = None, is_decode: bool = False) -> int:
+        self.discard_save(seq)
+        if not self._active:
+            return -1
+        step = int(seq.num_valid_ids) if step is None else int(step)
+        block_size = self._trie.block_size
+        if step <= 0 or step > seq.num_valid_ids or (is_decode and step % block_size):
+            return -1
+        if not seq.is_prefix_cache_boundary_safe(step):
+            return -1
+        shadow = self._shadows.synced(seq)
+        slot = self._trie.checkpoints.reserve_save(shadow.seq, step, is_decode=is_decode)
+        if slot == NO_SAVE:
+            return -1
+        record = shadow.seq.prefix_state.checkpoints.pending_save
+        seq.prefix_cache.pending_save.reserve(int(slot), step, self._views.node(record.anchor, seq.adapter_name), is_decode)
+        return int(slot)
+
+    def reserve_decode_save(self, seq: object, interval: int, step: int | None = None) -> int:
+        step = int(seq.num_valid_ids) if step is None else int(step)
+        if interval <= 0 or step % interval or not self._active:
+            return -1
+        if step <= 0 or step % self._trie.block_size or step > seq.num_valid_ids:
+            return -1
+        if seq.clamp_prefix_cache_match_step(step) != step:
+            return -1
+        previous = seq.prefix_cache.decode_checkpoint_node
+        if previous is not None:
+            checkpoint = previous.state_checkpoint
+            if checkpoint is not None and checkpoint.step == step and checkpoint.published:
+                return -1
+        return self.reserve_save(seq, step=step, is_decode=True)
+
+    def discard_save(self, seq: object) -> bool:
+        pending = seq.prefix_cache.pending_save
+        shadow = self._shadows.existing(seq)
+        released = False
+        if shadow is not None and self._trie.is_hybrid:
+            released = self._trie.checkpoints.release_reservation(shadow.seq)
+        pending.clear()
+        return released
+
+    def publish_save(self, seq: object, pin_save: bool = False) -> bool:
+        pending = seq.prefix_cache.pending_save
+        shadow = self._shadows.existing(seq)
+        record = None if shadow is None else shadow.seq.prefix_state.checkpoints.pending_save
+        if record is None or not self._active:
+            pending.clear()
+            return False
+        published = self._trie.checkpoints.publish_save(shadow.seq, pin=pin_save)
+        pending.clear()
+        if not published:
+            return False
+        node = self._views.node(record.anchor, seq.adapter_name)
+        if record.is_decode:
+            seq.prefix_cache.decode_checkpoint_node = node
+        if pin_save:
+            seq.prefix_cache.producer_save_pin.acquire(int(record.slot), node)
+        return True
+
+    def publish_saves(self, seqs: list, pin_saves: bool = False) -> None:
+        if self._trie.enabled:
+            for seq in seqs:
+                self.publish_save(seq, pin_save=pin_saves)
+
+    def unpin_save(self, seq: object) -> bool:
+        shadow = self._shadows.existing(seq)
+        if shadow is None or not self._trie.checkpoints.unpin_save(shadow.seq):
+            return False
+        seq.prefix_cache.producer_save_pin.clear()
+        return True
+
+    def unpin_saves(self, seqs: list) -> None:
+        if self._trie.enabled:
+            for seq in seqs:
+                self.unpin_save(seq)
+
+    # --- restores ------------------------------------------------------------------------------
+
+    def pin_restore(self, seq: object) -> bool:
+        restore = seq.prefix_cache.restore
+        shadow = self._shadows.existing(seq)
+        if shadow is None or not restore.is_selected or restore.pinned or not self._trie.is_hybrid:
+            return False
+        if not self._trie.checkpoints.pin_restore(shadow.seq):
+            return False
+        restore.pinned = True
+        return True
+
+    def pin_restores(self, seqs: list) -> None:
+        for seq in seqs:
+            self.pin_restore(seq)
+
+    def unpin_restore(self, seq: object) -> bool:
+        shadow = self._shadows.existing(seq)
+        if shadow is None or not self._trie.is_hybrid or not self._trie.checkpoints.unpin_restore(shadow.seq):
+            return False
+        seq.prefix_cache.restore.clear()
+        return True
+
+    def unpin_restores(self, seqs: list) -> None:
+        if self._trie.enabled:
+            for seq in seqs:
+                self.unpin_restore(seq)
+
+    # --- records -------------------------------------------------------------------------------
+
+    @staticmethod
+    def is_pinned(node: NodeView) -> bool:
+        checkpoint = node.state_checkpoint
+        return checkpoint is not None and checkpoint.pin_count > 0
+
+    def release_checkpoint(self, node: NodeView) -> None:
+        """Release the checkpoint anchored at ``node``, keeping the node; a pinned one raises."""
+        checkpoint = node.state_checkpoint
+        if checkpoint is None:
+            return
+        record = checkpoint.record
+        if record.pin_count > 0:
+            raise PinnedError("cannot release a pinned checkpoint")
+        if record.state is not CheckpointState.RELEASED:
+            self._trie.checkpoints.release(record)
+
+    def evict(self, max_num_checkpoints: int) -> int:
+        """State-slot pressure: release least recently used unpinned checkpoints."""
+        return self._trie.free_state_slots(int(max_num_checkpoints))
+
+    def evict_frozen_checkpoints(self, max_num_blocks: int) -> int:
+        if not self._trie.enabled:
+            return 0
+        return self._trie.checkpoints.evict_frozen(int(max_num_blocks))

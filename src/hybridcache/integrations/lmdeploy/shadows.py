@@ -1,0 +1,183 @@
+"""Shadow sequences: one hybridcache ``Sequence`` per lmdeploy ``SchedulerSequence``.
+
+Owns: the shadows (kept on the lmdeploy sequence, so they live and die with it), the open
+match transaction of each, and the registry of live lmdeploy sequences the trie has seen.
+
+A shadow mirrors what the cache reads of its lmdeploy sequence: the tokens lmdeploy may
+cache (``history_cache[:num_valid_ids]``), the computed step (``num_history_ids``), the
+adapter, the multimodal spans (identity), the routed-expert rows, the recompute overlap and
+the block table (``logical_blocks``). The shadow's table entries are the lmdeploy
+sequence's own allocator references (the trie runs with one reference per block per holder),
+so when lmdeploy frees a sequence's blocks itself (rollback of a refused admission, finish,
+eviction) the shadow forgets its table without dropping references, and starts over.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from hybridcache.prefix_cache.match_txn import MatchTxn
+from hybridcache.sequence import Sequence
+from hybridcache.types import NO_NODE, MultimodalSpan
+
+_ATTRIBUTE = "_hybridcache_shadow"
+
+
+class Shadow:
+    """The hybridcache side of one lmdeploy sequence."""
+
+    __slots__ = ("seq", "txn", "num_spans", "adapter_name")
+
+    def __init__(self, seq: Sequence, num_spans: int, adapter_name: str | None) -> None:
+        self.seq = seq
+        self.txn: MatchTxn | None = None
+        self.num_spans = num_spans
+        self.adapter_name = adapter_name
+
+
+def _spans(lmd_seq: object) -> tuple[MultimodalSpan, ...]:
+    return tuple(
+        MultimodalSpan(int(span.start), int(span.end), str(span.modality), str(span.content_hash))
+        for span in lmd_seq.prefix_cache.multimodal_spans
+    )
+
+
+def _table(lmd_seq: object) -> np.ndarray:
+    blocks = lmd_seq.logical_blocks
+    if len(blocks) == 0:
+        return np.empty(0, dtype=np.int32)
+    return np.asarray(blocks.get_real_blocks()).astype(np.int32)
+
+
+class ShadowBook:
+    def __init__(self, trie: object) -> None:
+        self.trie = trie  # the hybridcache BlockTrie the shadows belong to
+        self._live: dict[int, weakref.ref] = {}
+        self.expert_shape: tuple[int, ...] | None = None  # lmdeploy's per-token expert row shape
+        self.expert_dtype: np.dtype | None = None
+
+    def existing(self, lmd_seq: object) -> Shadow | None:
+        """The shadow as it is (pins and reservations act on it without a resync)."""
+        shadow = getattr(lmd_seq, _ATTRIBUTE, None)
+        return shadow if isinstance(shadow, Shadow) and shadow.seq.prefix_state.trie.owner in (-1, self.trie.trie_id) else None
+
+    def synced(self, lmd_seq: object, *, with_table: bool = True) -> Shadow:
+        """The shadow, brought up to the lmdeploy sequence's tokens, step and table."""
+        shadow = self.existing(lmd_seq)
+        num_valid = int(lmd_seq.num_valid_ids)
+        if shadow is not None and not self._same_identity(shadow, lmd_seq, num_valid):
+            self.forget(shadow)
+            shadow = None
+        if shadow is None:
+            shadow = self._new_shadow(lmd_seq, num_valid)
+        seq = shadow.seq
+        if seq.num_tokens < num_valid:
+            seq.append_tokens(np.asarray(lmd_seq.history_cache[seq.num_tokens : num_valid]))
+        if self._lmdeploy_released(shadow, lmd_seq):
+            self.forget(shadow)
+        if with_table:
+            self._sync_table(shadow, lmd_seq)
+        seq.set_computed(min(int(lmd_seq.num_history_ids), seq.num_tokens))
+        seq.prefix_state.overlap.recompute_blocks = max(0, int(lmd_seq.prefix_cache.recompute_overlap.recompute_blocks))
+        seq.prefix_state.suppress_stats = bool(lmd_seq.prefix_cache.suppress_match_stats)
+        self._sync_experts(shadow, lmd_seq)
+        return shadow
+
+    def _new_shadow(self, lmd_seq: object, num_valid: int) -> Shadow:
+        spans = _spans(lmd_seq)
+        seq = Sequence(
+            np.asarray(lmd_seq.history_cache[:num_valid]),
+            adapter=lmd_seq.adapter_name,
+            multimodal=spans,
+            want_routed_experts=bool(lmd_seq.return_routed_experts),
+        )
+        shadow = Shadow(seq, len(spans), lmd_seq.adapter_name)
+        setattr(lmd_seq, _ATTRIBUTE, shadow)
+        self._live[id(lmd_seq)] = weakref.ref(lmd_seq)
+        return shadow
+
+    @staticmethod
+    def _same_identity(shadow: Shadow, lmd_seq: object, num_valid: int) -> bool:
+        """Tokens known to both agree, and the adapter and spans are unchanged. Only the
+        shadow's uncomputed tail is compared: lmdeploy never rewrites computed history."""
+        seq = shadow.seq
+        if seq.num_tokens > num_valid or shadow.adapter_name != lmd_seq.adapter_name:
+            return False
+        if len(lmd_seq.prefix_cache.multimodal_spans) != shadow.num_spans:
+            return False
+        start = min(seq.num_computed, int(lmd_seq.num_history_ids))
+        if start >= seq.num_tokens:
+            return True
+        return bool(np.array_equal(seq.token_view(start, seq.num_tokens), np.asarray(lmd_seq.history_cache[start : seq.num_tokens])))
+
+    def _lmdeploy_released(self, shadow: Shadow, lmd_seq: object) -> bool:
+        """lmdeploy freed the sequence's blocks or reset its cursor since the shadow last saw it."""
+        seq = shadow.seq
+        position = seq.prefix_state.trie
+        tracking = seq.num_blocks or shadow.txn is not None or position.cursor != NO_NODE
+        if lmd_seq.prefix_cache.trie_cursor is None and tracking:
+            return True
+        num_blocks = len(lmd_seq.logical_blocks)
+        if num_blocks < seq.num_blocks:
+            return True
+        return bool(seq.num_blocks and int(lmd_seq.logical_blocks[seq.num_blocks - 1]) != int(seq.block_table[-1]))
+
+    def forget(self, shadow: Shadow) -> None:
+        """lmdeploy released the references of the shadow's table itself: close its match,
+        empty the table without dropping references, and release its tracking."""
+        seq = shadow.seq
+        if shadow.txn is not None:
+            if shadow.txn.open:
+                self.trie.commit(shadow.txn)
+            shadow.txn = None
+        seq.truncate_blocks(0)
+        if seq.prefix_state.trie.owner == self.trie.trie_id:
+            self.trie.free_sequence(seq)
+
+    def _sync_table(self, shadow: Shadow, lmd_seq: object) -> None:
+        """Blocks lmdeploy's block manager appended beyond the shadow's table (not yet
+        attached: ``allocate`` attaches them)."""
+        seq = shadow.seq
+        if len(lmd_seq.logical_blocks) > seq.num_blocks:
+            seq.write_blocks(seq.num_blocks, _table(lmd_seq)[seq.num_blocks :])
+
+    def new_blocks(self, shadow: Shadow, lmd_seq: object) -> np.ndarray:
+        return _table(lmd_seq)[shadow.seq.num_blocks :]
+
+    def _sync_experts(self, shadow: Shadow, lmd_seq: object) -> None:
+        seq = shadow.seq
+        if not seq.want_routed_experts:
+            return
+        history = lmd_seq.all_routed_experts
+        if history is None or len(history) <= seq.num_routed_experts:
+            return
+        rows = np.asarray(history.get_real())
+        end = min(len(rows), seq.num_tokens)
+        if end <= seq.num_routed_experts:
+            return
+        self.expert_shape, self.expert_dtype = rows.shape[1:], rows.dtype
+        seq.append_routed_experts(rows[seq.num_routed_experts : end].reshape(end - seq.num_routed_experts, -1))
+
+    def replay_experts(self, shadow: Shadow, lmd_seq: object) -> None:
+        """Give lmdeploy's sequence the routed-expert rows a match replayed onto the shadow."""
+        seq = shadow.seq
+        rows = seq.routed_experts
+        have = len(lmd_seq.all_routed_experts)
+        if rows is None or seq.num_routed_experts <= have or self.expert_shape is None:
+            return
+        replay = np.asarray(rows[have:]).astype(self.expert_dtype).reshape((-1, *self.expert_shape))
+        lmd_seq.append_routed_experts(replay.copy())
+
+    def live(self) -> list[tuple[object, Shadow]]:
+        """Every lmdeploy sequence still alive with a shadow of this trie."""
+        found = []
+        for key, ref in list(self._live.items()):
+            lmd_seq = ref()
+            shadow = None if lmd_seq is None else self.existing(lmd_seq)
+            if shadow is None:
+                del self._live[key]
+            else:
+                found.append((lmd_seq, shadow))
+        return found

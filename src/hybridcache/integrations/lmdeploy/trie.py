@@ -1,0 +1,200 @@
+"""``LmdeployBlockTrie``: hybridcache's BlockTrie behind lmdeploy's ``BlockTrie`` surface.
+
+Owns: the composition (a hybridcache ``BlockTrie`` over lmdeploy's allocator and state
+manager, one reference per block per holder, one checkpoint per anchor as lmdeploy keeps)
+and lmdeploy's match statistics (``stats``: query and hit tokens counted lmdeploy's way,
+snapshot and restored by lmdeploy's scheduler around a tentative admission). Matching,
+attaching, eviction and the checkpoint lifecycle are hybridcache's; this class syncs the
+shadow of each lmdeploy sequence in, calls the trie, and writes the outcome back onto
+lmdeploy's sequence (``logical_blocks``, step, ``prefix_cache`` fields).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hybridcache.integrations.lmdeploy.checkpoints import StateCheckpoints
+from hybridcache.integrations.lmdeploy.pools import AllocatorBlocks, StateManagerSlots
+from hybridcache.integrations.lmdeploy.shadows import Shadow, ShadowBook
+from hybridcache.integrations.lmdeploy.views import NodeView, ViewBook
+from hybridcache.prefix_cache.trie import BlockTrie
+
+
+@dataclass
+class LmdeployStats:
+    """lmdeploy's ``PrefixCacheStats`` surface."""
+
+    num_query_tokens: int = 0
+    num_hit_tokens: int = 0
+
+    def reset(self) -> None:
+        self.num_query_tokens = self.num_hit_tokens = 0
+
+    def snapshot(self) -> "LmdeployStats":
+        return LmdeployStats(self.num_query_tokens, self.num_hit_tokens)
+
+    def restore(self, snapshot: "LmdeployStats | None") -> None:
+        if snapshot is not None:
+            self.num_query_tokens, self.num_hit_tokens = snapshot.num_query_tokens, snapshot.num_hit_tokens
+
+    def hit_rate(self) -> float:
+        return 0.0 if self.num_query_tokens <= 0 else self.num_hit_tokens / self.num_query_tokens
+
+
+class Leaves:
+    """``BlockTrie.leaves``: the attached non-root nodes without children, as views."""
+
+    def __init__(self, trie: BlockTrie, views: ViewBook) -> None:
+        self._trie, self._views = trie, views
+
+    def _slots(self) -> list[int]:
+        nodes = self._trie.nodes
+        return [s for s in nodes.attached_slots().tolist() if not nodes.is_root[s] and nodes.num_children[s] == 0]
+
+    def __len__(self) -> int:
+        return len(self._slots())
+
+    def __contains__(self, node: object) -> bool:
+        return isinstance(node, NodeView) and node.is_live and node.slot in self._slots()
+
+    def __iter__(self):
+        return iter([self._views.node(slot, None) for slot in self._slots()])
+
+
+class LmdeployBlockTrie:
+    def __init__(self, *, allocator: object, block_size: int, enabled: bool, checkpoint_state_manager: object = None) -> None:
+        self.allocator = allocator
+        self.block_size = block_size
+        self.enabled = bool(enabled)
+        states = None if checkpoint_state_manager is None else StateManagerSlots(checkpoint_state_manager)
+        self.trie = BlockTrie(
+            AllocatorBlocks(allocator),
+            block_size,
+            enabled=self.enabled,
+            state_pool=states,
+            max_checkpoints_per_anchor=1,
+            borrow_paths=False,
+        )
+        self.stats = LmdeployStats()
+        self._views = ViewBook(self.trie)
+        self._shadows = ShadowBook(self.trie)
+        self.state_checkpoints = StateCheckpoints(self.trie, self._shadows, self._views)
+        self.leaves = Leaves(self.trie, self._views)
+
+    # --- match ---------------------------------------------------------------------------------
+
+    def match(self, seq: object) -> None:
+        """Tentatively reuse the longest cached prefix; lmdeploy's scheduler admits or frees."""
+        if not self.enabled:
+            return
+        prefix_cache = seq.prefix_cache
+        prefix_cache.recompute_overlap.clear_fresh_block_range()
+        prefix_cache.match_start_step = seq.num_history_ids
+        prefix_cache.restore.clear()
+        cursor = prefix_cache.trie_cursor
+        initial_step = cursor.prefix_len if isinstance(cursor, NodeView) else 0
+        shadow = self._shadows.synced(seq)
+        self._close_match(shadow)
+        before = shadow.seq.num_blocks
+        shadow.txn = txn = self.trie.match(shadow.seq)
+        self._mirror_table(shadow, seq, min(before, txn.table_start))
+        if txn.hit_tokens:
+            seq.set_step(shadow.seq.num_computed)
+            self._shadows.replay_experts(shadow, seq)
+        restore = shadow.seq.prefix_state.checkpoints.restore
+        if restore is not None:
+            prefix_cache.restore.select(int(restore.slot), self._views.node(restore.anchor, seq.adapter_name))
+        prefix_cache.trie_cursor = self._cursor_view(shadow, seq)
+        prefix_cache.recompute_overlap.set_fresh_block_range(*shadow.seq.prefix_state.overlap.fresh_range)
+        if not prefix_cache.suppress_match_stats:
+            self.stats.num_query_tokens += int(seq.num_all_ids) - initial_step
+            self.stats.num_hit_tokens += max(0, int(seq.num_history_ids) - initial_step) if txn.hit_tokens else 0
+
+    def _close_match(self, shadow: Shadow) -> None:
+        if shadow.txn is not None:
+            if shadow.txn.open:
+                self.trie.commit(shadow.txn)
+            shadow.txn = None
+
+    # --- attach --------------------------------------------------------------------------------
+
+    def allocate(self, seq: object) -> None:
+        """Attach the blocks lmdeploy's block manager gave ``seq`` (complete ones join the trie)."""
+        if not self.enabled:
+            return
+        shadow = self._shadows.synced(seq, with_table=False)
+        self._close_match(shadow)
+        hc_seq = shadow.seq
+        limit = hc_seq.num_valid if seq.kv_token_limit is None else min(hc_seq.num_valid, int(seq.kv_token_limit))
+        first_changed = min([self._cursor_depth(hc_seq), *hc_seq.prefix_state.overlap.trie_block_map])
+        computed = hc_seq.num_computed
+        # lmdeploy attaches blocks before their forward and shares an already cached block at
+        # once (its KV is recomputed identically); only the recompute overlap stays private.
+        hc_seq.set_computed(max(computed, limit))
+        try:
+            self.trie.attach_table(hc_seq, self._shadows.new_blocks(shadow, seq), upto=limit)
+        finally:
+            hc_seq.set_computed(computed)
+        self._mirror_table(shadow, seq, first_changed)
+        overlap = seq.prefix_cache.recompute_overlap
+        overlap.trie_block_map.clear()
+        overlap.trie_block_map.update(hc_seq.prefix_state.overlap.trie_block_map)
+        overlap.clear_fresh_block_range()
+        seq.prefix_cache.trie_cursor = self._cursor_view(shadow, seq)
+
+    def _cursor_depth(self, hc_seq: object) -> int:
+        position = hc_seq.prefix_state.trie
+        if not self.trie.nodes.is_valid(position.cursor, position.cursor_generation):
+            return 0
+        return int(self.trie.nodes.depth[position.cursor])
+
+    def _cursor_view(self, shadow: Shadow, seq: object) -> NodeView:
+        position = shadow.seq.prefix_state.trie
+        if not self.trie.nodes.is_valid(position.cursor, position.cursor_generation):
+            return self._views.root(seq.adapter_name)
+        return self._views.node(position.cursor, seq.adapter_name)
+
+    @staticmethod
+    def _mirror_table(shadow: Shadow, seq: object, first: int) -> None:
+        """Write the shadow's table onto ``seq.logical_blocks`` from index ``first`` on."""
+        table = shadow.seq.block_table
+        blocks = seq.logical_blocks
+        have = len(blocks)
+        if have > first:
+            current = np.asarray(blocks.get_real_blocks()[first:have])
+            for index in (np.flatnonzero(current != table[first:have]) + first).tolist():
+                blocks[index] = int(table[index])
+        if table.size > have:
+            blocks.append(table[have:].astype(np.int64))
+
+    # --- eviction and routed experts -----------------------------------------------------------
+
+    def evict(self, max_num_blocks: int) -> int:
+        """KV pressure: frozen blocks of unpinned mid-block checkpoints, then LRU leaves."""
+        if not self.enabled:
+            return 0
+        return self.trie.free_kv_blocks(int(max_num_blocks))
+
+    def cache_routed_experts_for_seq(self, seq: object) -> None:
+        if not self.enabled or not seq.return_routed_experts:
+            return
+        shadow = self._shadows.synced(seq, with_table=False)
+        self.trie.cache_routed_experts(shadow.seq)
+
+    def cache_routed_experts(self, seqs: list) -> None:
+        if self.enabled:
+            for seq in seqs:
+                self.cache_routed_experts_for_seq(seq)
+
+    # --- diagnostics ---------------------------------------------------------------------------
+
+    def check_invariants(self) -> None:
+        """hybridcache's trie invariants, with every live lmdeploy sequence's shadow brought up
+        to date first: lmdeploy's reference counts equal trie nodes + sequence tables + open
+        matches' displaced blocks + frozen blocks."""
+        pairs = [(seq, self._shadows.synced(seq)) for seq, _ in self._shadows.live()]
+        shadows = [shadow.seq for _, shadow in pairs]
+        txns = [shadow.txn for _, shadow in pairs if shadow.txn is not None]
+        self.trie.check_invariants(shadows, txns)
