@@ -9,7 +9,9 @@ eviction order stay in ``CheckpointLifecycle``. lmdeploy's preconditions that on
 
 from __future__ import annotations
 
-from hybridcache.errors import PinnedError
+import numpy as np
+
+from hybridcache.errors import LifecycleError, PinnedError, PinUnderflowError
 from hybridcache.integrations.lmdeploy.shadows import ShadowBook
 from hybridcache.integrations.lmdeploy.views import NodeView, ViewBook
 from hybridcache.prefix_cache.checkpoint_record import CheckpointState
@@ -54,12 +56,37 @@ class StateCheckpoints:
             return -1
         if seq.clamp_prefix_cache_match_step(step) != step:
             return -1
-        previous = seq.prefix_cache.decode_checkpoint_node
-        if previous is not None:
-            checkpoint = previous.state_checkpoint
-            if checkpoint is not None and checkpoint.step == step and checkpoint.published:
-                return -1
+        anchor = self._attached_anchor(seq, step)
+        if anchor is None or anchor.state_checkpoint is not None:
+            return -1
+        if not self._release_previous_decode_checkpoint(seq, step):
+            return -1
         return self.reserve_save(seq, step=step, is_decode=True)
+
+    @staticmethod
+    def _attached_anchor(seq: object, step: int) -> NodeView | None:
+        """The node at ``step`` on the sequence's attached path (None when not attached yet)."""
+        node = seq.prefix_cache.trie_cursor
+        while isinstance(node, NodeView) and node.prefix_len > step:
+            node = node.parent
+        if not isinstance(node, NodeView) or node.prefix_len != step or (step and not node.is_live):
+            return None
+        return node
+
+    def _release_previous_decode_checkpoint(self, seq: object, step: int) -> bool:
+        """lmdeploy keeps one decode checkpoint per sequence and drops the previous one when
+        the next is reserved; refused while the previous is pinned or already at ``step``."""
+        prefix_cache = seq.prefix_cache
+        previous = prefix_cache.decode_checkpoint_node
+        checkpoint = None if previous is None else previous.state_checkpoint
+        if checkpoint is None or checkpoint.slot < 0:
+            prefix_cache.decode_checkpoint_node = None
+            return True
+        if (checkpoint.step == step and checkpoint.published) or checkpoint.pin_count > 0:
+            return False
+        self.release_checkpoint(previous)
+        prefix_cache.decode_checkpoint_node = None
+        return True
 
     def discard_save(self, seq: object) -> bool:
         pending = seq.prefix_cache.pending_save
@@ -77,6 +104,7 @@ class StateCheckpoints:
         if record is None or not self._active:
             pending.clear()
             return False
+        self._require_producer_prefix(seq, shadow, record)
         published = self._trie.checkpoints.publish_save(shadow.seq, pin=pin_save)
         pending.clear()
         if not published:
@@ -87,6 +115,17 @@ class StateCheckpoints:
         if pin_save:
             seq.prefix_cache.producer_save_pin.acquire(int(record.slot), node)
         return True
+
+    def _require_producer_prefix(self, seq: object, shadow, record) -> None:
+        """A save publishes the prefix it was reserved for: refuse (and release the
+        reservation) when the producer's tokens changed below the step since."""
+        step = int(record.step)
+        if step <= seq.num_valid_ids and np.array_equal(
+            shadow.seq.token_view(0, step), np.asarray(seq.history_cache[:step])
+        ):
+            return
+        self.discard_save(seq)
+        raise LifecycleError("Cannot publish a checkpoint from a mismatched sequence cursor: its tokens changed")
 
     def publish_saves(self, seqs: list, pin_saves: bool = False) -> None:
         if self._trie.enabled:
@@ -123,10 +162,15 @@ class StateCheckpoints:
 
     def unpin_restore(self, seq: object) -> bool:
         shadow = self._shadows.existing(seq)
-        if shadow is None or not self._trie.is_hybrid or not self._trie.checkpoints.unpin_restore(shadow.seq):
+        if shadow is None or not self._trie.is_hybrid:
             return False
-        seq.prefix_cache.restore.clear()
-        return True
+        try:
+            unpinned = self._trie.checkpoints.unpin_restore(shadow.seq)
+        except PinUnderflowError:
+            raise PinUnderflowError("the pinned restore checkpoint lost its node reference (no pin left)") from None
+        if unpinned:
+            seq.prefix_cache.restore.clear()
+        return unpinned
 
     def unpin_restores(self, seqs: list) -> None:
         if self._trie.enabled:
@@ -147,7 +191,7 @@ class StateCheckpoints:
             return
         record = checkpoint.record
         if record.pin_count > 0:
-            raise PinnedError("cannot release a pinned checkpoint")
+            raise PinnedError("Cannot release a pinned checkpoint")
         if record.state is not CheckpointState.RELEASED:
             self._trie.checkpoints.release(record)
 

@@ -78,8 +78,8 @@ class LmdeployBlockTrie:
             borrow_paths=False,
         )
         self.stats = LmdeployStats()
-        self._views = ViewBook(self.trie)
         self._shadows = ShadowBook(self.trie)
+        self._views = ViewBook(self.trie, lambda: (self._shadows.expert_shape, self._shadows.expert_dtype))
         self.state_checkpoints = StateCheckpoints(self.trie, self._shadows, self._views)
         self.leaves = Leaves(self.trie, self._views)
 
@@ -135,6 +135,8 @@ class LmdeployBlockTrie:
         hc_seq.set_computed(max(computed, limit))
         try:
             self.trie.attach_table(hc_seq, self._shadows.new_blocks(shadow, seq), upto=limit)
+            if hc_seq.want_routed_experts:  # lmdeploy enriches cached blocks as it attaches
+                self.trie.cache_routed_experts(hc_seq)
         finally:
             hc_seq.set_computed(computed)
         self._mirror_table(shadow, seq, first_changed)

@@ -20,13 +20,41 @@ def namespace_of(adapter_name: str | None) -> Namespace:
     return BASE_NAMESPACE if adapter_name is None else Namespace(adapter_name)
 
 
+class MatchData:
+    """``exact_match_data``: the immutable prefix a published checkpoint is verified against."""
+
+    __slots__ = ("_trie", "_record", "_tokens")
+
+    def __init__(self, trie: object, record: CheckpointRecord) -> None:
+        self._trie, self._record, self._tokens = trie, record, None
+
+    @property
+    def block_ids(self) -> np.ndarray:
+        """The canonical trie blocks of the anchor's path, in table order (read-only)."""
+        ids = np.asarray(self._trie.nodes.path_blocks(self._record.anchor_path)).astype(np.int64)
+        ids.flags.writeable = False
+        return ids
+
+    @property
+    def token_ids(self) -> np.ndarray:
+        """The checkpoint's whole prefix (read-only; assembled once from the trie's rows)."""
+        if self._tokens is None:
+            runs = self._record.anchor_path.runs
+            parts = [self._trie.tokens.run(first, last) for first, last in reversed(runs)]
+            tokens = np.concatenate([*parts, self._record.tail_tokens]).astype(np.int64)
+            tokens.flags.writeable = False
+            self._tokens = tokens
+        return self._tokens
+
+
 class CheckpointView:
     """``node.state_checkpoint``: what the inputs maker reads to build its copy plans."""
 
-    __slots__ = ("record", "__weakref__")
+    __slots__ = ("record", "_match_data")
 
-    def __init__(self, record: CheckpointRecord) -> None:
+    def __init__(self, record: CheckpointRecord, trie: object) -> None:
         self.record = record
+        self._match_data = MatchData(trie, record)
 
     @property
     def slot(self) -> int:
@@ -49,10 +77,16 @@ class CheckpointView:
     def pin_count(self) -> int:
         return int(self.record.pin_count)
 
+    @pin_count.setter
+    def pin_count(self, value: int) -> None:
+        """Pins held outside any sequence (lmdeploy's field is writable and its tests pin a
+        checkpoint this way); counted as restore pins beside the producer's."""
+        self.record.restore_pins = max(0, int(value) - int(self.record.producer_pins))
+
     @property
     def exact_match_data(self) -> object:
         """The immutable path a published checkpoint is verified against (None before)."""
-        return self.record.anchor_path if self.record.is_published else None
+        return self._match_data if self.record.is_published else None
 
     @property
     def last_access_time(self) -> int:
@@ -108,6 +142,25 @@ class NodeView:
             return None
         return self._views.node(int(nodes.parent[self.slot]), self.adapter_name)
 
+    def path_from_root(self) -> list["NodeView"]:
+        """The nodes from the root's child down to this one."""
+        path, node = [], self
+        while node is not None and node.is_live:
+            path.append(node)
+            node = node.parent
+        return path[::-1]
+
+    @property
+    def routed_experts(self) -> np.ndarray | None:
+        """The block's cached routed-expert rows in lmdeploy's row shape, or None."""
+        trie = self._views.trie
+        experts = trie.experts
+        if not self.is_live or self.slot >= experts.has_rows.size or not experts.has_rows[self.slot]:
+            return None
+        rows = experts.gather([(self.slot, self.slot)])
+        shape, dtype = self._views.expert_layout()
+        return rows if shape is None else rows.astype(dtype).reshape((-1, *shape))
+
     @property
     def state_checkpoint(self) -> CheckpointView | None:
         """The newest live checkpoint anchored here (lmdeploy keeps one per node)."""
@@ -124,12 +177,14 @@ class NodeView:
 
 
 class ViewBook:
-    """Hands out one view per node handle and per record while anything holds it."""
+    """Hands out one view per node handle (while anything holds it) and per live record."""
 
-    def __init__(self, trie: object) -> None:
+    def __init__(self, trie: object, expert_layout) -> None:
+        """``expert_layout()``: lmdeploy's per-token expert row shape and dtype, or (None, None)."""
         self.trie = trie
+        self.expert_layout = expert_layout
         self._nodes: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-        self._records: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self._records: dict[int, CheckpointView] = {}
         self._roots: dict[str | None, NodeView] = {}
 
     def node(self, slot: int, adapter_name: str | None) -> NodeView:
@@ -153,6 +208,8 @@ class ViewBook:
     def checkpoint(self, record: CheckpointRecord) -> CheckpointView:
         view = self._records.get(record.record_id)
         if view is None:
-            view = CheckpointView(record)
+            if len(self._records) > 2 * self.trie.checkpoints.num_live + 64:
+                self._records = {k: v for k, v in self._records.items() if v.record.state is not CheckpointState.RELEASED}
+            view = CheckpointView(record, self.trie)
             self._records[record.record_id] = view
         return view
