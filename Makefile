@@ -18,8 +18,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/hybridcache demo
 
+# The project's suite, then the lmdeploy integration tests in their own environment (they
+# drive lmdeploy 0.16.0's real Scheduler; the main environment has no lmdeploy, and without
+# lmdeploy those tests fail collection rather than skip).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --ignore=tests/integrations
+	$(MAKE) test-lmdeploy
 
 bench-smoke: $(STAMP)
 	$(BIN)/hybridcache bench all --smoke
@@ -50,5 +54,47 @@ compare-setup: $(STAMP)
 	$(BIN)/python -m pip install --quiet --no-deps $(LMDEPLOY_PKGS)
 	$(BIN)/python -W ignore -c "import torch, lmdeploy.pytorch.paging.scheduler, lmdeploy.pytorch.strategies.ar.sequence; assert torch.__version__.startswith('2.13.0'), torch.__version__; print('lmdeploy reference ready (torch', torch.__version__ + ')')"
 
+# lmdeploy 0.16.0 for the adapter (hybridcache.integrations.lmdeploy), in its own environment
+# beside the bench's 0.18.0: the wheel with --no-deps (pip never touches torch, CPU 2.13.0),
+# plus exactly what its scheduler-side imports need, plus hybridcache itself (editable).
+LMDEPLOY_VENV := .venv-lmdeploy
+LMDEPLOY_BIN := $(LMDEPLOY_VENV)/bin
+LMDEPLOY_STAMP := $(LMDEPLOY_VENV)/.installed-stamp
+LMDEPLOY16_PKGS := lmdeploy==0.16.0 $(filter-out lmdeploy==0.18.0,$(LMDEPLOY_PKGS))
+
+$(LMDEPLOY_STAMP): pyproject.toml Makefile
+	test -x $(LMDEPLOY_BIN)/python || $(PYTHON) -m venv $(LMDEPLOY_VENV)
+	$(LMDEPLOY_BIN)/python -m pip install --quiet torch==2.13.0 numpy 'rich>=13' 'pytest>=8' packaging pillow
+	$(LMDEPLOY_BIN)/python -m pip install --quiet --no-deps $(LMDEPLOY16_PKGS)
+	$(LMDEPLOY_BIN)/python -m pip install --quiet --no-deps -e .
+	$(LMDEPLOY_BIN)/python -W ignore -c "import lmdeploy.pytorch.paging.scheduler, hybridcache.integrations.lmdeploy as a; import lmdeploy; assert lmdeploy.__version__ == a.SUPPORTED_VERSION, lmdeploy.__version__"
+	touch $(LMDEPLOY_STAMP)
+
+.PHONY: lmdeploy-env test-lmdeploy lmdeploy-conformance
+lmdeploy-env: $(LMDEPLOY_STAMP)
+
+test-lmdeploy: $(LMDEPLOY_STAMP)
+	$(LMDEPLOY_BIN)/python -m pytest -q -p no:cacheprovider --confcutdir=tests/integrations tests/integrations
+
+# lmdeploy's own tests (tag v0.16.0, from a snapshot of the public repository: never in this
+# repository) against the adapter: LMDEPLOY_TESTS=<dir holding tests/pytorch>. Local only.
+LMDEPLOY_CONFORMANCE := tests/pytorch/paging/test_scheduler.py tests/pytorch/engine/test_inputs_maker.py \
+	tests/pytorch/paging/test_block_trie/test_trie.py tests/pytorch/paging/test_block_trie/test_checkpoint_lifecycle.py
+# Tests of lmdeploy's private internals, not applicable to a replacement (reasons: docs/integrations.md).
+LMDEPLOY_TRIE_TESTS := tests/pytorch/paging/test_block_trie/test_trie.py::TestBlockTrie
+LMDEPLOY_LIFECYCLE_TESTS := tests/pytorch/paging/test_block_trie/test_checkpoint_lifecycle.py::TestStateCheckpointLifecycle
+LMDEPLOY_NOT_APPLICABLE := $(LMDEPLOY_TRIE_TESTS)::test_recompute_overlap_cursor_rebuilds_after_eviction \
+	$(LMDEPLOY_LIFECYCLE_TESTS)::test_ssm_checkpoint_published_index_is_idempotent \
+	$(LMDEPLOY_LIFECYCLE_TESTS)::test_ssm_checkpoint_unindex_removes_duplicate_entries \
+	$(LMDEPLOY_LIFECYCLE_TESTS)::test_ssm_checkpoint_publish_failure_discards_detached_pending_slot \
+	$(LMDEPLOY_LIFECYCLE_TESTS)::test_ssm_checkpoint_publish_index_error_rolls_back_publication \
+	$(LMDEPLOY_LIFECYCLE_TESTS)::test_ssm_checkpoint_replaces_partial_variant_at_same_anchor \
+	$(LMDEPLOY_LIFECYCLE_TESTS)::test_evict_ssm_releases_state_checkpoint
+lmdeploy-conformance: $(LMDEPLOY_STAMP)
+	test -n "$(LMDEPLOY_TESTS)" || (echo "set LMDEPLOY_TESTS to a directory holding lmdeploy v0.16.0's tests/pytorch" && false)
+	cd $(LMDEPLOY_TESTS) && $(CURDIR)/$(LMDEPLOY_BIN)/python -m pytest -q -p no:cacheprovider \
+		-p hybridcache.integrations.lmdeploy.pytest_plugin $(LMDEPLOY_CONFORMANCE) \
+		$(addprefix --deselect ,$(LMDEPLOY_NOT_APPLICABLE))
+
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(LMDEPLOY_VENV) build src/*.egg-info .pytest_cache

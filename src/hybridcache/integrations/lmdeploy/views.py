@@ -50,11 +50,12 @@ class MatchData:
 class CheckpointView:
     """``node.state_checkpoint``: what the inputs maker reads to build its copy plans."""
 
-    __slots__ = ("record", "_match_data")
+    __slots__ = ("record", "_match_data", "external_pins")
 
     def __init__(self, record: CheckpointRecord, trie: object) -> None:
         self.record = record
         self._match_data = MatchData(trie, record)
+        self.external_pins = 0  # pins set through ``pin_count``, held by no sequence
 
     @property
     def slot(self) -> int:
@@ -81,7 +82,9 @@ class CheckpointView:
     def pin_count(self, value: int) -> None:
         """Pins held outside any sequence (lmdeploy's field is writable and its tests pin a
         checkpoint this way); counted as restore pins beside the producer's."""
-        self.record.restore_pins = max(0, int(value) - int(self.record.producer_pins))
+        target = max(0, int(value) - int(self.record.producer_pins))
+        self.external_pins = max(0, self.external_pins + target - int(self.record.restore_pins))
+        self.record.restore_pins = target
 
     @property
     def exact_match_data(self) -> object:
@@ -205,11 +208,15 @@ class ViewBook:
             view = self._roots[adapter_name] = NodeView(self, -1, -1, adapter_name)
         return view
 
+    def external_pins(self) -> list[tuple[CheckpointRecord, int]]:
+        """Records pinned through ``pin_count`` by no sequence, and how many such pins."""
+        return [(v.record, v.external_pins) for v in self._records.values() if v.external_pins and v.record.state is not CheckpointState.RELEASED]
+
     def checkpoint(self, record: CheckpointRecord) -> CheckpointView:
         view = self._records.get(record.record_id)
         if view is None:
             if len(self._records) > 2 * self.trie.checkpoints.num_live + 64:
-                self._records = {k: v for k, v in self._records.items() if v.record.state is not CheckpointState.RELEASED}
+                self._records = {k: v for k, v in self._records.items() if v.record.state is not CheckpointState.RELEASED or v.external_pins}
             view = CheckpointView(record, self.trie)
             self._records[record.record_id] = view
         return view

@@ -1,0 +1,130 @@
+"""lmdeploy's real Scheduler (0.16.0 wheel) with hybridcache's adapter installed behaves exactly
+as with lmdeploy's own trie: same hits, same block tables and reference counts, same blocks
+and state rows freed, step by step, with hybridcache's invariants checked after every step."""
+
+from tests.integrations.lmdeploy.twins import BLOCK, Twins, image, waiting
+
+
+def _serve(twins: Twins, name: str, session: int, tokens: list[int], **kw) -> dict:
+    twins.step(lambda w: w.add(name, session, tokens, **kw))
+    observed = twins.step(lambda w: w.schedule())
+    assert name in observed["running"]
+    twins.step(lambda w: w.forward())
+    return observed
+
+
+def _publish_now(world, name: str) -> None:
+    """A checkpoint of the whole prompt, saved outside a schedule (lmdeploy's tests do this)."""
+    seq = world.seqs[name]
+    world.scheduler.block_manager.allocate(seq)
+    world.scheduler.block_trie.allocate(seq)
+    assert world.scheduler.block_trie.state_checkpoints.reserve_save(seq) >= 0
+    assert world.scheduler.block_trie.state_checkpoints.publish_save(seq)
+
+
+def _pin_checkpoint_of(world, name: str) -> None:
+    """Another forward holds the checkpoint (lmdeploy's tests pin through the field)."""
+    world.pinned = world.seqs[name].prefix_cache.trie_cursor
+    world.pinned.state_checkpoint.pin_count = 1
+
+
+def _unpin(world) -> None:
+    world.pinned.state_checkpoint.pin_count = 0
+
+
+def test_attention_prefix_hit_shares_blocks_with_one_reference_per_holder():
+    twins = Twins(ssm=False, num_gpu_blocks=32)
+    _serve(twins, "a", 0, [1] * (3 * BLOCK) + [5])
+    observed = _serve(twins, "b", 1, [1] * (3 * BLOCK) + [6])
+    b = observed["seqs"]["b"]
+    assert b["step"] == 3 * BLOCK and observed["hits"] == 3 * BLOCK
+    assert b["refs"][:3] == [3, 3, 3]  # the trie, a and b
+    twins.step(lambda w: w.finish("a"))
+    after = twins.step(lambda w: w.finish("b"))
+    assert after["free_gpu"] == 32 - 3  # only the trie's three shared blocks stay
+
+
+def test_multi_turn_ssm_sessions_resume_from_the_previous_turns_checkpoint():
+    """Turn 2 resumes at turn 1's mid-block checkpoint exactly as with lmdeploy's trie. After
+    that partial hit lmdeploy keeps turn 2's complete blocks out of the trie, so turn 2's own
+    prompt-end save finds no anchor and turn 3 falls back to turn 1's checkpoint; hybridcache
+    attaches them and turn 3 resumes at turn 2's prompt end."""
+    twins = Twins(ssm=True, num_gpu_blocks=64)
+    first = [1] * (2 * BLOCK + 8)
+    second = first + [7] + [2] * 20
+    third = second + [7] + [3] * 40
+    _serve(twins, "t1", 0, first)
+    reference, subject = _serve_both(twins, "t2", 0, second)
+    assert reference["seqs"]["t2"]["step"] == subject["seqs"]["t2"]["step"] == len(first)
+    assert reference["hits"] == subject["hits"] == len(first)
+    reference, subject = _serve_both(twins, "t3", 0, third)
+    assert reference["seqs"]["t3"]["step"] == len(first)
+    assert subject["seqs"]["t3"]["step"] == len(second)
+    assert subject["seqs"]["t3"]["restore"] >= 0
+
+
+def _serve_both(twins: Twins, name: str, session: int, tokens: list[int]) -> tuple[dict, dict]:
+    twins.step_both(lambda w: w.add(name, session, tokens))
+    observed = twins.step_both(lambda w: w.schedule())
+    twins.step_both(lambda w: w.forward())
+    return observed
+
+
+def test_a_refused_ssm_admission_rolls_back_exactly_and_is_admitted_later():
+    twins = Twins(ssm=True, num_gpu_blocks=16, max_batches=1, state_budget=0)
+    twins.step(lambda w: w.add("cached", 0, [1] * (2 * BLOCK)))
+    twins.step(lambda w: _publish_now(w, "cached"))
+    twins.step(lambda w: _pin_checkpoint_of(w, "cached"))
+    twins.step(lambda w: w.add("hit", 1, [1] * (2 * BLOCK) + [2]))
+    refused = twins.step(lambda w: w.schedule())
+    assert refused["running"] == [] and waiting(refused, "hit") and waiting(refused, "cached")
+    for name in ("hit", "cached"):  # each tentative match was taken back: no step, no block
+        assert refused["seqs"][name]["step"] == 0 and refused["seqs"][name]["blocks"] == []
+    assert refused["free_gpu"] == 16 - 2 and refused["checkpoint_states"] == 1  # what the trie keeps
+    assert refused["hits"] == 0 and refused["queries"] == 0  # the matches' stats rolled back
+    twins.step(_unpin)
+    admitted = twins.step(lambda w: w.schedule())
+    # one state row: the running sequence's state takes it back from the unpinned checkpoint
+    assert admitted["running"] == ["cached"] and admitted["checkpoint_states"] == 0
+    twins.step(lambda w: w.forward())
+    twins.step(lambda w: w.finish("cached"))
+    later = twins.step(lambda w: w.schedule())
+    assert later["running"] == ["hit"] and later["seqs"]["hit"]["step"] == 0
+
+
+def test_eviction_under_pressure_frees_the_same_cached_blocks():
+    twins = Twins(ssm=False, num_gpu_blocks=8)
+    _serve(twins, "old", 0, [1] * (4 * BLOCK) + [2])
+    twins.step(lambda w: w.finish("old"))
+    observed = _serve(twins, "new", 1, [3] * (6 * BLOCK) + [4])
+    assert observed["seqs"]["new"]["step"] == 0 and len(observed["seqs"]["new"]["blocks"]) == 7
+    again = _serve(twins, "again", 2, [1] * (4 * BLOCK) + [2])
+    assert again["seqs"]["again"]["step"] < 4 * BLOCK  # part of the old prefix was evicted
+
+
+def test_multimodal_identity_shares_only_the_same_image():
+    twins = Twins(ssm=False, num_gpu_blocks=32)
+    tokens = [1] * BLOCK + [99] * BLOCK + [1] * BLOCK + [5]
+    _serve(twins, "cat", 0, tokens, multimodals=image(BLOCK, 2 * BLOCK, "cat"))
+    same = _serve(twins, "cat2", 1, tokens, multimodals=image(BLOCK, 2 * BLOCK, "cat"))
+    assert same["seqs"]["cat2"]["step"] == 3 * BLOCK
+    other = _serve(twins, "dog", 2, tokens, multimodals=image(BLOCK, 2 * BLOCK, "dog"))
+    assert other["seqs"]["dog"]["step"] == BLOCK  # the text block before the image only
+
+
+def test_recompute_overlap_keeps_the_dropped_suffix_private():
+    twins = Twins(ssm=False, num_gpu_blocks=32)
+    cached = _serve(twins, "cached", 0, [1] * (4 * BLOCK) + [2])
+    observed = _serve(twins, "mtp", 1, [1] * (4 * BLOCK) + [3], recompute_blocks=1)
+    mtp = observed["seqs"]["mtp"]
+    assert mtp["step"] == 3 * BLOCK  # one cached block recomputed
+    assert mtp["blocks"][3] != cached["seqs"]["cached"]["blocks"][3] and mtp["refs"][3] == 1
+
+
+def test_routed_experts_are_replayed_for_a_hit():
+    twins = Twins(ssm=False, num_gpu_blocks=32)
+    _serve(twins, "first", 0, [1] * (2 * BLOCK) + [2], experts=True)
+    observed = _serve(twins, "replay", 1, [1] * (2 * BLOCK) + [3], experts=True)
+    replay = observed["seqs"]["replay"]
+    assert replay["step"] == 2 * BLOCK
+    assert len(replay["experts"]) >= 2 * BLOCK  # replayed rows, then the forward's own
