@@ -21,7 +21,7 @@ console = Console()
 errors = Console(stderr=True)
 SCENARIO_NAMES = (
     "match", "match-partial", "kv-match", "miss", "rollback", "rematch", "publish", "evict", "memory", "soak-engine",
-    "router",
+    "router", "lmdeploy-schedule",
 )
 
 

@@ -48,6 +48,12 @@ def as_token_array(tokens: object) -> np.ndarray:
     """Validate token ids and return them as a fresh contiguous int32 array. Any ordered
     iterable is materialized once (a generator is read exactly once); sets and mappings,
     whose order is undefined, are refused."""
+    return np.array(_validated_tokens(tokens), dtype=TOKEN_DTYPE, copy=True)
+
+
+def _validated_tokens(tokens: object) -> np.ndarray:
+    """``as_token_array`` without the copy: the validated ids as a 1-D integer array, possibly
+    the caller's own (for callers that copy them into a buffer of their own at once)."""
     if isinstance(tokens, np.ndarray):
         array = tokens
     else:
@@ -64,7 +70,7 @@ def as_token_array(tokens: object) -> np.ndarray:
         raise InvalidTypeError(f"token ids must have an integer dtype, got {array.dtype}")
     if array.size and (int(array.min()) < 0 or int(array.max()) > MAX_TOKEN_ID):
         raise InvalidTokenError("token ids must lie in [0, 2**31)")
-    return np.array(array, dtype=TOKEN_DTYPE, copy=True)
+    return array
 
 
 class Sequence:
@@ -80,7 +86,7 @@ class Sequence:
         want_routed_experts: bool = False,
         seq_id: int | None = None,
     ) -> None:
-        initial = as_token_array(tokens)
+        initial = _validated_tokens(tokens)  # copied into the buffer below, converted on the way
         self.namespace = BASE_NAMESPACE if adapter is None and cache_salt is None else Namespace(adapter, cache_salt)
         self.spans = validated_spans(multimodal, initial.size)
         self._span_starts = [span.start for span in self.spans]

@@ -26,10 +26,14 @@ DEFAULT_GRIDS = {
     "publish": [(16, 131072)],
     "evict": [(1000, 128)],
     "memory": [(512, 131072)],
+    "lmdeploy-schedule": MATCH_GRID,
 }
 SMOKE_GRIDS = {name: [(4, 1024)] for name in DEFAULT_GRIDS} | {"evict": [(8, 128)], "memory": [(4, 4096)]}
 DEFAULT_STEPS = (1, 64, 1024)
-ALL_SCENARIOS = tuple(DEFAULT_GRIDS)
+# Scenarios of an engine's own code on hybridcache: they need that engine's environment
+# (lmdeploy-schedule: ``make lmdeploy-env``), so ``bench all`` leaves them out.
+ENGINE_SCENARIOS = ("lmdeploy-schedule",)
+ALL_SCENARIOS = tuple(name for name in DEFAULT_GRIDS if name not in ENGINE_SCENARIOS)
 MAX_CASE_TOKENS = 2**28  # 1 GiB of int32 prompt tokens; the largest default case holds 2**26
 
 
@@ -56,6 +60,10 @@ def cases_for(scenario: str, batches, contexts, steps, block_size: int, smoke: b
 
 
 def run_scenario(scenario: str, impl_names: list[str], cases: list[Case], console: Console) -> list[dict]:
+    if scenario == "lmdeploy-schedule":  # both implementations are lmdeploy's Scheduler, its trie or ours
+        from hybridcache.bench.lmdeploy_schedule import bench_lmdeploy_schedule
+
+        return [record for case in cases for record in bench_lmdeploy_schedule(case)]
     records = []
     with Progress(console=console, transient=True) as progress:
         for case in cases:

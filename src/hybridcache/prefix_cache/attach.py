@@ -97,7 +97,12 @@ class Attacher:
         ids = ids.reshape(-1).astype(np.int32)
         if int(ids.min()) < 0 or int(ids.max()) >= self.pool.num_blocks:
             raise InvalidBlockIdError(f"block id outside [0, {self.pool.num_blocks})")
-        if np.unique(ids).size != ids.size or np.isin(ids, seq.block_table).any():
+        table = seq.block_table
+        if ids.size == 1:  # the common step: one block a decode or a short prefill appended
+            repeated = bool((table == ids[0]).any())
+        else:
+            repeated = np.unique(ids).size != ids.size or bool(np.isin(ids, table).any())
+        if repeated:
             raise InvalidBlockIdError("a block appears twice in the sequence's table")
         if any(self.pool.refcount_of(int(block)) <= 0 for block in ids.tolist()):
             raise LifecycleError("a handed-over block is free: allocate it before attaching")

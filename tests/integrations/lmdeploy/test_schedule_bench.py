@@ -1,0 +1,13 @@
+"""``hybridcache bench lmdeploy-schedule`` runs lmdeploy's Scheduler on both tries and
+reports both (a smoke-sized case: the records, not the timings, are checked)."""
+
+from hybridcache.bench.lmdeploy_schedule import bench_lmdeploy_schedule
+from hybridcache.bench.scenarios import Case
+
+
+def test_both_tries_admit_every_request_with_its_aligned_hit():
+    records = bench_lmdeploy_schedule(Case(batch=4, context=256, block_size=16, warmups=1, samples=2))
+    assert [r["impl"] for r in records] == ["lmdeploy", "hybridcache"]
+    for record in records:
+        assert record["scenario"] == "lmdeploy-schedule" and len(record["samples_ms"]) == 2
+        assert record["p50_ms"] > 0 and record["per_request_us"] > 0
