@@ -1,0 +1,31 @@
+"""``install`` swaps the one name lmdeploy's Scheduler builds its trie by, and only for the
+lmdeploy version the adapter targets."""
+
+import lmdeploy
+import lmdeploy.pytorch.paging.scheduler as scheduler_module
+import pytest
+from lmdeploy.pytorch.paging.block_trie import BlockTrie as LmdeployOwnTrie
+
+from hybridcache.errors import InvalidConfigError
+from hybridcache.integrations import lmdeploy as adapter
+from tests.integrations.lmdeploy.twins import make_scheduler
+
+
+def test_install_swaps_the_schedulers_trie_and_uninstall_restores_it():
+    assert adapter.install() is LmdeployOwnTrie
+    assert scheduler_module.BlockTrie is adapter.LmdeployBlockTrie
+    assert adapter.install() is LmdeployOwnTrie  # installing twice still reports lmdeploy's class
+    adapter.uninstall()
+    assert scheduler_module.BlockTrie is LmdeployOwnTrie
+
+
+def test_a_scheduler_built_after_install_uses_hybridcache():
+    assert isinstance(make_scheduler(hybridcache=True, ssm=True, num_gpu_blocks=8).block_trie, adapter.LmdeployBlockTrie)
+    assert isinstance(make_scheduler(hybridcache=False, ssm=True, num_gpu_blocks=8).block_trie, LmdeployOwnTrie)
+
+
+def test_another_lmdeploy_version_is_refused(monkeypatch):
+    monkeypatch.setattr(lmdeploy, "__version__", "0.18.0")
+    with pytest.raises(InvalidConfigError):
+        adapter.install()
+    assert scheduler_module.BlockTrie is LmdeployOwnTrie
