@@ -133,3 +133,18 @@ def test_router_refuses_an_unknown_policy_without_a_traceback(capsys):
     status, out, err = run_main(["router", "--replica", "http://127.0.0.1:9", "--policy", "fastest"], capsys)
     assert status == 2 and "unknown routing policy" in err and out == ""
     assert "Traceback" not in err
+
+
+def test_bench_lmdeploy_schedule_outside_the_lmdeploy_environment_says_where_to_run_it(capsys, monkeypatch, bench_in_process):
+    import importlib
+
+    real_import = importlib.import_module
+
+    def without_lmdeploy(name, *args):
+        if name.startswith("lmdeploy"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return real_import(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", without_lmdeploy)
+    status, out, err = run_main(["bench", "lmdeploy-schedule", "--smoke"], capsys)
+    assert status == 2 and "make lmdeploy-env" in err and out == ""
