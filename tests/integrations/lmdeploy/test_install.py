@@ -6,7 +6,7 @@ import lmdeploy.pytorch.paging.scheduler as scheduler_module
 import pytest
 from lmdeploy.pytorch.paging.block_trie import BlockTrie as LmdeployOwnTrie
 
-from hybridcache.errors import InvalidConfigError
+from hybridcache.errors import InvalidConfigError, InvalidTypeError
 from hybridcache.integrations import lmdeploy as adapter
 from tests.integrations.lmdeploy.twins import make_scheduler
 
@@ -29,3 +29,12 @@ def test_another_lmdeploy_version_is_refused(monkeypatch):
     with pytest.raises(InvalidConfigError):
         adapter.install()
     assert scheduler_module.BlockTrie is LmdeployOwnTrie
+
+
+def test_the_adapter_refuses_what_is_not_lmdeploys_allocator_or_state_manager():
+    from lmdeploy.pytorch.paging.block_manager.base_block_manager import LogicalAllocator
+
+    with pytest.raises(InvalidTypeError):
+        adapter.LmdeployBlockTrie(allocator=object(), block_size=16, enabled=True)
+    with pytest.raises(InvalidTypeError):
+        adapter.LmdeployBlockTrie(allocator=LogicalAllocator(0, 4), block_size=16, enabled=True, checkpoint_state_manager=object())

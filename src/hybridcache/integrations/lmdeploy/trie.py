@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hybridcache.errors import InvalidTypeError
 from hybridcache.integrations.lmdeploy.checkpoints import StateCheckpoints
 from hybridcache.integrations.lmdeploy.pools import AllocatorBlocks, StateManagerSlots
 from hybridcache.integrations.lmdeploy.shadows import Shadow, ShadowBook
@@ -65,6 +66,13 @@ class Leaves:
 
 class LmdeployBlockTrie:
     def __init__(self, *, allocator: object, block_size: int, enabled: bool, checkpoint_state_manager: object = None) -> None:
+        """lmdeploy's constructor: its ``LogicalAllocator``, block size, whether prefix caching
+        is on, and its ``StateManager`` for a model with recurrent state (else None)."""
+        if not all(hasattr(allocator, name) for name in ("allocate", "free", "add_ref_count", "get_ref_count")):
+            raise InvalidTypeError(f"allocator must be lmdeploy's LogicalAllocator, got {type(allocator).__name__}")
+        needed = ("allocate_checkpoint_state", "free_checkpoint_state", "get_num_free_checkpoint")
+        if checkpoint_state_manager is not None and not all(hasattr(checkpoint_state_manager, n) for n in needed):
+            raise InvalidTypeError(f"checkpoint_state_manager must be lmdeploy's StateManager, got {type(checkpoint_state_manager).__name__}")
         self.allocator = allocator
         self.block_size = block_size
         self.enabled = bool(enabled)
