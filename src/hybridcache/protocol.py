@@ -69,6 +69,7 @@ class Admission:
     restore: CheckpointRecord | None = None
     hit_tokens: int = 0
     refused: Refusal | None = None
+    miss_reason: str | None = None  # why the match restored less than the cache holds (MissReason value)
 
     @property
     def admitted(self) -> bool:
@@ -144,7 +145,9 @@ class CacheProtocol:
         runtime_slot = self.states.allocate_runtime()
         trie.allocate(seq, upto=end)
         trie.commit(txn)
-        return Admission(start, end, runtime_slot, seq.prefix_state.checkpoints.restore, txn.hit_tokens)
+        reason = txn.recorded[2] if txn.recorded is not None else None
+        restore = seq.prefix_state.checkpoints.restore
+        return Admission(start, end, runtime_slot, restore, txn.hit_tokens, None, None if reason is None else reason.value)
 
     def swap_computed_duplicates(self, seq: Sequence) -> None:
         """Swap a running sequence's private duplicates of blocks already computed for their

@@ -41,6 +41,7 @@ from hybridcache.engine.engine_config import EngineConfig
 from hybridcache.engine.model_api import ChunkOutput, ForwardChunk
 from hybridcache.engine.model_factory import build_model
 from hybridcache.engine.requests import Request, Result
+from hybridcache.engine.sampling import Sampler
 from hybridcache.engine.tiering import EngineTiers
 from hybridcache.errors import (
     HybridCacheError,
@@ -110,6 +111,7 @@ class Engine:
         self._undelivered: list[Result] = []
         self._faults: deque[str] = deque()
         self._logits: dict[int, list[np.ndarray]] = {}  # per request asking for them, one row per token
+        self._sampler = Sampler()
         self._counters = {"forwards": 0, "failed_forwards": 0, "computed_tokens": 0, "cache_flushes": 0}
         self.events = self._open_events(config)
 
@@ -158,8 +160,15 @@ class Engine:
         if entry is None:
             return False
         self._logits.pop(entry.request_id, None)
+        self._sampler.forget(entry.request_id)
         self.scheduler.cancel(entry)
         return True
+
+    def progress(self, request_id: int) -> Result | None:
+        """An unfinished request's result so far: the tokens generated up to now and its cached
+        depth (no logits, no routed experts). None when the id is unknown or already finished."""
+        entry = self._entries.get(as_int("request_id", request_id))
+        return None if entry is None else self._summary(entry)
 
     def _validated(self, request: Request) -> Sequence:
         """Check a request against this engine and build its sequence (nothing is queued)."""
@@ -302,13 +311,20 @@ class Engine:
         for chunk, output in zip(queued.batch.chunks, outputs):
             rows = output.routed_experts if chunk.entry.seq.want_routed_experts else None
             generated = chunk.entry.generated
-            done = self.scheduler.complete(chunk, output.next_token, rows)
+            done = self.scheduler.complete(chunk, self._next_token(chunk, output), rows)
             if chunk.entry.generated > generated:
                 self._keep_logits(chunk.entry, output)
             if done:
                 self._entries.pop(chunk.entry.request_id, None)
                 finished.append(self._result(chunk.entry))
         return finished
+
+    def _next_token(self, chunk: ScheduledChunk, output: ChunkOutput) -> int:
+        """The model's greedy token, or one drawn for a request that samples."""
+        request = chunk.entry.payload
+        if request.temperature == 0.0 or not chunk.produces_token:
+            return output.next_token
+        return self._sampler.choose(chunk.entry.request_id, output.logits, request.temperature, request.top_p, request.seed)
 
     def _keep_logits(self, entry: ServingSequence, output: ChunkOutput) -> None:
         """The logits a generated token was chosen from, for requests that asked for them."""
@@ -332,19 +348,21 @@ class Engine:
         return ended
 
     def _result(self, entry: ServingSequence, error: HybridCacheError | None = None) -> Result:
-        prompt_tokens = entry.payload.prompt.size
         rows = self._logits.pop(entry.request_id, [])
+        self._sampler.forget(entry.request_id)
         logits = None
         if entry.payload.return_logits:
             logits = np.stack(rows) if rows else np.empty((0, self.model.layout.vocab_size))
+        return replace(self._summary(entry), routed_experts=entry.final_routed_experts, logits=logits, error=error)
+
+    def _summary(self, entry: ServingSequence) -> Result:
+        prompt_tokens = entry.payload.prompt.size
         return Result(
             request_id=entry.request_id,
             prompt_tokens=prompt_tokens,
             tokens=entry.seq.tokens[prompt_tokens:].tolist(),
             cached_tokens=entry.cached_tokens,
-            routed_experts=entry.final_routed_experts,
-            logits=logits,
-            error=error,
+            miss_reason=entry.miss_reason,
         )
 
     # --- fault injection (tests) ---------------------------------------------------------------
@@ -377,6 +395,7 @@ class Engine:
         assert len(set(carried)) == len(carried), "one request is in two queued forwards"
         for entry in (*self.scheduler.running, *self.scheduler.waiting):
             assert entry.in_flight == (id(entry) in set(carried)), "a request is in flight with no forward queued"
+        assert self._sampler.request_ids() <= self._entries.keys(), "a finished request kept its generator"
         self.prefix_cache.check_invariants(self.scheduler.live_sequences())
         self.scheduler.check_invariants()
         if self.tiers is not None:

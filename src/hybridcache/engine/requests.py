@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hybridcache.engine.sampling import as_seed, as_temperature, as_top_p
 from hybridcache.errors import HybridCacheError, InvalidSpanError, InvalidTypeError
 from hybridcache.sequence import as_token_array
 from hybridcache.types import as_bool, as_int, as_name, as_optional_name, as_ordered
@@ -49,7 +50,9 @@ class MultimodalInput:
 @dataclass(frozen=True, eq=False)
 class Request:
     """A prompt and how to serve it. ``prompt`` may be any ordered iterable of token ids (a
-    generator is read once); it is kept as a read-only int32 array."""
+    generator is read once); it is kept as a read-only int32 array. ``temperature`` 0 is greedy
+    (the model's argmax); above 0 tokens are drawn from the top-``top_p`` mass with a generator
+    seeded by ``seed`` (None: a random seed)."""
 
     prompt: np.ndarray
     max_new_tokens: int = 8
@@ -58,6 +61,9 @@ class Request:
     multimodal: tuple[MultimodalInput, ...] = ()
     return_routed_experts: bool = False
     return_logits: bool = False
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         prompt = as_token_array(self.prompt)
@@ -72,6 +78,10 @@ class Request:
         object.__setattr__(self, "multimodal", multimodal)
         object.__setattr__(self, "return_routed_experts", as_bool("return_routed_experts", self.return_routed_experts))
         object.__setattr__(self, "return_logits", as_bool("return_logits", self.return_logits))
+        object.__setattr__(self, "temperature", as_temperature(self.temperature))
+        object.__setattr__(self, "top_p", as_top_p(self.top_p))
+        if self.seed is not None:
+            object.__setattr__(self, "seed", as_seed(self.seed))
 
 
 @dataclass
@@ -79,7 +89,9 @@ class Result:
     """A finished request. ``error`` is set when the engine gave up on it (its forwards kept
     failing, or it can never fit); ``tokens`` then holds what was generated before.
     ``logits`` (only with ``Request.return_logits``) is a ``[len(tokens), vocab]`` float array:
-    row ``i`` holds the logits ``tokens[i]`` was chosen from (greedily, their argmax)."""
+    row ``i`` holds the logits ``tokens[i]`` was chosen from (greedily, their argmax).
+    ``miss_reason`` (a ``MissReason`` value) says why its first admission restored less than
+    the whole prompt's cached prefix, or restored nothing (None: nothing was cut short)."""
 
     request_id: int
     prompt_tokens: int
@@ -88,3 +100,4 @@ class Result:
     routed_experts: np.ndarray | None = None
     logits: np.ndarray | None = None
     error: HybridCacheError | None = None
+    miss_reason: str | None = None

@@ -83,6 +83,7 @@ class ServingSequence:
     runtime_slot: int = NO_SLOT
     generated: int = 0
     cached_tokens: int = 0
+    miss_reason: str | None = None  # its first admission's (``Admission.miss_reason``)
     admissions: int = 0
     in_flight: bool = False
     cancelled: bool = False
@@ -235,7 +236,7 @@ class Scheduler:
             return None
         entry.last_save_step = admitted.start
         if entry.admissions == 0:
-            entry.cached_tokens = admitted.hit_tokens
+            entry.cached_tokens, entry.miss_reason = admitted.hit_tokens, admitted.miss_reason
         entry.admissions += 1
         entry.runtime_slot = admitted.runtime_slot
         entry.phase = Phase.RUNNING
