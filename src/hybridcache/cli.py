@@ -137,6 +137,22 @@ def _demo(args: argparse.Namespace, _: list[str]) -> int:
         return _failed("demo", error)
 
 
+def _serve(args: argparse.Namespace, _: list[str]) -> int:
+    from rich.markup import escape
+
+    from hybridcache.errors import HybridCacheError
+    from hybridcache.serving.arguments import config_from_args
+    from hybridcache.serving.server import serve
+
+    try:
+        config = config_from_args(args)
+    except HybridCacheError as error:
+        console.print(f"[bold red]error:[/] {type(error).__name__}: {escape(str(error))}", highlight=False)
+        return 2
+    serve(config, args.log_level)
+    return 0
+
+
 def _replay(args: argparse.Namespace, _: list[str]) -> int:
     from hybridcache.replay.cli import run
 
@@ -165,6 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--smoke", action="store_true", help="a seconds-long run that only checks the scenario works")
     bench.add_argument("--json", type=cli_args.output_path, metavar="PATH", help="write the records as JSON")
     bench.set_defaults(handler=_bench)
+    serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server over the engine (the serve extra)")
+    from hybridcache.serving.arguments import add_arguments as add_serve_arguments
+
+    add_serve_arguments(serve)
+    serve.set_defaults(handler=_serve)
     from hybridcache.replay.cli import add_arguments as add_replay_arguments
 
     replay = commands.add_parser("replay", help="replay a request trace through the cache and measure hit rates")

@@ -139,6 +139,23 @@ class EventStreamError(HybridCacheError, OSError):
     publisher), or a replica's stream description could not be read."""
 
 
+class ServerOverloadedError(ResourceExhaustedError):
+    """The HTTP server's bounded queue is full: the request is refused now (503 with
+    ``Retry-After``) rather than queued without bound."""
+
+
+class MalformedRequestError(InvalidArgumentError):
+    """An HTTP request body is not valid UTF-8 JSON of the expected shape."""
+
+
+class BodyTooLargeError(InvalidArgumentError):
+    """An HTTP request body is larger than the server accepts (413)."""
+
+
+class UnknownModelError(InvalidArgumentError):
+    """A request names a model (or adapter) the server does not serve (404)."""
+
+
 # --- external models -------------------------------------------------------------------------
 
 

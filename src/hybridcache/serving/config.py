@@ -1,0 +1,67 @@
+"""``ServeConfig``: what ``hybridcache serve`` serves and the limits it enforces.
+
+Owns nothing mutable (a frozen value, validated when built). It carries the engine's own
+``EngineConfig`` plus the HTTP side: the served model id, the bounded queue, the body size
+limit, token limits and the miss-log interval. Later server features (KV events, a router
+descriptor) add fields here and read them in ``app.create_app``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hybridcache.engine import EngineConfig
+from hybridcache.errors import InvalidConfigError
+from hybridcache.serving.arguments import TINY_MODEL
+from hybridcache.types import as_int, as_name
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """``model_dir`` None serves the tiny model (byte-level tokenizer, ``serving.tokenizer``);
+    else the transformers checkpoint in that directory, whose tokenizer and chat template are
+    used. ``served_name``: the id clients put in ``model`` (default ``tiny`` or the directory's
+    name). At most ``max_running + max_waiting`` requests are in the server at once; one more
+    gets 503. ``default_max_tokens`` applies when a request names none."""
+
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    model_dir: str | os.PathLike | None = None
+    served_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_waiting: int = 64
+    max_body_bytes: int = 4 << 20
+    default_max_tokens: int = 256
+    miss_log_interval_s: float = 60.0
+    host_bytes: int = 0
+    disk_bytes: int = 0
+    disk_root: str | os.PathLike | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.engine, EngineConfig):
+            raise InvalidConfigError("engine must be an EngineConfig")
+        for name, minimum in (("port", 0), ("max_waiting", 0), ("max_body_bytes", 1024), ("default_max_tokens", 1),
+                              ("host_bytes", 0), ("disk_bytes", 0)):
+            object.__setattr__(self, name, as_int(name, getattr(self, name), minimum, error=InvalidConfigError))
+        if self.port > 65535:
+            raise InvalidConfigError(f"port must be <= 65535, got {self.port}")
+        if isinstance(self.miss_log_interval_s, bool) or not isinstance(self.miss_log_interval_s, (int, float)) \
+                or not self.miss_log_interval_s > 0:
+            raise InvalidConfigError("miss_log_interval_s must be a number > 0")
+        if self.disk_bytes and self.disk_root is None:
+            raise InvalidConfigError("disk_bytes needs a disk_root directory")
+        name = self.served_name or (TINY_MODEL if self.model_dir is None else Path(self.model_dir).name)
+        object.__setattr__(self, "served_name", as_name("served_name", name, InvalidConfigError))
+        object.__setattr__(self, "host", as_name("host", self.host, InvalidConfigError))
+
+    @property
+    def max_in_server(self) -> int:
+        """Requests the server holds at once (running plus waiting); one more is refused."""
+        return self.engine.max_running + self.max_waiting
+
+    @property
+    def max_context_tokens(self) -> int:
+        """The most prompt plus generated tokens one request can hold (the whole KV pool)."""
+        return self.engine.num_kv_blocks * self.engine.block_size

@@ -1,0 +1,124 @@
+"""The OpenAI response bodies and stream chunks, and the text a request has produced so far.
+
+Owns: per request, a ``TextProgress`` (the text already sent and whether a stop string ended
+it). Everything else is pure formatting: ``usage`` (with ``prompt_tokens_details.cached_tokens``
+= the depth actually restored), the ``hybridcache`` block (restored depth and miss reason), and
+the completion / chat bodies and chunks.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from hybridcache.serving.loop import Update
+from hybridcache.serving.tokenizer import TextTokenizer
+
+REPLACEMENT = "\ufffd"  # what a decoder prints for an incomplete UTF-8 sequence
+
+
+@dataclass
+class TextProgress:
+    """The text of one request's tokens, with stop strings applied. ``advance`` returns the
+    text not sent yet; it holds back what may still change (an incomplete character, a
+    possible start of a stop string) until the next tokens or the end decide it."""
+
+    tokenizer: TextTokenizer | None
+    stops: tuple[str, ...]
+    sent: str = ""
+    stopped: bool = False
+    _hold: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        self._hold = max((len(stop) - 1 for stop in self.stops), default=0)
+
+    def advance(self, tokens: list[int], final: bool) -> str:
+        if self.tokenizer is None or self.stopped:
+            return ""
+        text = self.tokenizer.text(tokens)
+        cuts = [index for index in (text.find(stop) for stop in self.stops) if index >= 0]
+        if cuts:
+            text, self.stopped, final = text[: min(cuts)], True, True
+        if not final:
+            text = text[: max(len(self.sent), len(text) - self._hold)]
+            while text.endswith(REPLACEMENT) and len(text) > len(self.sent):
+                text = text[:-1]
+        if not text.startswith(self.sent):  # a decoder that rewrote earlier text: send nothing more
+            return ""
+        delta, self.sent = text[len(self.sent):], text
+        return delta
+
+
+def new_id(kind: str) -> str:
+    return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def cache_block(update: Update) -> dict:
+    """Our extension: the restored depth, and why a cached prefix was not (fully) restored."""
+    return {"cached_tokens": update.cached_tokens, "miss_reason": update.miss_reason}
+
+
+@dataclass(frozen=True)
+class Reply:
+    """Who is answering what: the response id, creation time, model id and endpoint kind."""
+
+    kind: str  # "chat" or "completion"
+    model: str
+    response_id: str = ""
+    created: int = 0
+
+    @classmethod
+    def new(cls, kind: str, model: str) -> Reply:
+        return cls(kind, model, new_id(kind), int(time.time()))
+
+    def _envelope(self, chunk: bool) -> dict:
+        kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.kind == "chat" else "text_completion"
+        return {"id": self.response_id, "object": kind, "created": self.created, "model": self.model}
+
+    def choice(self, text: str | None, finish_reason: str | None, *, chunk: bool, role: bool = False) -> dict:
+        if self.kind != "chat":
+            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        if chunk:
+            delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
+            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish_reason}
+
+    def body(self, text: str, update: Update, prompt_ids: list[int], with_ids: bool) -> dict:
+        """The whole non-streamed response (``with_ids``: vLLM's ``return_token_ids``)."""
+        choice = self.choice(text, update.finish_reason, chunk=False)
+        out = {**self._envelope(False), "choices": [choice],
+               "usage": usage(len(prompt_ids), len(update.tokens), update.cached_tokens),
+               "hybridcache": cache_block(update)}
+        if with_ids:
+            choice["token_ids"] = update.tokens
+            out["prompt_token_ids"] = prompt_ids
+        return out
+
+    def chunk(self, choice: dict | None, include_usage: bool) -> str:
+        data = {**self._envelope(True), "choices": [] if choice is None else [choice]}
+        if include_usage:
+            data["usage"] = None
+        return sse(data)
+
+    def usage_chunk(self, update: Update, prompt_tokens: int) -> str:
+        data = {**self._envelope(True), "choices": [], "usage": usage(prompt_tokens, len(update.tokens), update.cached_tokens),
+                "hybridcache": cache_block(update)}
+        return sse(data)
+
+
+def sse(data: dict | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+DONE = sse("[DONE]")

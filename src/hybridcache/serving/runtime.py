@@ -1,0 +1,64 @@
+"""The server's running parts, opened together and closed together.
+
+Owns: the engine loop (and through it the engine), the tokenizer, the metrics and the tier
+stores it opened (closed on shutdown, after the loop has stopped using them). ``resolve_model``
+turns a request's ``model`` / ``adapter`` fields into the adapter to serve, or refuses.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hybridcache.engine import Engine
+from hybridcache.errors import InvalidArgumentError, UnknownModelError
+from hybridcache.serving.api_errors import rejected
+from hybridcache.serving.config import ServeConfig
+from hybridcache.serving.loop import EngineLoop
+from hybridcache.serving.metrics import ServingMetrics
+from hybridcache.serving.tokenizer import TextTokenizer, load_text_tokenizer
+from hybridcache.tiers import TieredStore
+from hybridcache.tiers.backends.disk import DiskStore
+from hybridcache.tiers.backends.host import HostMemoryStore
+
+
+class ServingRuntime:
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.tiers = _open_tiers(config)
+        self.engine = Engine(config.engine, tiers=self.tiers)
+        self.vocab_size = self.engine.model.layout.vocab_size
+        self.tokenizer: TextTokenizer | None = load_text_tokenizer(config.model_dir, self.vocab_size)
+        self.metrics = ServingMetrics(
+            config.served_name, config.engine, config.engine.checkpoint_policy, config.miss_log_interval_s
+        )
+        self.loop = EngineLoop(self.engine, capacity=config.max_in_server, observe=self.metrics.observe_engine)
+        self.loop.start()
+
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        return self.config.engine.adapters or ()
+
+    def resolve_model(self, model: str, adapter: str | None) -> str | None:
+        """The adapter a request names through ``model`` (an adapter's id) or ``adapter``
+        (with ``model`` the base id); None for the base model."""
+        if model in self.adapters and adapter is None:
+            return model
+        if model != self.config.served_name:
+            raise rejected(UnknownModelError, f"the model {model!r} is not served here (GET /v1/models lists them)", "model")
+        if adapter is not None and adapter not in self.adapters:
+            raise rejected(InvalidArgumentError, f"unknown adapter {adapter!r}", "adapter")
+        return adapter
+
+    def close(self, drain_s: float) -> None:
+        """Finish or cancel the requests in the server, then close the tier stores."""
+        self.loop.stop(drain_s)
+        if self.tiers is not None:
+            self.tiers.close()
+
+
+def _open_tiers(config: ServeConfig) -> TieredStore | None:
+    host = HostMemoryStore(config.host_bytes) if config.host_bytes else None
+    disk = DiskStore(Path(config.disk_root), config.disk_bytes) if config.disk_bytes else None
+    if host is None and disk is None:
+        return None
+    return TieredStore(host=host, disk=disk)

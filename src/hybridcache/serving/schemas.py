@@ -1,0 +1,130 @@
+"""The typed request bodies of the OpenAI endpoints, and the one place a raw body becomes one.
+
+Owns nothing mutable: pydantic models (frozen) and pure parsing. ``parse_body`` refuses, with a
+``hybridcache.errors`` exception whose ``param`` names the offending field: bytes that are not
+UTF-8 or not a JSON object (``MalformedRequestError``), fields of the wrong type or missing
+(``InvalidTypeError``), values out of range (``InvalidArgumentError``). Unknown fields are
+ignored, as OpenAI-compatible servers do; known options this server does not implement with a
+non-default value (``n`` > 1, ``logprobs``, ``tools``, ...) are refused rather than ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from hybridcache.errors import HybridCacheError, InvalidArgumentError, InvalidTypeError, MalformedRequestError
+from hybridcache.serving.api_errors import rejected
+
+MAX_STOP_STRINGS = 4
+MAX_SEED = 2**63 - 1
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _Sampling(_Body):
+    """Fields shared by both endpoints. ``cache_salt`` isolates a tenant's cached prefixes (vLLM's
+    name); ``adapter`` names an adapter when ``model`` is the base model (``model`` may also name
+    the adapter directly)."""
+
+    model: str = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    stop: str | list[str] | None = None
+    n: Literal[1] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    cache_salt: str | None = Field(default=None, min_length=1)
+    adapter: str | None = Field(default=None, min_length=1)
+    user: str | None = None
+    logprobs: Literal[False] | None = None
+    echo: Literal[False] = False
+    ignore_eos: bool = False  # vLLM's extension: generate max_tokens whatever the model says
+    return_token_ids: bool = False  # vLLM's extension: the prompt's and the completion's token ids
+
+    def stop_strings(self) -> tuple[str, ...]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
+        if len(stops) > MAX_STOP_STRINGS or any(not stop for stop in stops):
+            raise rejected(InvalidArgumentError, f"stop takes up to {MAX_STOP_STRINGS} non-empty strings", "stop")
+        return tuple(stops)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(_Sampling):
+    """``prompt``: a string, or one prompt as token ids (a list of several prompts is refused)."""
+
+    prompt: str | list[int] = Field(min_length=1)
+    max_tokens: int | None = Field(default=16, ge=1)
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: None = None
+    tool_choice: Literal["none"] | None = None
+    response_format: dict[str, Literal["text"]] | None = None
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+Body = TypeVar("Body", bound=_Body)
+
+
+def parse_body(raw: bytes, schema: type[Body]) -> Body:
+    """``raw`` as a ``schema`` instance, or the specific error saying why not."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise rejected(MalformedRequestError, f"the body is not valid UTF-8 (byte {error.start})", None) from None
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as error:
+        raise rejected(MalformedRequestError, f"the body is not valid JSON: {error}", None) from None
+    if not isinstance(data, dict):
+        raise rejected(MalformedRequestError, "the body must be a JSON object", None)
+    try:
+        return schema.model_validate(data)
+    except ValidationError as error:
+        raise _validation_error(error) from None
+
+
+def _validation_error(error: ValidationError) -> HybridCacheError:
+    """The first problem pydantic found, as a type error (wrong kind, missing) or a value error."""
+    first: dict[str, Any] = error.errors()[0]
+    param = str(first["loc"][0]) if first["loc"] else None  # the top-level field, as OpenAI names it
+    kind = first["type"]
+    value_kinds = ("greater_than", "less_than", "too_short", "too_long", "literal_error", "string_too_short")
+    cls = InvalidArgumentError if kind.startswith(value_kinds) else InvalidTypeError
+    if kind == "missing":
+        return rejected(InvalidTypeError, f"{param} is required", param)
+    return rejected(cls, f"{param}: {first['msg']}", param)
