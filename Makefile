@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || test -n "$(PYTHON)" || { echo "make: no Python 3.11 or newer found (tried python3.11, python3); run make PYTHON=/path/to/python3.11" >&2; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[engine,dev,redis,mooncake,events]'
+	$(BIN)/python -m pip install --quiet -e '.[engine,serve,dev,redis,mooncake,events]'
 	touch $(STAMP)
 
 demo: $(STAMP)
