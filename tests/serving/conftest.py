@@ -68,14 +68,14 @@ def _wait_healthy(port: int, process: subprocess.Popen) -> None:
 
 
 def request(base: str, method: str, path: str, body: bytes | dict | None = None, headers: dict | None = None):
-    """One raw HTTP call: ``(status, headers, body bytes)``."""
+    """One raw HTTP call: ``(status, headers with lower-case names, body bytes)``."""
     host, port = base.removeprefix("http://").split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=120)
     payload = json.dumps(body).encode() if isinstance(body, dict) else body
     try:
         connection.request(method, path, body=payload, headers={"content-type": "application/json", **(headers or {})})
         response = connection.getresponse()
-        return response.status, dict(response.getheaders()), response.read()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
     finally:
         connection.close()
 

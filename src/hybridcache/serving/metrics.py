@@ -105,6 +105,8 @@ class ServingMetrics:
         self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", names, registry=self.registry)
         self.errors = Counter("hybridcache:request_errors", "Requests answered with an error, by status.",
                               (*names, "status"), registry=self.registry)
+        for family in (self.ttft, self.e2e, self.prompt_tokens, self.generation_tokens):
+            family.labels(*self._labels)  # present at 0 from the first scrape, as dashboards expect
         self.registry.register(_SnapshotCollector(self))
         self.snapshot = EngineSnapshot()
         self.history: deque[EngineSnapshot] = deque(maxlen=HISTORY_POINTS)

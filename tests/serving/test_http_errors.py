@@ -1,0 +1,109 @@
+"""Bad input, overload, requests that can never fit and clients that leave: an OpenAI-style
+error object with the right status, never a traceback or a hang, and nothing left running."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+from tests.serving.conftest import metric, request
+
+COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
+CASES = [
+    (COMPLETIONS, b"{not json", 400, "malformed_body", None),
+    (COMPLETIONS, b"\xff\xfe{}", 400, "malformed_body", None),
+    (COMPLETIONS, b"[1, 2]", 400, "malformed_body", None),
+    (COMPLETIONS, {"model": "gpt-4", "prompt": "hi"}, 404, "model_not_found", "model"),
+    (COMPLETIONS, {"model": "tiny", "prompt": "hi", "max_tokens": 0}, 400, "invalid_value", "max_tokens"),
+    (COMPLETIONS, {"model": "tiny", "prompt": "hi", "max_tokens": -3}, 400, "invalid_value", "max_tokens"),
+    (COMPLETIONS, {"model": "tiny", "prompt": "hi", "max_tokens": 10**12}, 400, "request_too_large", "max_tokens"),
+    (COMPLETIONS, {"model": "tiny", "prompt": "hi", "max_tokens": "8"}, 422, "invalid_type", "max_tokens"),
+    (COMPLETIONS, {"model": "tiny", "prompt": 7}, 422, "invalid_type", "prompt"),
+    (COMPLETIONS, {"model": "tiny"}, 422, "invalid_type", "prompt"),
+    (COMPLETIONS, {"model": "tiny", "prompt": [1, 2, 100000]}, 400, "invalid_value", "prompt"),
+    (COMPLETIONS, {"model": "tiny", "prompt": [1, -2]}, 400, "invalid_value", "prompt"),
+    (COMPLETIONS, {"model": "tiny", "prompt": "hi", "n": 2}, 400, "invalid_value", "n"),
+    (COMPLETIONS, {"model": "tiny", "prompt": "hi", "temperature": 5}, 400, "invalid_value", "temperature"),
+    (COMPLETIONS, {"model": "tiny", "prompt": "x" * 5000}, 400, "request_too_large", "prompt"),
+    (CHAT, {"model": "tiny", "messages": []}, 400, "invalid_value", "messages"),
+    (CHAT, {"model": "tiny", "messages": [{"role": "wizard", "content": "hi"}]}, 400, "invalid_value", "messages"),
+    (CHAT, {"model": "tiny", "messages": [{"role": "user"}]}, 422, "invalid_type", "messages"),
+    (CHAT, {"model": "tiny", "messages": "hello"}, 422, "invalid_type", "messages"),
+    (CHAT, {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stop": ["a"] * 5}, 400, "invalid_value", "stop"),
+]
+
+
+@pytest.mark.parametrize("path, body, status, code, param", CASES)
+def test_bad_input_gets_an_openai_error_object(server, path, body, status, code, param):
+    got, _, raw = request(server, "POST", path, body)
+    error = json.loads(raw)["error"]
+    assert (got, error["code"], error["param"]) == (status, code, param)
+    assert error["message"] and error["type"] and "Traceback" not in error["message"]
+
+
+def test_an_oversized_body_gets_413_without_being_read(server):
+    status, _, raw = request(server, "POST", COMPLETIONS, b"{" + b" " * (5 << 20) + b"}")
+    assert status == 413 and json.loads(raw)["error"]["code"] == "body_too_large"
+
+
+def test_unknown_routes_and_methods_get_error_objects(server):
+    assert request(server, "GET", "/v1/nothing")[0] == 404
+    status, _, raw = request(server, "GET", COMPLETIONS)
+    assert status == 405 and "error" in json.loads(raw)
+
+
+def _open_stream(base: str, max_tokens: int) -> socket.socket:
+    """A streaming completion on a raw socket, read until its first chunk arrived."""
+    host, port = base.removeprefix("http://").split(":")
+    body = json.dumps({"model": "tiny", "prompt": "a long generation", "max_tokens": max_tokens, "stream": True,
+                       "ignore_eos": True}).encode()
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    received = b""
+    while b"data: " not in received:
+        received += sock.recv(4096)
+    return sock
+
+
+def _wait_until_idle(base: str) -> None:
+    deadline = time.monotonic() + 120
+    while metric(base, "vllm:num_requests_running") or metric(base, "vllm:num_requests_waiting"):
+        assert time.monotonic() < deadline, "a request kept running after its client left"
+        time.sleep(0.2)
+
+
+def test_a_client_that_leaves_cancels_its_request(server):
+    generated = metric(server, "vllm:generation_tokens_total")
+    _open_stream(server, 3000).close()
+    _wait_until_idle(server)
+    assert metric(server, "vllm:generation_tokens_total") == generated  # a cancelled request is not a served one
+    status, _, _ = request(server, "POST", COMPLETIONS, {"model": "tiny", "prompt": "still serving", "max_tokens": 2})
+    assert status == 200
+
+
+def test_overload_gets_503_with_retry_after(server_uncached):
+    busy = _open_stream(server_uncached, 3000)  # this server holds one request at a time
+    try:
+        status, headers, raw = request(server_uncached, "POST", COMPLETIONS, {"model": "tiny", "prompt": "me too"})
+        assert status == 503 and int(headers["retry-after"]) >= 1
+        assert json.loads(raw)["error"]["code"] == "server_overloaded"
+    finally:
+        busy.close()
+    _wait_until_idle(server_uncached)
+    assert request(server_uncached, "POST", COMPLETIONS, {"model": "tiny", "prompt": "now", "max_tokens": 2})[0] == 200
+
+
+def test_a_stream_ends_with_done_exactly_as_openai(server):
+    status, headers, raw = request(server, "POST", CHAT, {
+        "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True,
+        "stream_options": {"include_usage": True}})
+    events = raw.decode().split("\n\n")
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    assert events[-2:] == ["data: [DONE]", ""]
+    assert all(event.startswith("data: ") for event in events[:-1])
+    last = json.loads(events[-3].removeprefix("data: "))
+    assert last["choices"] == [] and last["usage"]["total_tokens"] == last["usage"]["prompt_tokens"] + last["usage"]["completion_tokens"]
