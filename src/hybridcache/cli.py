@@ -141,11 +141,11 @@ def _serve(args: argparse.Namespace, _: list[str]) -> int:
     from rich.markup import escape
 
     from hybridcache.errors import HybridCacheError
-    from hybridcache.serving.arguments import config_from_args
+    from hybridcache.serving.config import ServeConfig
     from hybridcache.serving.server import serve
 
     try:
-        config = config_from_args(args)
+        config = ServeConfig.from_args(args)
     except HybridCacheError as error:
         console.print(f"[bold red]error:[/] {type(error).__name__}: {escape(str(error))}", highlight=False)
         return 2

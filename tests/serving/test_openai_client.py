@@ -34,9 +34,9 @@ def chat(base: str, **options) -> list:
 def direct_engine():
     from hybridcache.cli import build_parser
     from hybridcache.engine import Engine
-    from hybridcache.serving.arguments import config_from_args
+    from hybridcache.serving.config import ServeConfig
 
-    return Engine(config_from_args(build_parser().parse_args(["serve", *SERVER_ARGS])).engine)
+    return Engine(ServeConfig.from_args(build_parser().parse_args(["serve", *SERVER_ARGS])).engine)
 
 
 def test_models_lists_the_served_model(server):
@@ -130,16 +130,11 @@ def test_a_cache_salt_isolates_cached_prefixes(server):
 
 def test_concurrent_clients_get_the_answers_they_get_alone(server):
     prompts = [f"Client number {i} asks its own question about caches." for i in range(8)]
-    alone = [client(server).completions.create(model="tiny", prompt=p, **GREEDY).choices[0].model_extra["token_ids"]
-             for p in prompts]
+    alone = [client(server).completions.create(model="tiny", prompt=p, **GREEDY).choices[0].text for p in prompts]
 
     def ask(prompt: str) -> str:
         chunks = client(server).completions.create(model="tiny", prompt=prompt, stream=True, **GREEDY)
         return "".join(chunk.choices[0].text for chunk in chunks)
 
     with ThreadPoolExecutor(8) as pool:
-        together = list(pool.map(ask, prompts))
-    texts = [client(server).completions.create(model="tiny", prompt=p, **GREEDY).choices[0].text for p in prompts]
-    assert together == texts
-    assert [client(server).completions.create(model="tiny", prompt=p, **GREEDY).choices[0].model_extra["token_ids"]
-            for p in prompts] == alone
+        assert list(pool.map(ask, prompts)) == alone

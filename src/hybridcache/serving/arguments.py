@@ -1,20 +1,14 @@
-"""``hybridcache serve``'s command-line arguments and the ``ServeConfig`` they describe.
+"""``hybridcache serve``'s command-line arguments (``ServeConfig.from_args`` reads them).
 
-Owns nothing. Imports nothing heavy at module level: the CLI builds its parser for every
-command, and only ``serve`` pays for the engine (torch) and the serve extra.
+Owns nothing. Imports nothing heavy: the CLI builds its parser for every command, and only
+``serve`` pays for the engine (torch) and the serve extra.
 """
 
 from __future__ import annotations
 
 import argparse
-import tempfile
-from typing import TYPE_CHECKING
 
 from hybridcache.policies import DEFAULT_POLICY
-from hybridcache.profiles import parse_size
-
-if TYPE_CHECKING:
-    from hybridcache.serving.config import ServeConfig
 
 TINY_MODEL = "tiny"
 
@@ -39,30 +33,3 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--disk-bytes", default="0", help="disk tier size (0: none)")
     parser.add_argument("--disk-root", help="disk tier directory (default: a temporary one)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
-
-
-def config_from_args(args: argparse.Namespace) -> ServeConfig:
-    """The ``ServeConfig`` the arguments describe (a bad value raises a hybridcache error)."""
-    from hybridcache.engine import EngineConfig, TinyHybridConfig
-    from hybridcache.engine.hf.config import HFModelConfig
-    from hybridcache.serving.config import ServeConfig
-
-    tiny = args.model == TINY_MODEL
-    model = TinyHybridConfig() if tiny else HFModelConfig(args.model, args.dtype or "float32")
-    engine = EngineConfig(
-        block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, num_state_slots=args.num_state_slots,
-        checkpoint_budget=args.checkpoint_budget, prefix_caching=not args.no_prefix_caching,
-        max_batch_tokens=args.max_batch_tokens, max_running=args.max_running, prefill_chunk=args.prefill_chunk,
-        dtype=args.dtype if tiny else None, model=model, checkpoint_policy=args.policy,
-    )
-    disk_bytes = _size(args.disk_bytes)
-    disk_root = args.disk_root or (tempfile.mkdtemp(prefix="hybridcache-disk-") if disk_bytes else None)
-    return ServeConfig(
-        engine=engine, model_dir=None if tiny else args.model, served_name=args.served_name, host=args.host,
-        port=args.port, max_waiting=args.max_waiting, host_bytes=_size(args.host_bytes), disk_bytes=disk_bytes,
-        disk_root=disk_root,
-    )
-
-
-def _size(text: str) -> int:
-    return 0 if text.strip() == "0" else parse_size(text)

@@ -8,12 +8,16 @@ descriptor) add fields here and read them in ``app.create_app``.
 
 from __future__ import annotations
 
+import argparse
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hybridcache.engine import EngineConfig
+from hybridcache.engine import EngineConfig, TinyHybridConfig
+from hybridcache.engine.hf.config import HFModelConfig
 from hybridcache.errors import InvalidConfigError
+from hybridcache.profiles import parse_size
 from hybridcache.serving.arguments import TINY_MODEL
 from hybridcache.types import as_int, as_name
 
@@ -65,3 +69,26 @@ class ServeConfig:
     def max_context_tokens(self) -> int:
         """The most prompt plus generated tokens one request can hold (the whole KV pool)."""
         return self.engine.num_kv_blocks * self.engine.block_size
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ServeConfig:
+        """The config ``serving.arguments`` describe (a bad value raises a hybridcache error)."""
+        tiny = args.model == TINY_MODEL
+        model = TinyHybridConfig() if tiny else HFModelConfig(args.model, args.dtype or "float32")
+        engine = EngineConfig(
+            block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, num_state_slots=args.num_state_slots,
+            checkpoint_budget=args.checkpoint_budget, prefix_caching=not args.no_prefix_caching,
+            max_batch_tokens=args.max_batch_tokens, max_running=args.max_running, prefill_chunk=args.prefill_chunk,
+            dtype=args.dtype if tiny else None, model=model, checkpoint_policy=args.policy,
+        )
+        disk_bytes = _size(args.disk_bytes)
+        disk_root = args.disk_root or (tempfile.mkdtemp(prefix="hybridcache-disk-") if disk_bytes else None)
+        return cls(
+            engine=engine, model_dir=None if tiny else args.model, served_name=args.served_name, host=args.host,
+            port=args.port, max_waiting=args.max_waiting, host_bytes=_size(args.host_bytes), disk_bytes=disk_bytes,
+            disk_root=disk_root,
+        )
+
+
+def _size(text: str) -> int:
+    return 0 if text.strip() == "0" else parse_size(text)

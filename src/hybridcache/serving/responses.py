@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from hybridcache.serving.loop import Update
 from hybridcache.serving.tokenizer import TextTokenizer
@@ -22,17 +22,13 @@ REPLACEMENT = "\ufffd"  # what a decoder prints for an incomplete UTF-8 sequence
 @dataclass
 class TextProgress:
     """The text of one request's tokens, with stop strings applied. ``advance`` returns the
-    text not sent yet; it holds back what may still change (an incomplete character, a
-    possible start of a stop string) until the next tokens or the end decide it."""
+    text not sent yet; it holds back what may still change (an incomplete character, an end
+    that may be the start of a stop string) until the next tokens or the end decide it."""
 
     tokenizer: TextTokenizer | None
     stops: tuple[str, ...]
     sent: str = ""
     stopped: bool = False
-    _hold: int = field(init=False, default=0)
-
-    def __post_init__(self) -> None:
-        self._hold = max((len(stop) - 1 for stop in self.stops), default=0)
 
     def advance(self, tokens: list[int], final: bool) -> str:
         if self.tokenizer is None or self.stopped:
@@ -42,13 +38,22 @@ class TextProgress:
         if cuts:
             text, self.stopped, final = text[: min(cuts)], True, True
         if not final:
-            text = text[: max(len(self.sent), len(text) - self._hold)]
-            while text.endswith(REPLACEMENT) and len(text) > len(self.sent):
-                text = text[:-1]
-        if not text.startswith(self.sent):  # a decoder that rewrote earlier text: send nothing more
-            return ""
+            text = text.rstrip(REPLACEMENT)
+            text = text[: len(text) - self._stop_prefix_length(text)]
+        if len(text) <= len(self.sent) or not text.startswith(self.sent):
+            return ""  # nothing new (or a decoder that rewrote earlier text: send nothing more)
         delta, self.sent = text[len(self.sent):], text
         return delta
+
+    def _stop_prefix_length(self, text: str) -> int:
+        """The longest end of ``text`` that a stop string begins with."""
+        longest = 0
+        for stop in self.stops:
+            for size in range(min(len(stop) - 1, len(text)), longest, -1):
+                if text.endswith(stop[:size]):
+                    longest = size
+                    break
+        return longest
 
 
 def new_id(kind: str) -> str:
