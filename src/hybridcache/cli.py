@@ -1,5 +1,4 @@
-"""Command line: ``hybridcache demo``, ``hybridcache bench <scenario>``, ``hybridcache replay``
-and ``hybridcache router``.
+"""Command line: ``hybridcache demo``, ``bench <scenario>``, ``serve``, ``replay`` and ``router``.
 
 Owns the two consoles: results (tables) go to stdout, progress bars and errors to stderr; both
 follow the terminal's width (or ``COLUMNS``). Every option is checked as it is parsed
@@ -21,7 +20,7 @@ console = Console()
 errors = Console(stderr=True)
 SCENARIO_NAMES = (
     "match", "match-partial", "kv-match", "miss", "rollback", "rematch", "publish", "evict", "memory", "soak-engine",
-    "router", "lmdeploy-schedule",
+    "router", "lmdeploy-schedule", "serve",
 )
 
 
@@ -39,6 +38,8 @@ def _failed(command: str, error: BaseException) -> int:
 def _bench(args: argparse.Namespace, argv: list[str]) -> int:
     from hybridcache.bench.method import ensure_controlled_process, pin_to_one_cpu
 
+    if args.scenario == "serve":  # a server and its clients: several processes, not one pinned CPU
+        return _serve_bench(args)
     ensure_controlled_process(argv)
     cpu = pin_to_one_cpu()
     try:
@@ -128,6 +129,32 @@ def _router(args: argparse.Namespace, _: list[str]) -> int:
     return 0
 
 
+def _serve_bench(args: argparse.Namespace) -> int:
+    from hybridcache.bench.cli_support import write_json
+    from hybridcache.bench.serve import ServeBench, run_serve_bench
+
+    if args.smoke:
+        bench = ServeBench(clients=2, turns=2, system_tokens=96, opening_tokens=32, user_tokens=16, reply_tokens=4, model="tiny")
+    else:
+        bench = ServeBench(clients=args.clients, turns=args.turns, system_tokens=args.system_tokens, model=args.model,
+                           duration_s=args.duration or 0.0)
+    try:
+        records = run_serve_bench(bench)
+    except (HybridCacheError, OSError, RuntimeError) as error:  # RuntimeError: a server that did not start
+        return _failed("bench", error)
+    columns = ["caching", "requests", "errors", "ttft_p50_s", "ttft_p99_s", "generated_tokens_per_s", "token_hit_rate",
+               "server_rss_before_mb", "server_rss_after_mb"]
+    table = cli_args.compact_table(f"hybridcache bench serve ({bench.clients} clients, {bench.turns} turns)", columns)
+    for record in records:
+        table.add_row(*(f"{record[c]:.3f}" if isinstance(record[c], float) else str(record[c]) for c in columns))
+    console.print(table)
+    if "ttft_p50_vs_off" in records[0]:
+        console.print(f"TTFT p50, caching on / off: {records[0]['ttft_p50_vs_off']:.3f}")
+    if args.json:
+        write_json(records, args.json)
+    return 0 if all(record["errors"] == 0 for record in records) else 1
+
+
 def _demo(args: argparse.Namespace, _: list[str]) -> int:
     from hybridcache.demo import run_demo
 
@@ -138,17 +165,13 @@ def _demo(args: argparse.Namespace, _: list[str]) -> int:
 
 
 def _serve(args: argparse.Namespace, _: list[str]) -> int:
-    from rich.markup import escape
-
-    from hybridcache.errors import HybridCacheError
     from hybridcache.serving.config import ServeConfig
     from hybridcache.serving.server import serve
 
     try:
         config = ServeConfig.from_args(args)
     except HybridCacheError as error:
-        console.print(f"[bold red]error:[/] {type(error).__name__}: {escape(str(error))}", highlight=False)
-        return 2
+        return _failed("serve", error)
     serve(config, args.log_level)
     return 0
 
@@ -180,6 +203,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="requests served by soak-engine (default: 10000)")
     bench.add_argument("--smoke", action="store_true", help="a seconds-long run that only checks the scenario works")
     bench.add_argument("--json", type=cli_args.output_path, metavar="PATH", help="write the records as JSON")
+    bench.add_argument("--clients", type=cli_args.int_in(1, 4096), default=4, help="serve: concurrent chat clients (default: 4)")
+    bench.add_argument("--turns", type=cli_args.int_in(1, 10**4), default=3, help="serve: turns per conversation (default: 3)")
+    bench.add_argument("--system-tokens", type=cli_args.int_in(1, MAX_BENCH_CONTEXT), default=3840,
+                       help="serve: the shared system prompt's tokens (default: 3840)")
+    bench.add_argument("--model", help="serve: a checkpoint directory or 'tiny' (default: a saved random Bamba)")
+    bench.add_argument("--duration", type=cli_args.positive_float, help="serve: keep the clients going this many seconds")
     bench.set_defaults(handler=_bench)
     serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server over the engine (the serve extra)")
     from hybridcache.serving.arguments import add_arguments as add_serve_arguments

@@ -65,17 +65,22 @@ class Session:
         return self.reply.body(self.progress.sent, update, self.prompt_ids, self.body.return_token_ids)
 
     async def stream(self):
-        """SSE chunks: the role first (chat), the text deltas, the finish chunk, the usage chunk
-        (with ``stream_options.include_usage``) and ``[DONE]``."""
+        """SSE chunks: the role first (chat), the text deltas (with ``return_token_ids``, every
+        new token's chunk carries its ids, text or not), the finish chunk, the usage chunk (with
+        ``stream_options.include_usage``) and ``[DONE]``."""
         reply, with_usage = self.reply, self.body.include_usage
         try:
             if reply.kind == "chat":
                 yield reply.chunk(reply.choice(None, None, chunk=True, role=True), with_usage)
-            update = Update([])
+            update, sent_ids = Update([]), 0
             while not update.final:
                 update, delta = self._apply(await self._next(watch_disconnect=False))
-                if delta:
-                    yield reply.chunk(reply.choice(delta, None, chunk=True), with_usage)
+                new_ids, sent_ids = update.tokens[sent_ids:], len(update.tokens)
+                if delta or (new_ids and self.body.return_token_ids):
+                    choice = reply.choice(delta, None, chunk=True)
+                    if self.body.return_token_ids:
+                        choice["token_ids"] = new_ids
+                    yield reply.chunk(choice, with_usage)
             if update.error is not None:
                 yield sse(error_body(update.error)[1])
             else:
