@@ -5,17 +5,14 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("fastapi", reason="the serve extra is not installed")
+
+from hybridcache.bench.serve import server_process  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 STARTUP_S = 180  # a loaded CI machine imports torch slowly; a deadline, never an assertion on speed
@@ -26,45 +23,13 @@ ENGINE_ARGS = ("--num-kv-blocks", "256", "--num-state-slots", "24", "--checkpoin
 SERVER_ARGS = (*ENGINE_ARGS, "--max-running", "4", "--max-waiting", "8")
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @contextmanager
 def running_server(*args: str):
-    """Start a server, wait for ``/health``, yield its base URL; SIGTERM it by pid at the end."""
-    port = free_port()
+    """Start a server (this checkout's sources), wait for ``/health``, yield its base URL; it is
+    stopped with SIGTERM by its pid at the end."""
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    command = [sys.executable, "-c", "import sys; from hybridcache.cli import main; sys.exit(main())", "serve",
-               "--port", str(port), "--log-level", "warning", *args]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        _wait_healthy(port, process)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        os.kill(process.pid, signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            os.kill(process.pid, signal.SIGKILL)
-            process.wait()
-
-
-def _wait_healthy(port: int, process: subprocess.Popen) -> None:
-    deadline = time.monotonic() + STARTUP_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the server exited: {process.stdout.read().decode(errors='replace')}")
-        try:
-            status, _, _ = request(f"http://127.0.0.1:{port}", "GET", "/health")
-            if status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("the server did not become healthy")
+    with server_process(*args, env=env, startup_s=STARTUP_S) as (base, _):
+        yield base
 
 
 def request(base: str, method: str, path: str, body: bytes | dict | None = None, headers: dict | None = None):
