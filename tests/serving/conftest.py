@@ -20,7 +20,7 @@ STARTUP_S = 180  # a loaded CI machine imports torch slowly; a deadline, never a
 # the tests compare against.
 ENGINE_ARGS = ("--num-kv-blocks", "256", "--num-state-slots", "24", "--checkpoint-budget", "12",
                "--max-batch-tokens", "512", "--prefill-chunk", "256")
-SERVER_ARGS = (*ENGINE_ARGS, "--max-running", "4", "--max-waiting", "8")
+SERVER_ARGS = (*ENGINE_ARGS, "--max-running", "4", "--max-waiting", "8", "--adapters", "support-bot,legal-bot")
 
 
 @contextmanager

@@ -39,9 +39,24 @@ def direct_engine():
     return Engine(ServeConfig.from_args(build_parser().parse_args(["serve", *SERVER_ARGS])).engine)
 
 
-def test_models_lists_the_served_model(server):
+def test_models_lists_the_served_model_and_its_adapters(server):
     models = client(server).models.list()
-    assert [model.id for model in models.data] == ["tiny"]
+    assert [model.id for model in models.data] == ["tiny", "support-bot", "legal-bot"]
+
+
+def test_an_adapter_named_in_model_or_in_adapter_is_its_own_cache_namespace(server):
+    prompt = "The same words, served by two adapters, share no cached prefix at all."
+
+    def cached(model: str, **extra) -> int:
+        reply = client(server).completions.create(model=model, prompt=prompt, max_tokens=2, temperature=0, extra_body=extra)
+        return reply.usage.prompt_tokens_details.cached_tokens
+
+    assert cached("support-bot") == 0
+    assert cached("support-bot") > 0
+    assert cached("tiny", adapter="support-bot") > 0  # the same namespace, named the other way
+    assert cached("legal-bot") == 0
+    with pytest.raises(openai.NotFoundError):
+        client(server).completions.create(model="other-bot", prompt=prompt, max_tokens=2)
 
 
 def test_later_chat_turns_restore_cached_tokens_and_equal_the_engine_and_caching_off(server, server_uncached):

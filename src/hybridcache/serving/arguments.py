@@ -20,6 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--dtype", choices=["float32", "float64"], help="float64 for tiny, float32 for a checkpoint")
     parser.add_argument("--policy", default=DEFAULT_POLICY, help="checkpoint policy (hybridcache.policies)")
+    parser.add_argument("--adapters", help="comma-separated adapter names the model serves (clients name them in 'model')")
     parser.add_argument("--no-prefix-caching", action="store_true", help="serve without the prefix cache")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--num-kv-blocks", type=int, default=2048)

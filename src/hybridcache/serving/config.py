@@ -80,6 +80,7 @@ class ServeConfig:
             checkpoint_budget=args.checkpoint_budget, prefix_caching=not args.no_prefix_caching,
             max_batch_tokens=args.max_batch_tokens, max_running=args.max_running, prefill_chunk=args.prefill_chunk,
             dtype=args.dtype if tiny else None, model=model, checkpoint_policy=args.policy,
+            adapters=tuple(name for name in args.adapters.split(",") if name) if args.adapters else None,
         )
         disk_bytes = _size(args.disk_bytes)
         disk_root = args.disk_root or (tempfile.mkdtemp(prefix="hybridcache-disk-") if disk_bytes else None)

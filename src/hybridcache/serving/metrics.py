@@ -96,7 +96,7 @@ class ServingMetrics:
         self.served_name, self.engine_config, self.policy = served_name, engine_config, policy
         self.registry = CollectorRegistry()
         names = ("model_name", "engine")
-        self._labels = (served_name, "0")
+        self.labels = (served_name, "0")
         self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token in seconds.", names,
                               buckets=LATENCY_BUCKETS, registry=self.registry)
         self.e2e = Histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency in seconds.", names,
@@ -106,7 +106,7 @@ class ServingMetrics:
         self.errors = Counter("hybridcache:request_errors", "Requests answered with an error, by status.",
                               (*names, "status"), registry=self.registry)
         for family in (self.ttft, self.e2e, self.prompt_tokens, self.generation_tokens):
-            family.labels(*self._labels)  # present at 0 from the first scrape, as dashboards expect
+            family.labels(*self.labels)  # present at 0 from the first scrape, as dashboards expect
         self.registry.register(_SnapshotCollector(self))
         self.snapshot = EngineSnapshot()
         self.history: deque[EngineSnapshot] = deque(maxlen=HISTORY_POINTS)
@@ -127,7 +127,7 @@ class ServingMetrics:
     # --- the HTTP side ---------------------------------------------------------------------------
 
     def record_request(self, record: RequestRecord, e2e_s: float) -> None:
-        labels = self._labels
+        labels = self.labels
         if record.status == 200:
             self.prompt_tokens.labels(*labels).inc(record.prompt_tokens)
             self.generation_tokens.labels(*labels).inc(record.completion_tokens)
@@ -138,7 +138,7 @@ class ServingMetrics:
         self.recent.append(record)
 
     def record_error(self, status: int) -> None:
-        self.errors.labels(*self._labels, str(status)).inc()
+        self.errors.labels(*self.labels, str(status)).inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -152,7 +152,7 @@ class _SnapshotCollector:
 
     def collect(self):
         metrics, snap = self._metrics, self._metrics.snapshot
-        names, labels = ["model_name", "engine"], list(metrics._labels)
+        names, labels = ["model_name", "engine"], list(metrics.labels)
 
         def family(kind, name, documentation, value, extra=None):
             metric = kind(name, documentation, labels=names + list(extra or {}))
