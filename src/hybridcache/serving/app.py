@@ -75,7 +75,7 @@ async def _generate(http: HttpRequest, runtime: ServingRuntime, kind: str) -> Re
     adapter = runtime.resolve_model(body.model, body.adapter)
     prompt_ids = _prompt_ids(runtime, body, kind)
     request = _engine_request(runtime, body, prompt_ids, adapter)
-    session = Session(runtime, http, body, prompt_ids, kind, received)
+    session = Session(runtime, http, body, prompt_ids, received)
     if not await session.submit(request):
         return Response(status_code=499)  # the client left before its request was accepted
     if body.stream:

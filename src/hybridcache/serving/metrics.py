@@ -92,8 +92,8 @@ class RequestRecord:
 
 
 class ServingMetrics:
-    def __init__(self, served_name: str, engine_config: EngineConfig, policy: str, miss_log_interval_s: float) -> None:
-        self.served_name, self.engine_config, self.policy = served_name, engine_config, policy
+    def __init__(self, served_name: str, engine_config: EngineConfig, miss_log_interval_s: float) -> None:
+        self.served_name, self.engine_config = served_name, engine_config
         self.registry = CollectorRegistry()
         names = ("model_name", "engine")
         self.labels = (served_name, "0")
@@ -187,7 +187,7 @@ def _cache_labels(metrics: ServingMetrics) -> dict[str, str]:
     return {
         "block_size": str(config.block_size), "num_gpu_blocks": str(config.num_kv_blocks),
         "enable_prefix_caching": str(config.prefix_caching), "num_state_slots": str(config.num_state_slots),
-        "checkpoint_budget": str(config.checkpoint_budget), "policy": metrics.policy,
+        "checkpoint_budget": str(config.checkpoint_budget), "policy": config.checkpoint_policy,
     }
 
 

@@ -28,9 +28,7 @@ class ServingRuntime:
         self.engine = Engine(config.engine, tiers=self.tiers)
         self.vocab_size = self.engine.model.layout.vocab_size
         self.tokenizer: TextTokenizer | None = load_text_tokenizer(config.model_dir, self.vocab_size)
-        self.metrics = ServingMetrics(
-            config.served_name, config.engine, config.engine.checkpoint_policy, config.miss_log_interval_s
-        )
+        self.metrics = ServingMetrics(config.served_name, config.engine, config.miss_log_interval_s)
         self.loop = EngineLoop(self.engine, capacity=config.max_in_server, observe=self.metrics.observe_engine)
         self.loop.start()
 

@@ -19,14 +19,16 @@ from hybridcache.serving.api_errors import error_body
 from hybridcache.serving.loop import Update
 from hybridcache.serving.metrics import RequestRecord
 from hybridcache.serving.responses import DONE, Reply, TextProgress, sse
+from hybridcache.serving.schemas import ChatCompletionRequest, CompletionRequest
 
 DISCONNECT_POLL_S = 0.25
 
 
 class Session:
-    def __init__(self, runtime, http: HttpRequest, body, prompt_ids: list[int], kind: str, received: float) -> None:
+    def __init__(self, runtime, http: HttpRequest, body: CompletionRequest | ChatCompletionRequest, prompt_ids: list[int],
+                 received: float) -> None:
         self.runtime, self.http, self.body, self.prompt_ids = runtime, http, body, prompt_ids
-        self.reply = Reply.new(kind, body.model)
+        self.reply = Reply.new("chat" if isinstance(body, ChatCompletionRequest) else "completion", body.model)
         self.received = received
         self.first_token_at: float | None = None
         self.progress = TextProgress(runtime.tokenizer, body.stop_strings())
