@@ -17,7 +17,6 @@ from pathlib import Path
 from hybridcache.engine import EngineConfig, TinyHybridConfig
 from hybridcache.engine.hf.config import HFModelConfig
 from hybridcache.errors import InvalidConfigError
-from hybridcache.profiles import parse_size
 from hybridcache.serving.arguments import TINY_MODEL
 from hybridcache.types import as_int, as_name
 
@@ -82,14 +81,11 @@ class ServeConfig:
             dtype=args.dtype if tiny else None, model=model, checkpoint_policy=args.policy,
             adapters=tuple(name for name in args.adapters.split(",") if name) if args.adapters else None,
         )
-        disk_bytes = _size(args.disk_bytes)
+        disk_bytes = args.disk_bytes or 0
         disk_root = args.disk_root or (tempfile.mkdtemp(prefix="hybridcache-disk-") if disk_bytes else None)
         return cls(
             engine=engine, model_dir=None if tiny else args.model, served_name=args.served_name, host=args.host,
-            port=args.port, max_waiting=args.max_waiting, host_bytes=_size(args.host_bytes), disk_bytes=disk_bytes,
+            port=args.port, max_waiting=args.max_waiting, host_bytes=args.host_bytes or 0, disk_bytes=disk_bytes,
             disk_root=disk_root,
         )
 
-
-def _size(text: str) -> int:
-    return 0 if text.strip() == "0" else parse_size(text)
