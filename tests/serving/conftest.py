@@ -25,11 +25,11 @@ SERVER_ARGS = (*ENGINE_ARGS, "--max-running", "4", "--max-waiting", "8", "--adap
 
 @contextmanager
 def running_server(*args: str):
-    """Start a server (this checkout's sources), wait for ``/health``, yield its base URL; it is
-    stopped with SIGTERM by its pid at the end."""
+    """Start a server (this checkout's sources), wait for ``/health``, yield its base URL and
+    process; it is stopped with SIGTERM by its pid at the end."""
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    with server_process(*args, env=env, startup_s=STARTUP_S) as (base, _):
-        yield base
+    with server_process(*args, env=env, startup_s=STARTUP_S) as running:
+        yield running
 
 
 def request(base: str, method: str, path: str, body: bytes | dict | None = None, headers: dict | None = None):
@@ -57,12 +57,12 @@ def metric(base: str, name: str, **labels: str) -> float:
 
 @pytest.fixture(scope="package")
 def server():
-    with running_server(*SERVER_ARGS) as base:
+    with running_server(*SERVER_ARGS) as (base, _):
         yield base
 
 
 @pytest.fixture(scope="package")
 def server_uncached():
     """Caching off, and room for one request at a time (the overload tests use it too)."""
-    with running_server(*ENGINE_ARGS, "--max-running", "1", "--max-waiting", "0", "--no-prefix-caching") as base:
+    with running_server(*ENGINE_ARGS, "--max-running", "1", "--max-waiting", "0", "--no-prefix-caching") as (base, _):
         yield base

@@ -4,12 +4,14 @@ error object with the right status, never a traceback or a hang, and nothing lef
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import time
 
 import pytest
 
-from tests.serving.conftest import metric, request
+from tests.serving.conftest import ENGINE_ARGS, metric, request, running_server
 
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 CASES = [
@@ -107,3 +109,17 @@ def test_a_stream_ends_with_done_exactly_as_openai(server):
     assert all(event.startswith("data: ") for event in events[:-1])
     last = json.loads(events[-3].removeprefix("data: "))
     assert last["choices"] == [] and last["usage"]["total_tokens"] == last["usage"]["prompt_tokens"] + last["usage"]["completion_tokens"]
+
+
+def test_sigterm_lets_a_stream_in_flight_finish_then_the_server_exits():
+    with running_server(*ENGINE_ARGS) as (base, process):
+        sock = _open_stream(base, 12)
+        os.kill(process.pid, signal.SIGTERM)
+        received = b""
+        while b"data: [DONE]" not in received:
+            chunk = sock.recv(65536)
+            assert chunk, "the stream was cut before [DONE]"
+            received += chunk
+        sock.close()
+        assert process.wait(120) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once shut down
+    assert b'"finish_reason":"length"' in received

@@ -70,17 +70,19 @@ def free_port() -> int:
 
 @contextmanager
 def server_process(*args: str, env: dict | None = None, startup_s: float = STARTUP_S):
-    """``hybridcache serve ARGS`` on a free loopback port: yields ``(base URL, pid)`` once
-    ``/health`` answers; SIGTERM by pid at the end (SIGKILL if it does not stop)."""
+    """``hybridcache serve ARGS`` on a free loopback port: yields ``(base URL, process)`` once
+    ``/health`` answers; SIGTERM by pid at the end unless it already exited (SIGKILL if it
+    does not stop)."""
     port = free_port()
     command = [sys.executable, "-m", "hybridcache.cli", "serve", "--port", str(port), "--log-level", "warning", *args]
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(base, process, startup_s)
-        yield base, process.pid
+        yield base, process
     finally:
-        os.kill(process.pid, signal.SIGTERM)
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGTERM)
         try:
             process.wait(60)
         except subprocess.TimeoutExpired:
@@ -200,7 +202,8 @@ def _percentile(values: list[float], q: float) -> float:
 def run_setting(bench: ServeBench, model_args: tuple[str, ...], model: str, caching: bool) -> dict:
     """Serve one setting (caching on or off) and drive the clients against it."""
     args = (*model_args, *bench.server_args, *(() if caching else ("--no-prefix-caching",)))
-    with server_process(*args) as (base, pid):
+    with server_process(*args) as (base, process):
+        pid = process.pid
         system = np.random.default_rng(7).integers(2, _vocab(bench), bench.system_tokens).tolist()
         stream_completion(base, model, system, 1)  # the deployment's first request: the system prompt
         tally, rss_before, began = _Tally(), _rss_bytes(pid), time.perf_counter()
