@@ -124,15 +124,15 @@ class CacheTensors:
     def copy_states(self, src_slots: list[int], dst_slots: list[int]) -> None:
         """Copy whole state rows ``src_slots[i] -> dst_slots[i]`` in every recurrent layer."""
         src, dst = self._validated_pairs("slot", src_slots, dst_slots, self.check_slot)
-        if src:
-            self.conv_states[:, dst] = self.conv_states[:, src]
-            self.ssm_states[:, dst] = self.ssm_states[:, src]
+        for source, destination in zip(src, dst):  # one copy_ per row: see paged_storage._copy_rows
+            self.conv_states[:, destination].copy_(self.conv_states[:, source])
+            self.ssm_states[:, destination].copy_(self.ssm_states[:, source])
 
     def copy_blocks(self, src_blocks: list[int], dst_blocks: list[int]) -> None:
         """Copy whole KV blocks ``src_blocks[i] -> dst_blocks[i]`` in every attention layer."""
         src, dst = self._validated_pairs("block", src_blocks, dst_blocks, self.check_block)
-        if src:
-            self.kv[:, dst] = self.kv[:, src]
+        for source, destination in zip(src, dst):
+            self.kv[:, destination].copy_(self.kv[:, source])
 
     def poison_block(self, block: int) -> None:
         """Fill one block with NaN so any read of it shows up in the outputs."""

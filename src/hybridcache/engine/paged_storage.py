@@ -33,6 +33,16 @@ def _write_all_or_nothing(tensors: dict, index: object, arrays: object, what: st
         tensors[key][index] = target
 
 
+def _copy_rows(tensors: object, src: list[int], dst: list[int]) -> None:
+    """``tensor[dst[i]] = tensor[src[i]]`` for every tensor, row by row: the copies of a step are
+    a few rows, and one ``copy_`` per row costs microseconds where an advanced-index assignment
+    goes through torch's parallel ``index_put_`` (measured at 4-40 ms per call for one row on a
+    loaded 2-core machine). Sources and destinations never overlap (validated), so order is free."""
+    for tensor in tensors:
+        for source, destination in zip(src, dst):
+            tensor[destination].copy_(tensor[source])
+
+
 def _name(key: TensorKey) -> str:
     return f"{key[0]}.{key[1]}"
 
@@ -110,16 +120,12 @@ class PagedStorage:
     def copy_states(self, src_slots: list[int], dst_slots: list[int]) -> None:
         """Copy whole slots ``src_slots[i] -> dst_slots[i]`` in every recurrent layer."""
         src, dst = self._validated_pairs("slot", src_slots, dst_slots)
-        if src:
-            for tensor in self.states.values():
-                tensor[dst] = tensor[src]
+        _copy_rows(self.states.values(), src, dst)
 
     def copy_blocks(self, src_blocks: list[int], dst_blocks: list[int]) -> None:
         """Copy whole KV blocks ``src_blocks[i] -> dst_blocks[i]`` in every attention layer."""
         src, dst = self._validated_pairs("block", src_blocks, dst_blocks)
-        if src:
-            for tensor in self.kv.values():
-                tensor[dst] = tensor[src]
+        _copy_rows(self.kv.values(), src, dst)
 
     def poison_block(self, block: int) -> None:
         """Fill one block with NaN so any read of it shows up in the outputs."""
