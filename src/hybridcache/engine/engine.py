@@ -2,7 +2,8 @@
 
 Owns: the model (built by ``model_factory`` from ``EngineConfig.model``), its cache storage,
 the pools, the trie, the scheduler, the queue of forwards in flight, the finished results and
-the logits kept for requests that asked for them. ``async_depth=0`` runs each forward as soon as it is
+the logits kept for requests that asked for them, and (``sampling.Sampler``) the seeded generators
+of requests that sample. ``async_depth=0`` runs each forward as soon as it is
 queued; ``async_depth=1`` schedules the next forward while the previous one is still queued,
 as a GPU engine overlapping host work with device work does. Checkpoints are published right
 after their forward is queued and stay pinned (and unusable by matches) until its output is
