@@ -123,3 +123,13 @@ def test_sigterm_lets_a_stream_in_flight_finish_then_the_server_exits():
         sock.close()
         assert process.wait(120) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once shut down
     assert b'"finish_reason":"length"' in received
+
+
+def test_continuous_usage_stats_put_the_counts_so_far_in_every_chunk(server):
+    status, _, raw = request(server, "POST", COMPLETIONS, {
+        "model": "tiny", "prompt": "counting as we go", "max_tokens": 4, "stream": True, "ignore_eos": True,
+        "return_token_ids": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    chunks = [json.loads(event.removeprefix("data: ")) for event in raw.decode().split("\n\n")[:-2]]
+    counts = [chunk["usage"]["completion_tokens"] for chunk in chunks[:-1]]
+    assert status == 200 and counts == sorted(counts) and counts[-1] == 4
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4

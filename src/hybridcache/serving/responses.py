@@ -110,10 +110,11 @@ class Reply:
             out["prompt_token_ids"] = prompt_ids
         return out
 
-    def chunk(self, choice: dict | None, include_usage: bool) -> str:
+    def chunk(self, choice: dict | None, chunk_usage: dict | None | bool) -> str:
+        """A content chunk; ``chunk_usage`` False leaves ``usage`` out, else it is its value."""
         data = {**self._envelope(True), "choices": [] if choice is None else [choice]}
-        if include_usage:
-            data["usage"] = None
+        if chunk_usage is not False:
+            data["usage"] = chunk_usage
         return sse(data)
 
     def usage_chunk(self, update: Update, prompt_tokens: int) -> str:

@@ -18,7 +18,7 @@ from hybridcache.engine import Request
 from hybridcache.serving.api_errors import error_body
 from hybridcache.serving.loop import Update
 from hybridcache.serving.metrics import RequestRecord
-from hybridcache.serving.responses import DONE, Reply, TextProgress, sse
+from hybridcache.serving.responses import DONE, Reply, TextProgress, sse, usage
 from hybridcache.serving.schemas import ChatCompletionRequest, CompletionRequest
 
 DISCONNECT_POLL_S = 0.25
@@ -73,7 +73,7 @@ class Session:
         reply, with_usage = self.reply, self.body.include_usage
         try:
             if reply.kind == "chat":
-                yield reply.chunk(reply.choice(None, None, chunk=True, role=True), with_usage)
+                yield reply.chunk(reply.choice(None, None, chunk=True, role=True), self._chunk_usage(Update([])))
             update, sent_ids = Update([]), 0
             while not update.final:
                 update, delta = self._apply(await self._next(watch_disconnect=False))
@@ -82,17 +82,26 @@ class Session:
                     choice = reply.choice(delta, None, chunk=True)
                     if self.body.return_token_ids:
                         choice["token_ids"] = new_ids
-                    yield reply.chunk(choice, with_usage)
+                    yield reply.chunk(choice, self._chunk_usage(update))
             if update.error is not None:
                 yield sse(error_body(update.error)[1])
             else:
-                yield reply.chunk(reply.choice(None if reply.kind == "chat" else "", update.finish_reason, chunk=True), with_usage)
+                finish = reply.choice(None if reply.kind == "chat" else "", update.finish_reason, chunk=True)
+                yield reply.chunk(finish, self._chunk_usage(update))
                 if with_usage:
                     yield reply.usage_chunk(update, len(self.prompt_ids))
                 self._record(update)
             yield DONE
         finally:
             self._cancel()
+
+    def _chunk_usage(self, update: Update) -> dict | None | bool:
+        """What a content chunk says about usage: nothing (False), ``null`` (with
+        ``include_usage``) or the counts so far (with ``continuous_usage_stats``, as vLLM)."""
+        options = self.body.stream_options
+        if options is not None and options.continuous_usage_stats:
+            return usage(len(self.prompt_ids), len(update.tokens), update.cached_tokens)
+        return None if self.body.include_usage else False
 
     def _apply(self, update: Update) -> tuple[Update, str]:
         """The update with stop strings applied, and the text it adds."""
