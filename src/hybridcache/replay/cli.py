@@ -35,7 +35,7 @@ from hybridcache.replay.driver import (
     with_ttft,
 )
 from hybridcache.replay.policies import ADMISSIONS, EVICTIONS, POLICIES, Policy, resolve_policy
-from hybridcache.replay.report import print_fleet
+from hybridcache.replay.report import add_oracle_fractions, print_fleet
 from hybridcache.replay.routing import ROUTINGS
 from hybridcache.replay.shared_tier import SHARED_TIERS, check_shared_tier, open_shared_tier
 from hybridcache.replay.tiering import DEFAULT_TIER_CHUNK, TierSetup
@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--kv-bytes", type=cli_args.size_list, metavar="SIZES", help="KV budget(s); with --state-bytes (comma lists pair up)")
     add("--state-bytes", type=cli_args.size_list, metavar="SIZES", help="checkpoint budget(s); with --kv-bytes")
     add("--policy", default="reference",
-        help=f"comma list = sweep: {', '.join(POLICIES)} (interval:N checkpoints every N tokens)")
+        help=f"comma list = sweep: {', '.join(POLICIES)}, oracle (interval:N checkpoints every N tokens)")
     add("--admission", help=f"override the policies' admission part: {', '.join(ADMISSIONS)}")
     add("--eviction", help=f"override the policies' eviction part: {', '.join(EVICTIONS)}")
     add("--limit", type=cli_args.int_in(1), metavar="N", help="replay only the first N requests (default: all)")
@@ -221,6 +221,7 @@ def _run(args: argparse.Namespace, console: Console, errors: Console) -> int:
                     record["tiers"]["stored_bytes_per_unique_token"] = kept / unique_tokens if unique_tokens else 0.0
                 records.append(record)
                 bars.close()
+    add_oracle_fractions(records)
     _print(records, console)
     if any(record["replicas"] > 1 or "tiers" in record for record in records):
         print_fleet(records, console)
@@ -246,7 +247,8 @@ def _print(records: list[dict], console: Console) -> None:
     replicated = any(record.get("replicas", 1) > 1 or record.get("shared_tier", "none") != "none" for record in records)
     shared = any(record.get("shared_tier", "none") != "none" for record in records)
     setting = ["fleet"] * replicated + ["shared"] * shared
-    columns = ["policy", "budget", *setting, "token hit", "req hit", "of bound", "ckpts", "TTFT ms/req", "wall s"]
+    versus = ["of oracle"] * any(record.get("oracle_fraction") is not None for record in records)
+    columns = ["policy", "budget", *setting, "token hit", "req hit", "of bound", *versus, "ckpts", "TTFT ms/req", "wall s"]
     table = cli_args.compact_table("hybridcache replay", columns, left=("policy", "budget", "fleet", "shared"))
     table.caption = "budget K+S: KV and checkpoint budgets given apart; ckpts: checkpoints written; TTFT: saved"
     for record in records:
@@ -259,11 +261,16 @@ def _print(records: list[dict], console: Console) -> None:
             f"{100 * record['token_hit_rate']:.2f}%",
             f"{100 * record['request_hit_rate']:.1f}%",
             f"{100 * record['bound_fraction']:.1f}%",
+            *(_percent(record.get("oracle_fraction")) for _ in versus),
             f"{record['checkpoints_written']:,}",
             f"{record['ttft_saved_ms_per_request']:.1f}",
             f"{record['wall_s']:.1f}",
         )
     console.print(table)
+
+
+def _percent(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{100 * fraction:.1f}%"
 
 
 def _write(args: argparse.Namespace, records: list[dict], errors: Console) -> None:

@@ -37,6 +37,7 @@ from hybridcache.policies.eviction import MarconiState
 from hybridcache.policies.tuning import AlphaTuner
 from hybridcache.profiles import ModelProfile
 from hybridcache.replay.adapter import CacheAdapter, PoolGeometry, Turn
+from hybridcache.replay.oracle import foresee
 from hybridcache.replay.routing import AnnouncedReplica, check_routing
 from hybridcache.router.policy import choose
 from hybridcache.router.replica_index import Depths
@@ -280,7 +281,7 @@ def replay(
         raise InvalidArgumentError(f"device_tflops must be > 0, got {device_tflops!r}")
     geometry = pool_geometry(budget, profile, block_size, replicas)
     fitted = policy.admission.fitted(geometry.kv_blocks * block_size, geometry.checkpoint_slots)
-    policy = dataclasses.replace(policy, admission=fitted)
+    policy, foresight = foresee(dataclasses.replace(policy, admission=fitted), requests, block_size)
     tiered = tiers is not None and tiers.enabled
     if tiered and tiers.chunk_size % block_size:
         raise InvalidArgumentError(f"--tier-chunk {tiers.chunk_size} must be a multiple of the block size {block_size}")
@@ -293,6 +294,8 @@ def replay(
     began = time.perf_counter()
     try:
         for number, request in enumerate(requests):
+            if foresight is not None:
+                foresight.advance(number)
             chain = run.prompt_chain(request) if run is not None else None
             index = _route(fleet, routing, request, number, chain, run)
             replica = fleet[index]

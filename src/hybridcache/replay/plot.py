@@ -1,4 +1,4 @@
-"""Token hit rate versus cache budget, one curve per policy (matplotlib, Agg backend).
+"""Token hit rate versus cache budget, one curve per policy, the oracle dashed (matplotlib, Agg backend).
 
 Owns no state; imported only when a plot is asked for (matplotlib is an optional extra).
 """
@@ -31,7 +31,9 @@ def plot_hit_rates(records: list[dict], path: str) -> None:
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for policy, points in curves.items():
         points.sort()
-        axes.plot([x for x, _ in points], [y for _, y in points], marker="o", label=policy)
+        dashed = policy == "oracle"  # the offline estimate of the best: a reference, not a policy
+        axes.plot([x for x, _ in points], [y for _, y in points], marker="o", label=policy,
+                  linestyle="--" if dashed else "-", color="black" if dashed else None)
     axes.axhline(100 * records[0]["bound_token_hit_rate"], linestyle="--", color="grey", label="infinite-cache bound")
     axes.set_xlabel("cache budget (GB, KV + states)")
     axes.set_ylabel("token hit rate (%)")

@@ -53,3 +53,20 @@ def print_fleet(records: list[dict], console: Console) -> None:
                      f"{tiers['stored_bytes_per_unique_token']:,.0f}", misses or "-")
     console.print(traffic)
     console.print(cost)
+
+
+def _oracle_setting(record: dict) -> tuple:
+    budget = record["cache_bytes"] if record["cache_bytes"] is not None else (record["kv_bytes"], record["state_bytes"])
+    return (record["trace"], record["model"], budget, record.get("replicas", 1), record.get("routing"),
+            record.get("shared_tier"))
+
+
+def add_oracle_fractions(records: list[dict], oracle: str = "oracle") -> None:
+    """Give every record ``oracle_token_hit_rate`` and ``oracle_fraction`` (its token hit rate
+    over the oracle's at the same trace, model, budget and fleet) when the sweep ran the oracle
+    there; None otherwise."""
+    best = {_oracle_setting(r): r["token_hit_rate"] for r in records if r["policy"] == oracle}
+    for record in records:
+        rate = best.get(_oracle_setting(record))
+        record["oracle_token_hit_rate"] = rate
+        record["oracle_fraction"] = record["token_hit_rate"] / rate if rate else None
