@@ -10,6 +10,7 @@ writing JSON records and a hit-rate-vs-budget plot.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import tempfile
 import time
@@ -39,7 +40,20 @@ from hybridcache.replay.report import add_oracle_fractions, print_fleet
 from hybridcache.replay.routing import ROUTINGS
 from hybridcache.replay.shared_tier import SHARED_TIERS, check_shared_tier, open_shared_tier
 from hybridcache.replay.tiering import DEFAULT_TIER_CHUNK, TierSetup
-from hybridcache.workloads import FORMATS, Bound, SynthesizedTrace, infinite_cache_bound, read_trace, synthesize
+from hybridcache.workloads import (
+    FORMATS,
+    HALVES,
+    SHAPES,
+    Bound,
+    SynthesizedTrace,
+    generate,
+    half,
+    infinite_cache_bound,
+    read_trace,
+    synthesize,
+    write_trace,
+)
+from hybridcache.workloads.generator import DEFAULT_SESSIONS
 
 
 MAX_BLOCK_SIZE = 2**16
@@ -53,7 +67,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     A new option is one line here, plus a rule there when it depends on another."""
     parser.formatter_class = cli_args.DefaultsHelpFormatter
     add = parser.add_argument
-    add("trace", help="a JSONL trace (Mooncake, Qwen-Bailian or explicit tokens), a regular file")
+    add("trace", nargs="?", help="a JSONL trace (Mooncake, Qwen-Bailian or explicit tokens), a regular file")
+    add("--synthesize", choices=sorted(SHAPES), metavar="KIND",
+        help=f"instead of a trace file, generate a multi-turn one (Mooncake format, seeded by --seed): {', '.join(SHAPES)}")
+    add("--sessions", type=cli_args.int_in(1, 10**6), default=DEFAULT_SESSIONS, help="sessions of a --synthesize trace")
+    add("--split", choices=HALVES, help="replay only this half of the trace, from an empty cache")
     add("--format", default="auto", choices=["auto", *FORMATS], help="the trace's format (auto: from its first line)")
     add("--model", default="marconi-7b", help=f"profile: {', '.join(PROFILE_NAMES)}, or a config.json path")
     add("--cache-bytes", type=cli_args.size_list, metavar="SIZES",
@@ -100,6 +118,8 @@ class CheckedOptions:
 
 def check_options(args: argparse.Namespace) -> CheckedOptions:
     """The rules that join options, and the model profile: all checked before the trace is read."""
+    if (args.trace is None) == (args.synthesize is None):
+        raise InvalidArgumentError("give a trace file or --synthesize KIND, not both")
     if args.cache_bytes and (args.kv_bytes or args.state_bytes):
         raise InvalidArgumentError("give either --cache-bytes or --kv-bytes with --state-bytes, not both")
     if not args.cache_bytes and (not args.kv_bytes or len(args.kv_bytes) != len(args.state_bytes or [])):
@@ -171,7 +191,10 @@ class _RunProgress:
 def _read(args: argparse.Namespace, console: Console) -> tuple[SynthesizedTrace, Bound]:
     """The trace read, synthesized and bounded, once for the whole sweep."""
     began = time.perf_counter()
-    synthesized = synthesize(read_trace(args.trace, args.format, args.limit), seed=args.seed)
+    synthesized = synthesize(_trace(args), seed=args.seed)
+    if args.split is not None:  # continuations are still counted over the whole trace
+        synthesized = dataclasses.replace(synthesized, requests=half(synthesized.requests, args.split))
+        args.trace = f"{args.trace} ({args.split} half)"
     bound = infinite_cache_bound(synthesized.requests)
     console.print(
         f"{escape(args.trace)}: {len(synthesized.requests)} requests, {bound.prompt_tokens:,} prompt tokens, "
@@ -180,6 +203,18 @@ def _read(args: argparse.Namespace, console: Console) -> tuple[SynthesizedTrace,
         highlight=False,
     )
     return synthesized, bound
+
+
+def _trace(args: argparse.Namespace):
+    """The trace file, or a generated one (``--synthesize``, read back through the same checks)."""
+    if args.synthesize is None:
+        return read_trace(args.trace, args.format, args.limit)
+    with tempfile.TemporaryDirectory(prefix="hybridcache-synthesize-") as scratch:
+        path = Path(scratch) / f"{args.synthesize}-seed{args.seed}.jsonl"
+        write_trace(generate(args.synthesize, args.seed, args.sessions), path)
+        trace = read_trace(str(path), "mooncake", args.limit)
+    args.trace = f"synthesized:{args.synthesize}:seed{args.seed}:sessions{args.sessions}"
+    return trace
 
 
 def _run(args: argparse.Namespace, console: Console, errors: Console) -> int:

@@ -1,23 +1,31 @@
-"""Request traces for hit-rate measurement: readers, token synthesis, the infinite-cache bound.
+"""Request traces for hit-rate measurement: readers, token synthesis, the infinite-cache bound,
+multi-turn trace shapes (``generator``) and held-out halves (``split``).
 
 Owns no state: every function returns immutable records (see ``records``).
 """
 
 from hybridcache.workloads.bound import Bound, infinite_cache_bound
+from hybridcache.workloads.generator import SHAPES, generate, write_trace
 from hybridcache.workloads.readers import FORMATS, read_trace
 from hybridcache.workloads.records import Request, Trace, TraceEntry
+from hybridcache.workloads.split import HALVES, half
 from hybridcache.workloads.synthesis import DEFAULT_VOCAB, SynthesisStats, SynthesizedTrace, synthesize
 
 __all__ = [
     "DEFAULT_VOCAB",
     "FORMATS",
+    "HALVES",
+    "SHAPES",
     "Bound",
     "Request",
     "SynthesisStats",
     "SynthesizedTrace",
     "Trace",
     "TraceEntry",
+    "generate",
+    "half",
     "infinite_cache_bound",
     "read_trace",
     "synthesize",
+    "write_trace",
 ]
