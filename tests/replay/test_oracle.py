@@ -148,3 +148,23 @@ def test_records_carry_their_fraction_of_the_oracle_at_the_same_setting():
     records = [record("auto", 0.2, 10), record("oracle", 0.4, 10), record("auto", 0.3, 20)]
     add_oracle_fractions(records)
     assert [r["oracle_fraction"] for r in records] == [0.5, 1.0, None]
+
+
+def test_cli_synthesizes_splits_and_reports_the_oracle_fraction(tmp_path, capsys):
+    import json
+
+    from hybridcache.cli import main
+
+    out = tmp_path / "r.json"
+    rc = main(["replay", "--synthesize", "conversation", "--sessions", "6", "--seed", "2", "--split", "second",
+               "--policy", "reference,oracle", "--cache-bytes", "1GB", "--json", str(out)])
+    assert rc == 0
+    records = json.loads(out.read_text())
+    assert [r["policy"] for r in records] == ["reference", "oracle"]
+    assert records[0]["trace"] == "synthesized:conversation:seed2:sessions6 (second half)"
+    assert records[1]["oracle_fraction"] == 1.0
+    assert records[0]["oracle_fraction"] == records[0]["token_hit_rate"] / records[1]["token_hit_rate"]
+    assert "of oracle" in capsys.readouterr().out
+    assert main(["replay", "--cache-bytes", "1GB"]) == 2  # neither a trace nor --synthesize
+    assert main(["replay", "t.jsonl", "--synthesize", "conversation", "--cache-bytes", "1GB"]) == 2
+    assert main(["replay", "--synthesize", "chat", "--cache-bytes", "1GB"]) == 2
