@@ -11,7 +11,14 @@ import pytest
 from hybridcache.errors import InvalidArgumentError, LifecycleError
 from hybridcache.policies import LRUEviction, Policy, TurnView
 from hybridcache.replay import replay
-from hybridcache.replay.oracle import Foresight, OracleAdmission, OracleEviction, final_end, resume_points
+from hybridcache.replay.oracle import (
+    Foresight,
+    OracleAdmission,
+    OracleEviction,
+    OracleState,
+    final_end,
+    resume_points,
+)
 from hybridcache.replay.policies import resolve_policy
 from hybridcache.workloads import infinite_cache_bound
 from tests.replay._helpers import PROFILE, ExactnessCheck, budget, request
@@ -54,7 +61,14 @@ class PlannedAdmission:
 
 def hits(requests, policy, space):
     check = ExactnessCheck(requests)
-    record = replay(requests, PROFILE, policy, space, BLOCK, observer=check)
+
+    def observe(adapters, request, turn):
+        check(adapters, request, turn)
+        for adapter in adapters:
+            if isinstance(adapter.eviction, OracleState):
+                adapter.eviction.check_invariants()
+
+    record = replay(requests, PROFILE, policy, space, BLOCK, observer=observe)
     return record["prefill_tokens_saved"], record
 
 

@@ -147,6 +147,14 @@ class Foresight:
                 return users[at]
         return len(self.requests)
 
+    def check_invariants(self) -> None:
+        count = len(self.requests)
+        assert len(self.plan) == count == self.resume.size == len(self._keys) and -1 <= self.now < count
+        for users in self.uses.values():
+            assert users and all(a < b for a, b in zip(users, users[1:])), "use lists are strictly increasing"
+        for number, steps in enumerate(self.plan):
+            assert all(0 < step <= final_end(self.requests[number]) for step in steps)
+
     def advance(self, number: int) -> None:
         """The replay is about to serve request ``number``: what the previous one used passed."""
         if not 0 <= number < len(self.requests) or number <= self.now:
@@ -217,6 +225,11 @@ class OracleState:
         order = np.lexsort((times, keys))
         self._keys, self._times = keys[order], times[order]
         foresight.states.append(self)
+
+    def check_invariants(self) -> None:
+        assert len(self._used_by) == len(self.foresight.requests) and self._keys.size == self._times.size
+        assert np.all(self._keys[:-1] <= self._keys[1:]), "next-use keys are sorted"
+        self.foresight.check_invariants()
 
     def note_save(self, record: CheckpointRecord, parent_step: int, kind: str) -> None:
         if kind not in KINDS:
