@@ -203,7 +203,8 @@ class CacheProtocol:
         """Right after the forward carrying ``seq`` (with its restore and save copies) is
         queued: publish the save, pinned and unusable until the output is in, and release the
         restore pin (forwards run in queue order, so the restore copy is safe)."""
-        self.checkpoints.publish_save(seq, pin=True, in_flight=True)
+        if self.checkpoints.publish_save(seq, pin=True, in_flight=True):
+            self.trie.stats.written_checkpoints += 1
         self.checkpoints.unpin_restore(seq)
 
     def forward_done(self, seq: Sequence, start: int, expert_rows: np.ndarray | None = None) -> None:

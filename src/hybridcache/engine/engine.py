@@ -112,6 +112,7 @@ class Engine:
         self._undelivered: list[Result] = []
         self._faults: deque[str] = deque()
         self._logits: dict[int, list[np.ndarray]] = {}  # per request asking for them, one row per token
+        self._tier_misses: dict[int, str] = {}  # per unfinished request the tiers served less than expected
         self._sampler = Sampler()
         self._counters = {"forwards": 0, "failed_forwards": 0, "computed_tokens": 0, "cache_flushes": 0}
         self.events = self._open_events(config)
@@ -148,9 +149,11 @@ class Engine:
             # first, as their copies may read a checkpoint slot the adoption's room reuses.
             while self._queue:
                 self._undelivered.extend(self._execute(self._queue.popleft()))
-            self.tiers.restore(seq)
+            tier_miss = self.tiers.restore(seq).miss_reason
         entry = ServingSequence(next(self._ids), seq, request.max_new_tokens, payload=request)
         self._entries[entry.request_id] = entry
+        if self.tiers is not None and tier_miss is not None:
+            self._tier_misses[entry.request_id] = tier_miss
         self.scheduler.add(entry)
         return entry
 
@@ -161,6 +164,7 @@ class Engine:
         if entry is None:
             return False
         self._logits.pop(entry.request_id, None)
+        self._tier_misses.pop(entry.request_id, None)
         self._sampler.forget(entry.request_id)
         self.scheduler.cancel(entry)
         return True
@@ -354,7 +358,9 @@ class Engine:
         logits = None
         if entry.payload.return_logits:
             logits = np.stack(rows) if rows else np.empty((0, self.model.layout.vocab_size))
-        return replace(self._summary(entry), routed_experts=entry.final_routed_experts, logits=logits, error=error)
+        summary = self._summary(entry)
+        self._tier_misses.pop(entry.request_id, None)
+        return replace(summary, routed_experts=entry.final_routed_experts, logits=logits, error=error)
 
     def _summary(self, entry: ServingSequence) -> Result:
         prompt_tokens = entry.payload.prompt.size
@@ -364,6 +370,7 @@ class Engine:
             tokens=entry.seq.tokens[prompt_tokens:].tolist(),
             cached_tokens=entry.cached_tokens,
             miss_reason=entry.miss_reason,
+            tier_miss_reason=self._tier_misses.get(entry.request_id),
         )
 
     # --- fault injection (tests) ---------------------------------------------------------------
@@ -397,6 +404,7 @@ class Engine:
         for entry in (*self.scheduler.running, *self.scheduler.waiting):
             assert entry.in_flight == (id(entry) in set(carried)), "a request is in flight with no forward queued"
         assert self._sampler.request_ids() <= self._entries.keys(), "a finished request kept its generator"
+        assert self._tier_misses.keys() <= self._entries.keys(), "a finished request kept its tier miss"
         self.prefix_cache.check_invariants(self.scheduler.live_sequences())
         self.scheduler.check_invariants()
         if self.tiers is not None:

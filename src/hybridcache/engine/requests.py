@@ -91,7 +91,12 @@ class Result:
     ``logits`` (only with ``Request.return_logits``) is a ``[len(tokens), vocab]`` float array:
     row ``i`` holds the logits ``tokens[i]`` was chosen from (greedily, their argmax).
     ``miss_reason`` (a ``MissReason`` value) says why its first admission restored less than
-    the whole prompt's cached prefix, or restored nothing (None: nothing was cut short)."""
+    the whole prompt's cached prefix, or restored nothing (None: nothing was cut short).
+    ``tier_miss_reason`` (engines with tiers) says why the host, disk or shared tier restored
+    nothing where it was expected to: ``tier_unavailable`` (a store failed, or its breaker
+    skips it), ``tier_timeout``, ``evicted`` (a checkpoint this engine published is gone),
+    ``tier_rejected`` (what was fetched failed verification or could not be adopted),
+    ``slower_than_recompute`` or ``tier_error``; None otherwise."""
 
     request_id: int
     prompt_tokens: int
@@ -101,3 +106,4 @@ class Result:
     logits: np.ndarray | None = None
     error: HybridCacheError | None = None
     miss_reason: str | None = None
+    tier_miss_reason: str | None = None

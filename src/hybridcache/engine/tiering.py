@@ -16,6 +16,7 @@ out as writable for that purpose, from objects whose tokens were compared with t
 from __future__ import annotations
 
 from collections import Counter
+from typing import NamedTuple
 
 import numpy as np
 
@@ -25,8 +26,26 @@ from hybridcache.protocol import Adoption, CacheProtocol
 from hybridcache.sequence import Sequence
 from hybridcache.tiers.fingerprint import DEFAULT_CHUNK_SIZE, NamespaceFingerprint
 from hybridcache.tiers.keys import KeyChain
-from hybridcache.tiers.tiered import Restore, TieredStore
+from hybridcache.tiers.tiered import EVICTED, SLOWER_THAN_RECOMPUTE, Restore, TieredStore
+from hybridcache.tiers.verify import MissReason as TierMiss
 from hybridcache.types import as_int
+
+# Why the tiers served a request less than they were expected to, as a request's miss reason
+# (``Result.tier_miss_reason``); every other verification failure is ``tier_rejected``.
+TIER_UNAVAILABLE, TIER_TIMEOUT, TIER_REJECTED, TIER_ERROR = "tier_unavailable", "tier_timeout", "tier_rejected", "tier_error"
+TIER_MISS_REASONS = {
+    TierMiss.UNAVAILABLE.value: TIER_UNAVAILABLE,  # also a tier its breaker skips
+    TierMiss.TIMEOUT.value: TIER_TIMEOUT,
+    EVICTED: EVICTED,
+    SLOWER_THAN_RECOMPUTE: SLOWER_THAN_RECOMPUTE,
+}
+
+
+class TierRestore(NamedTuple):
+    """What ``EngineTiers.restore`` did for one request: the tokens it gained, or why not."""
+
+    gained: int = 0
+    miss_reason: str | None = None
 
 
 def layout_text(layout: ModelLayout, kind: str) -> str:
@@ -108,28 +127,34 @@ class EngineTiers:
 
     # --- read path -------------------------------------------------------------------------------
 
-    def restore(self, seq: Sequence) -> int:
+    def restore(self, seq: Sequence) -> TierRestore:
         """Before ``seq`` is queued: adopt the deepest verified restore the tiers hold beyond
         what the device cache holds (never its last token: one must be computed). Returns the
-        tokens gained. Never raises: a failing tier is a miss, counted (``restore_failed``, and
-        by error class); ``adopt`` leaves nothing held or matchable when a write fails."""
+        tokens gained, or why the tiers served less than expected (counted ``miss_<reason>``; the
+restored tokens are counted ``restored_tokens_<tier>`` by the tier that served them). Never raises: a failing
+        tier is a miss, counted (``restore_failed``, and by error class); ``adopt`` leaves
+        nothing held or matchable when a write fails."""
         if seq.want_routed_experts:
             # Tier checkpoints carry no routed-expert rows, so such a request could not hit one.
             self.counters["restores_skipped_routed_experts"] += 1
-            return 0
-        return self._guarded("restore_failed", self._restore, seq) or 0
+            return TierRestore()
+        outcome = self._guarded("restore_failed", self._restore, seq) or TierRestore(0, TIER_ERROR)
+        if outcome.miss_reason is not None:
+            self.counters[f"miss_{outcome.miss_reason}"] += 1
+        return outcome
 
-    def _restore(self, seq: Sequence) -> int:
+    def _restore(self, seq: Sequence) -> TierRestore:
         if not self.cache.enabled:
-            return 0
+            return TierRestore()
         local_step, local_kv = self.cache.cached_prefix(seq)
         limit = self._deepest_step(seq)
         if limit <= local_step:
-            return 0
+            return TierRestore()
         chain = KeyChain(self._fingerprint(seq), seq.tokens[:limit], seq.spans_overlapping(0, limit))
-        restore = self.store.find_restore(chain, local_step=local_step, local_kv_tokens=local_kv)
+        lookup = self.store.lookup_restore(chain, local_step=local_step, local_kv_tokens=local_kv)
+        restore = lookup.restore
         if restore is None:
-            return 0
+            return TierRestore(0, None if lookup.miss is None else TIER_MISS_REASONS.get(lookup.miss, TIER_REJECTED))
         scratch = Sequence(
             seq.tokens[: restore.step],
             adapter=seq.namespace.adapter,
@@ -139,12 +164,14 @@ class EngineTiers:
         gained = self.cache.adopt(scratch, restore.step, lambda adoption: self._write(adoption, restore))
         if not gained:
             self.counters["adoptions_refused"] += 1
-            return 0
+            return TierRestore(0, TIER_REJECTED)
         self.counters["remote_hit_tokens"] += gained
         self.counters["restores"] += 1
         for tier, nbytes in restore.bytes_by_tier.items():
             self.counters[f"restored_bytes_{tier}"] += nbytes
-        return gained
+        for tier, tokens in restore.tokens_by_tier(restore.step - gained, self.chunk_size).items():
+            self.counters[f"restored_tokens_{tier}"] += tokens
+        return TierRestore(gained)
 
     def _guarded(self, failure: str, call, *args):
         """``call(*args)``, or None when it raises: the tier side may cost a hit or a publish,

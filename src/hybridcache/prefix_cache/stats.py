@@ -50,6 +50,7 @@ class PrefixCacheStats:
     match: MatchCounters = field(default_factory=MatchCounters)
     evicted_blocks: int = 0
     evicted_checkpoints: int = 0
+    written_checkpoints: int = 0  # saves published (matchable once their forward's output is in)
 
     @property
     def hit_rate(self) -> float:
@@ -95,6 +96,7 @@ class PrefixCacheStats:
         self.match = MatchCounters()
         self.evicted_blocks = 0
         self.evicted_checkpoints = 0
+        self.written_checkpoints = 0
 
     def as_dict(self) -> dict:
         counters = self.match
@@ -108,4 +110,5 @@ class PrefixCacheStats:
             "shortened": dict(counters.shortened),
             "evicted_blocks": self.evicted_blocks,
             "evicted_checkpoints": self.evicted_checkpoints,
+            "written_checkpoints": self.written_checkpoints,
         }

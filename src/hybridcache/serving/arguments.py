@@ -10,6 +10,7 @@ import argparse
 
 from hybridcache import cli_args
 from hybridcache.policies import DEFAULT_POLICY
+from hybridcache.tiers.shared_setup import SHARED_TIERS
 
 TINY_MODEL = "tiny"
 
@@ -37,4 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host-bytes", type=cli_args.size, help="host-memory tier size (e.g. 2GB; default: none)")
     parser.add_argument("--disk-bytes", type=cli_args.size, help="disk tier size (default: none)")
     parser.add_argument("--disk-root", help="disk tier directory (default: a temporary one)")
+    parser.add_argument("--shared-tier", default="none", choices=SHARED_TIERS,
+                        help="a store shared by servers (default: none)")
+    parser.add_argument("--store-url", help="the shared store: redis://HOST:PORT/DB or "
+                        "mooncake://HOST:PORT?metadata=URL (default: a local server serve starts and stops)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])

@@ -18,6 +18,7 @@ from hybridcache.engine import EngineConfig, TinyHybridConfig
 from hybridcache.engine.hf.config import HFModelConfig
 from hybridcache.errors import InvalidConfigError
 from hybridcache.serving.arguments import TINY_MODEL
+from hybridcache.tiers.shared_setup import check_shared_tier
 from hybridcache.types import as_int, as_name
 
 
@@ -27,7 +28,9 @@ class ServeConfig:
     else the transformers checkpoint in that directory, whose tokenizer and chat template are
     used. ``served_name``: the id clients put in ``model`` (default ``tiny`` or the directory's
     name). At most ``max_running + max_waiting`` requests are in the server at once; one more
-    gets 503. ``default_max_tokens`` applies when a request names none."""
+    gets 503. ``default_max_tokens`` applies when a request names none. ``shared_tier``
+(``none``, ``redis``, ``mooncake``): a store at ``store_url``, or (None) a local server the
+runtime starts and stops."""
 
     engine: EngineConfig = field(default_factory=EngineConfig)
     model_dir: str | os.PathLike | None = None
@@ -41,6 +44,8 @@ class ServeConfig:
     host_bytes: int = 0
     disk_bytes: int = 0
     disk_root: str | os.PathLike | None = None
+    shared_tier: str = "none"
+    store_url: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.engine, EngineConfig):
@@ -55,6 +60,7 @@ class ServeConfig:
             raise InvalidConfigError("miss_log_interval_s must be a number > 0")
         if self.disk_bytes and self.disk_root is None:
             raise InvalidConfigError("disk_bytes needs a disk_root directory")
+        check_shared_tier(self.shared_tier, self.store_url)
         name = self.served_name or (TINY_MODEL if self.model_dir is None else Path(self.model_dir).name)
         object.__setattr__(self, "served_name", as_name("served_name", name, InvalidConfigError))
         object.__setattr__(self, "host", as_name("host", self.host, InvalidConfigError))
@@ -86,6 +92,6 @@ class ServeConfig:
         return cls(
             engine=engine, model_dir=None if tiny else args.model, served_name=args.served_name, host=args.host,
             port=args.port, max_waiting=args.max_waiting, host_bytes=args.host_bytes or 0, disk_bytes=disk_bytes,
-            disk_root=disk_root,
+            disk_root=disk_root, shared_tier=args.shared_tier, store_url=args.store_url,
         )
 

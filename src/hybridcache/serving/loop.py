@@ -32,7 +32,8 @@ IDLE_WAIT_S = 0.5  # how often an idle loop wakes to refresh the observers' snap
 @dataclass
 class Update:
     """What a request has so far: every token generated (before any stop token), its restored
-    depth and miss reason; ``finish_reason`` ("stop", "length") or ``error`` on the last one."""
+    depth and miss reason (the tiers' when they served less than expected, else the cache's);
+    ``finish_reason`` ("stop", "length") or ``error`` on the last one."""
 
     tokens: list[int]
     cached_tokens: int = 0
@@ -184,7 +185,9 @@ class EngineLoop:
         if finish == "stop" and not done:
             self._release_engine_request(ticket)
         error = result.error if done else None
-        update = Update(tokens, result.cached_tokens, result.miss_reason, None if error else finish, error)
+        # The tiers' reason first: they were expected to serve deeper than the device cache did.
+        miss = result.tier_miss_reason or result.miss_reason
+        update = Update(tokens, result.cached_tokens, miss, None if error else finish, error)
         ticket.sent = len(tokens)
         if update.final:
             self._finish(ticket_id, update)

@@ -36,6 +36,15 @@ MISS_ADVICE = {
     "multimodal_boundary": "the cached prefix ended inside a multimodal span",
     "routed_experts": "cached blocks lacked the routed-expert rows the request asked for",
 }
+TIER_MISS_ADVICE = {
+    "tier_unavailable": "a tier store failed or could not be reached, or its circuit breaker skips it (check the store)",
+    "tier_timeout": "a tier store did not answer in time (check the store and its network)",
+    "evicted": "a checkpoint this server published is gone from every tier (raise --host-bytes / --disk-bytes or the store's memory)",
+    "tier_rejected": "what a tier returned failed verification or could not be adopted (another model or a damaged store)",
+    "slower_than_recompute": "the measured restore cost exceeded recomputing the prefix",
+    "tier_error": "the tier side raised unexpectedly (see the engine's tier counters)",
+}
+TIERS = ("host", "disk", "shared")
 
 
 @dataclass(frozen=True)
@@ -55,7 +64,10 @@ class EngineSnapshot:
     checkpoints_held: int = 0
     evicted_blocks: int = 0
     evicted_checkpoints: int = 0
-    tier_hit_tokens: int = 0
+    written_checkpoints: int = 0
+    tier_checkpoints_written: dict = field(default_factory=dict)  # tier -> checkpoints newly stored there
+    tier_restored_tokens: dict = field(default_factory=dict)  # tier -> tokens it served
+    tier_misses: dict = field(default_factory=dict)  # reason -> requests the tiers served less than expected
 
     @property
     def hit_rate(self) -> float:
@@ -64,6 +76,8 @@ class EngineSnapshot:
     @classmethod
     def of(cls, engine: Engine) -> EngineSnapshot:
         stats, config = engine.stats(), engine.config
+        tiers = stats.get("tiers", {})
+        stored = tiers.get("store", {}).get("counters", {})
         return cls(
             taken_at=time.time(),
             query_tokens=stats["query_tokens"], hit_tokens=stats["hit_tokens"], hits=stats["hits"],
@@ -73,7 +87,10 @@ class EngineSnapshot:
             state_usage=1.0 - stats["free_state_slots"] / config.num_state_slots,
             checkpoints_held=engine.states.num_checkpoint,
             evicted_blocks=stats["evicted_blocks"], evicted_checkpoints=stats["evicted_checkpoints"],
-            tier_hit_tokens=stats.get("tiers", {}).get("remote_hit_tokens", 0),
+            written_checkpoints=stats["written_checkpoints"],
+            tier_checkpoints_written={tier: stored.get(f"{tier}_checkpoints_stored", 0) for tier in TIERS},
+            tier_restored_tokens={tier: tiers.get(f"restored_tokens_{tier}", 0) for tier in TIERS},
+            tier_misses={reason: tiers.get(f"miss_{reason}", 0) for reason in TIER_MISS_ADVICE},
         )
 
 
@@ -122,7 +139,7 @@ class ServingMetrics:
         self.snapshot = snapshot = EngineSnapshot.of(engine)
         if not self.history or now - self.history[-1].taken_at >= HISTORY_EVERY_S:
             self.history.append(snapshot)
-        self._miss_log.observe(snapshot.misses, now)
+        self._miss_log.observe({**snapshot.misses, **snapshot.tier_misses}, now)
 
     # --- the HTTP side ---------------------------------------------------------------------------
 
@@ -173,13 +190,26 @@ class _SnapshotCollector:
         yield misses
         yield family(GaugeMetricFamily, "hybridcache:state_slot_usage_perc", "Recurrent-state slot usage (1 = full).", snap.state_usage)
         yield family(GaugeMetricFamily, "hybridcache:checkpoints", "State checkpoints held in slots.", snap.checkpoints_held)
+        yield family(CounterMetricFamily, "hybridcache:checkpoints_written", "State checkpoints published in slots.",
+                     snap.written_checkpoints)
         yield family(CounterMetricFamily, "hybridcache:checkpoints_evicted", "State checkpoints evicted.", snap.evicted_checkpoints)
+        yield _by_label(CounterMetricFamily("hybridcache:tier_checkpoints_written",
+                                            "Checkpoints newly stored in a tier, by tier.", labels=names + ["tier"]),
+                        labels, snap.tier_checkpoints_written)
+        yield _by_label(CounterMetricFamily("hybridcache:tier_misses", "Requests a tier served less than expected, by reason.",
+                                            labels=names + ["reason"]), labels, snap.tier_misses)
         yield family(CounterMetricFamily, "hybridcache:kv_blocks_evicted", "Cached KV blocks evicted.", snap.evicted_blocks)
         restored = CounterMetricFamily("hybridcache:restored_tokens", "Restored prompt tokens, by the tier they came from.",
                                        labels=names + ["tier"])
-        restored.add_metric(labels + ["device"], snap.hit_tokens - snap.tier_hit_tokens)
-        restored.add_metric(labels + ["lower_tiers"], snap.tier_hit_tokens)
-        yield restored
+        restored.add_metric(labels + ["device"], max(0, snap.hit_tokens - sum(snap.tier_restored_tokens.values())))
+        yield _by_label(restored, labels, snap.tier_restored_tokens)
+
+
+def _by_label(metric, labels: list[str], values: dict):
+    """``metric`` with one sample per key of ``values`` (its last label)."""
+    for key, value in values.items():
+        metric.add_metric(labels + [key], value)
+    return metric
 
 
 def _cache_labels(metrics: ServingMetrics) -> dict[str, str]:
@@ -204,6 +234,6 @@ class _MissLog:
             when, logged = self._logged.get(reason, (None, 0))
             if count <= logged or (when is not None and now - when < self._interval_s):
                 continue
-            advice = MISS_ADVICE.get(reason, "")
+            advice = MISS_ADVICE.get(reason) or TIER_MISS_ADVICE.get(reason, "")
             log.warning("prefix cache: %d more queries restored nothing (%s): %s", count - logged, reason, advice)
             self._logged[reason] = (now, count)

@@ -1,13 +1,12 @@
 """The server's running parts, opened together and closed together.
 
-Owns: the engine loop (and through it the engine), the tokenizer, the metrics and the tier
-stores it opened (closed on shutdown, after the loop has stopped using them). ``resolve_model``
+Owns: the engine loop (and through it the engine), the tokenizer, the metrics and the tiers it
+opened (``tier_setup``: stores closed and servers stopped on shutdown, after the loop has
+stopped using them). ``resolve_model``
 turns a request's ``model`` / ``adapter`` fields into the adapter to serve, or refuses.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 from hybridcache.engine import Engine
 from hybridcache.errors import InvalidArgumentError, UnknownModelError
@@ -15,17 +14,19 @@ from hybridcache.serving.api_errors import rejected
 from hybridcache.serving.config import ServeConfig
 from hybridcache.serving.loop import EngineLoop
 from hybridcache.serving.metrics import ServingMetrics
+from hybridcache.serving.tier_setup import open_tiers
 from hybridcache.serving.tokenizer import TextTokenizer, load_text_tokenizer
-from hybridcache.tiers import TieredStore
-from hybridcache.tiers.backends.disk import DiskStore
-from hybridcache.tiers.backends.host import HostMemoryStore
 
 
 class ServingRuntime:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
-        self.tiers = _open_tiers(config)
-        self.engine = Engine(config.engine, tiers=self.tiers)
+        self.tiers = open_tiers(config)
+        try:
+            self.engine = Engine(config.engine, tiers=self.tiers.store)
+        except BaseException:
+            self.tiers.close()  # stop the servers started for a tier the engine refused
+            raise
         self.vocab_size = self.engine.model.layout.vocab_size
         self.tokenizer: TextTokenizer | None = load_text_tokenizer(config.model_dir, self.vocab_size)
         self.metrics = ServingMetrics(config.served_name, config.engine, config.miss_log_interval_s)
@@ -48,15 +49,7 @@ class ServingRuntime:
         return adapter
 
     def close(self, drain_s: float) -> None:
-        """Finish or cancel the requests in the server, then close the tier stores."""
+        """Finish or cancel the requests in the server, then close the tier stores and stop
+        the tier servers it started."""
         self.loop.stop(drain_s)
-        if self.tiers is not None:
-            self.tiers.close()
-
-
-def _open_tiers(config: ServeConfig) -> TieredStore | None:
-    host = HostMemoryStore(config.host_bytes) if config.host_bytes else None
-    disk = DiskStore(Path(config.disk_root), config.disk_bytes) if config.disk_bytes else None
-    if host is None and disk is None:
-        return None
-    return TieredStore(host=host, disk=disk)
+        self.tiers.close()

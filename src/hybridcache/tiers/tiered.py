@@ -140,17 +140,43 @@ class RestoreCost:
 @dataclass(frozen=True)
 class Restore:
     """A verified restore: the checkpoint at ``step`` and the chunks ``[first_chunk, step/C)``
-    (by index), and the bytes read from each tier."""
+    (by index), the bytes read from each tier, and the tier each object came from."""
 
     step: int
     first_chunk: int
     checkpoint: StoredObject
     chunks: Mapping[int, StoredObject]
     bytes_by_tier: Mapping[str, int]
+    checkpoint_tier: str = ""
+    chunk_tiers: Mapping[int, str] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
         return sum(self.bytes_by_tier.values())
+
+    def tokens_by_tier(self, start: int, chunk_size: int) -> dict[str, int]:
+        """The tokens of ``[start, step)`` by the tier that served them: a token's KV chunk's
+        tier, or the checkpoint's where the device already held its KV (no chunk was read)."""
+        counts: Counter[str] = Counter()
+        for index in range(start // chunk_size, -(-self.step // chunk_size)):
+            low, high = max(start, index * chunk_size), min(self.step, (index + 1) * chunk_size)
+            if high > low:
+                counts[self.chunk_tiers.get(index, self.checkpoint_tier)] += high - low
+        return dict(counts)
+
+
+EVICTED = "evicted"  # a checkpoint this process published is gone from every tier
+
+
+@dataclass(frozen=True)
+class RestoreLookup:
+    """What one ``lookup_restore`` found: the restore, or (``restore`` None) why the deepest
+    step the tiers were expected to serve was not served: a ``MissReason`` value,
+    ``EVICTED`` or ``SLOWER_THAN_RECOMPUTE``; ``miss`` None when no tier ever held a deeper
+    step as far as this process knows."""
+
+    restore: Restore | None
+    miss: str | None = None
 
 
 @dataclass(frozen=True)
@@ -171,7 +197,13 @@ class _Lookup:
     where: dict[str, list[str]]
     failed: dict[str, MissReason]
     fetched: dict[str, StoredObject] = field(default_factory=dict)
+    served_by: dict[str, str] = field(default_factory=dict)  # name -> the tier it was fetched from
     promotions: list[tuple[str, bytes]] = field(default_factory=list)
+    miss: str | None = None  # why the deepest step expected to be served was not
+
+    def missed(self, reason: str | None) -> None:
+        if self.miss is None:
+            self.miss = reason
 
     def unlocated_reason(self) -> MissReason:
         """Why a part was found in no tier: absent, unless a tier could not be asked."""
@@ -379,15 +411,20 @@ class TieredStore:
         """The deepest verified restore beyond ``local_step`` (the device cache's hit), given
         that the device cache holds the KV of ``[0, local_kv_tokens)``; None when no deeper
         step is restorable or worth restoring (each rejected step counted in ``misses``)."""
+        return self.lookup_restore(chain, local_step=local_step, local_kv_tokens=local_kv_tokens).restore
+
+    def lookup_restore(self, chain: KeyChain, *, local_step: int, local_kv_tokens: int) -> RestoreLookup:
+        """``find_restore``, with why nothing was restored when nothing was."""
         steps, first_chunk, names = self._candidates(chain, local_step, local_kv_tokens)
         if not steps:
-            return None
+            return RestoreLookup(None)
         lookup = self._locate(names, list(self.tiers))
         self._count(self.counters, "restore_lookups")
         try:
-            return self._first_restorable(chain, steps, first_chunk, lookup, local_step)
+            restore = self._first_restorable(chain, steps, first_chunk, lookup, local_step)
         finally:
             self._promote(lookup.promotions)  # only now: a promotion may evict from host what this restore reads
+        return RestoreLookup(restore, None if restore is not None else lookup.miss)
 
     def reachable_step(
         self, chain: KeyChain, *, local_step: int, local_kv_tokens: int, shared_located: dict | None = None
@@ -437,7 +474,9 @@ class TieredStore:
         for step in steps:
             lowest = min(first_chunk, step // size)
             if step // size > complete or not where.get(chain.checkpoint_key(step).name):
-                self._count(self.misses, lookup.unlocated_reason().value)
+                reason = lookup.unlocated_reason()
+                self._count(self.misses, reason.value)
+                lookup.missed(self._unlocated_miss(chain, step, reason))
                 continue
             needed = [chain.expect_checkpoint(step)] + [chain.expect_chunk(i) for i in range(lowest, step // size)]
             restore = self._fetch_step(chain, step, lowest, needed, lookup, local_step)
@@ -447,6 +486,13 @@ class TieredStore:
                 return restore
             complete = self._located_run(chain, where, first_chunk, complete)
         return None
+
+    def _unlocated_miss(self, chain: KeyChain, step: int, reason: MissReason) -> str | None:
+        """A step no tier could be found to hold: a tier that could not answer, a checkpoint
+        this process published (since evicted), or (None) nothing known."""
+        if reason is not MissReason.MISSING:
+            return reason.value
+        return EVICTED if self.index.chunks_needed(chain.checkpoint_key(step).digest) is not None else None
 
     @staticmethod
     def _located_run(chain: KeyChain, where: dict[str, list[str]], first: int, end: int) -> int:
@@ -478,6 +524,7 @@ class TieredStore:
     def _fetch_step(self, chain, step, first_chunk, needed, lookup: _Lookup, local_step) -> Restore | None:
         if not self.cost.worth_restoring(self._estimate(needed, lookup.where, chain.chunk_size), step - local_step):
             self._count(self.misses, SLOWER_THAN_RECOMPUTE)
+            lookup.missed(SLOWER_THAN_RECOMPUTE)
             self.cost.recover()
             return None
         bytes_by_tier: Counter[str] = Counter()
@@ -485,8 +532,12 @@ class TieredStore:
             if expectation.key.name not in lookup.fetched and not self._fetch_one(expectation, lookup, bytes_by_tier):
                 return None
         fetched = lookup.fetched
-        chunks = {i: fetched[chain.chunk_key(i).name] for i in range(first_chunk, step // chain.chunk_size)}
-        return Restore(step, first_chunk, fetched[chain.checkpoint_key(step).name], chunks, dict(bytes_by_tier))
+        names = {i: chain.chunk_key(i).name for i in range(first_chunk, step // chain.chunk_size)}
+        checkpoint = chain.checkpoint_key(step).name
+        return Restore(
+            step, first_chunk, fetched[checkpoint], {i: fetched[name] for i, name in names.items()}, dict(bytes_by_tier),
+            lookup.served_by[checkpoint], {i: lookup.served_by[name] for i, name in names.items()},
+        )
 
     def _fetch_one(self, expectation, lookup: _Lookup, bytes_by_tier) -> bool:
         """Fetch and verify one object from the first tier holding it; a verified object from
@@ -498,6 +549,7 @@ class TieredStore:
             data, verdict = self._read(tier, expectation)
             if not verdict.ok:
                 self._count(self.misses, verdict.reason.value)
+                lookup.missed(verdict.reason.value)
                 lookup.where[name].remove(tier)
                 if verdict.reason in _REJECTED_OBJECT:
                     self._remove_rejected(tier, name)
@@ -509,6 +561,7 @@ class TieredStore:
             self._count(self.counters, f"read_count_{key.kind.tag}")
             self._count(self.counters, f"{tier}_read_count_{key.kind.tag}")  # what each tier served, by kind
             lookup.fetched[name] = verdict.obj
+            lookup.served_by[name] = tier
             if tier != "host" and "host" in self.tiers:
                 lookup.promotions.append((name, data))
             return True
