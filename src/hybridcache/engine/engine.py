@@ -2,7 +2,8 @@
 
 Owns: the model (built by ``model_factory`` from ``EngineConfig.model``), its cache storage,
 the pools, the trie, the scheduler, the queue of forwards in flight, the finished results and
-the logits kept for requests that asked for them, and (``sampling.Sampler``) the seeded generators
+the logits kept for requests that asked for them, each unfinished request's tier miss reason
+(what ``EngineTiers.restore`` said when it was queued), and (``sampling.Sampler``) the seeded generators
 of requests that sample. ``async_depth=0`` runs each forward as soon as it is
 queued; ``async_depth=1`` schedules the next forward while the previous one is still queued,
 as a GPU engine overlapping host work with device work does. Checkpoints are published right
@@ -144,6 +145,7 @@ class Engine:
         return self._enqueue(request, seq).request_id
 
     def _enqueue(self, request: Request, seq: Sequence) -> ServingSequence:
+        tier_miss = None
         if self.tiers is not None:
             # An adoption writes blocks and slots now; forwards already queued must have run
             # first, as their copies may read a checkpoint slot the adoption's room reuses.
@@ -152,7 +154,7 @@ class Engine:
             tier_miss = self.tiers.restore(seq).miss_reason
         entry = ServingSequence(next(self._ids), seq, request.max_new_tokens, payload=request)
         self._entries[entry.request_id] = entry
-        if self.tiers is not None and tier_miss is not None:
+        if tier_miss is not None:
             self._tier_misses[entry.request_id] = tier_miss
         self.scheduler.add(entry)
         return entry

@@ -130,10 +130,10 @@ class EngineTiers:
     def restore(self, seq: Sequence) -> TierRestore:
         """Before ``seq`` is queued: adopt the deepest verified restore the tiers hold beyond
         what the device cache holds (never its last token: one must be computed). Returns the
-        tokens gained, or why the tiers served less than expected (counted ``miss_<reason>``; the
-restored tokens are counted ``restored_tokens_<tier>`` by the tier that served them). Never raises: a failing
-        tier is a miss, counted (``restore_failed``, and by error class); ``adopt`` leaves
-        nothing held or matchable when a write fails."""
+        tokens gained, or why the tiers served less than expected (counted ``miss_<reason>``;
+        restored tokens are counted ``restored_tokens_<tier>`` by the tier that served them).
+        Never raises: a failing tier is a miss, counted (``restore_failed``, and by error
+        class); ``adopt`` leaves nothing held or matchable when a write fails."""
         if seq.want_routed_experts:
             # Tier checkpoints carry no routed-expert rows, so such a request could not hit one.
             self.counters["restores_skipped_routed_experts"] += 1
