@@ -71,6 +71,7 @@ def test_a_shared_redis_that_went_away_is_reported_as_tier_unavailable(tmp_path)
             assert _cached(missed) == 0 and missed["hybridcache"]["miss_reason"] == "tier_unavailable"
             assert missed["choices"][0]["token_ids"] == computed["choices"][0]["token_ids"]
             assert metric(second, "hybridcache:tier_misses_total", reason="tier_unavailable") == 1
+            assert metric(second, "hybridcache:request_misses_total", reason="tier_unavailable") == 1
     finally:
         redis.stop()
 

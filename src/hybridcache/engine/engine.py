@@ -3,8 +3,9 @@
 Owns: the model (built by ``model_factory`` from ``EngineConfig.model``), its cache storage,
 the pools, the trie, the scheduler, the queue of forwards in flight, the finished results and
 the logits kept for requests that asked for them, each unfinished request's tier miss reason
-(what ``EngineTiers.restore`` said when it was queued), and (``sampling.Sampler``) the seeded generators
-of requests that sample. ``async_depth=0`` runs each forward as soon as it is
+(what ``EngineTiers.restore`` said when it was queued), the prompt heads it served
+(``served_heads``, to tell an evicted prefix from one never cached), and
+(``sampling.Sampler``) the seeded generators of requests that sample. ``async_depth=0`` runs each forward as soon as it is
 queued; ``async_depth=1`` schedules the next forward while the previous one is still queued,
 as a GPU engine overlapping host work with device work does. Checkpoints are published right
 after their forward is queued and stay pinned (and unusable by matches) until its output is
@@ -44,6 +45,7 @@ from hybridcache.engine.model_api import ChunkOutput, ForwardChunk
 from hybridcache.engine.model_factory import build_model
 from hybridcache.engine.requests import Request, Result
 from hybridcache.engine.sampling import Sampler
+from hybridcache.engine.served_heads import ServedHeads
 from hybridcache.engine.tiering import EngineTiers
 from hybridcache.errors import (
     HybridCacheError,
@@ -60,7 +62,8 @@ from hybridcache.policies import resolve_policy
 from hybridcache.protocol import CacheProtocol
 from hybridcache.scheduler.scheduler import ScheduledBatch, ScheduledChunk, Scheduler, ServingSequence
 from hybridcache.sequence import MultimodalSpan, Sequence
-from hybridcache.tiers.tiered import TieredStore
+from hybridcache.prefix_cache.stats import MissReason
+from hybridcache.tiers.tiered import EVICTED, TieredStore
 from hybridcache.types import as_int, as_ordered, ceil_div
 
 FAULT_STAGES = ("before_restore", "after_restore", "before_save", "after_save")
@@ -114,6 +117,8 @@ class Engine:
         self._faults: deque[str] = deque()
         self._logits: dict[int, list[np.ndarray]] = {}  # per request asking for them, one row per token
         self._tier_misses: dict[int, str] = {}  # per unfinished request the tiers served less than expected
+        self._heads = ServedHeads(config.block_size)
+        self._head_seen: set[int] = set()  # unfinished requests whose prompt head was served before
         self._sampler = Sampler()
         self._counters = {"forwards": 0, "failed_forwards": 0, "computed_tokens": 0, "cache_flushes": 0}
         self.events = self._open_events(config)
@@ -156,6 +161,8 @@ class Engine:
         self._entries[entry.request_id] = entry
         if tier_miss is not None:
             self._tier_misses[entry.request_id] = tier_miss
+        if self.prefix_cache.enabled and self._heads.seen(seq):
+            self._head_seen.add(entry.request_id)
         self.scheduler.add(entry)
         return entry
 
@@ -167,6 +174,7 @@ class Engine:
             return False
         self._logits.pop(entry.request_id, None)
         self._tier_misses.pop(entry.request_id, None)
+        self._head_seen.discard(entry.request_id)
         self._sampler.forget(entry.request_id)
         self.scheduler.cancel(entry)
         return True
@@ -362,6 +370,9 @@ class Engine:
             logits = np.stack(rows) if rows else np.empty((0, self.model.layout.vocab_size))
         summary = self._summary(entry)
         self._tier_misses.pop(entry.request_id, None)
+        self._head_seen.discard(entry.request_id)
+        if error is None:
+            self._heads.served(entry.seq)
         return replace(summary, routed_experts=entry.final_routed_experts, logits=logits, error=error)
 
     def _summary(self, entry: ServingSequence) -> Result:
@@ -371,9 +382,16 @@ class Engine:
             prompt_tokens=prompt_tokens,
             tokens=entry.seq.tokens[prompt_tokens:].tolist(),
             cached_tokens=entry.cached_tokens,
-            miss_reason=entry.miss_reason,
+            miss_reason=self._miss_reason(entry),
             tier_miss_reason=self._tier_misses.get(entry.request_id),
         )
+
+    def _miss_reason(self, entry: ServingSequence) -> str | None:
+        """The admission's reason; ``evicted`` for a prompt that restored nothing although
+        this engine computed its first block before (its blocks were evicted, or cleared)."""
+        if entry.miss_reason == MissReason.NO_CACHED_PREFIX.value and entry.request_id in self._head_seen:
+            return EVICTED
+        return entry.miss_reason
 
     # --- fault injection (tests) ---------------------------------------------------------------
 
@@ -407,6 +425,8 @@ class Engine:
             assert entry.in_flight == (id(entry) in set(carried)), "a request is in flight with no forward queued"
         assert self._sampler.request_ids() <= self._entries.keys(), "a finished request kept its generator"
         assert self._tier_misses.keys() <= self._entries.keys(), "a finished request kept its tier miss"
+        assert self._head_seen <= self._entries.keys(), "a finished request kept its served-head mark"
+        self._heads.check_invariants()
         self.prefix_cache.check_invariants(self.scheduler.live_sequences())
         self.scheduler.check_invariants()
         if self.tiers is not None:

@@ -91,7 +91,9 @@ class Result:
     ``logits`` (only with ``Request.return_logits``) is a ``[len(tokens), vocab]`` float array:
     row ``i`` holds the logits ``tokens[i]`` was chosen from (greedily, their argmax).
     ``miss_reason`` (a ``MissReason`` value) says why its first admission restored less than
-    the whole prompt's cached prefix, or restored nothing (None: nothing was cut short).
+    the whole prompt's cached prefix, or restored nothing (None: nothing was cut short), or
+    ``evicted``: it restored nothing although this engine served a prompt with the same first
+    block (in the same namespace) before, so what was cached has been evicted (or cleared).
     ``tier_miss_reason`` (engines with tiers) says why the host, disk or shared tier restored
     nothing where it was expected to: ``tier_unavailable`` (a store failed, or its breaker
     skips it), ``tier_timeout``, ``evicted`` (a checkpoint this engine published is gone),

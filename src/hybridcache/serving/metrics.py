@@ -122,6 +122,8 @@ class ServingMetrics:
         self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", names, registry=self.registry)
         self.errors = Counter("hybridcache:request_errors", "Requests answered with an error, by status.",
                               (*names, "status"), registry=self.registry)
+        self.request_misses = Counter("hybridcache:request_misses", "Requests served, by the miss reason their response gave.",
+                                      (*names, "reason"), registry=self.registry)
         for family in (self.ttft, self.e2e, self.prompt_tokens, self.generation_tokens):
             family.labels(*self.labels)  # present at 0 from the first scrape, as dashboards expect
         self.registry.register(_SnapshotCollector(self))
@@ -150,6 +152,8 @@ class ServingMetrics:
             self.generation_tokens.labels(*labels).inc(record.completion_tokens)
             self.ttft.labels(*labels).observe(record.ttft_s)
             self.e2e.labels(*labels).observe(e2e_s)
+            if record.miss_reason is not None:
+                self.request_misses.labels(*labels, record.miss_reason).inc()
         else:
             self.errors.labels(*labels, str(record.status)).inc()
         self.recent.append(record)
