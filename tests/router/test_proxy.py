@@ -1,139 +1,126 @@
-"""``hybridcache router`` in front of real replica processes (the tiny engine behind HTTP,
-event streams on loopback): routing by restorable depth, predictions equal to the reported
-``cached_tokens``, streaming relayed, a killed replica never losing a request."""
+"""``hybridcache router`` in front of real ``hybridcache serve`` replicas, through the official
+``openai`` client: predicted restorable depths equal the reported ``cached_tokens``, streaming
+is relayed, adapters are routed under their own names, a killed replica loses no request and
+a restarted, empty one is served again."""
 
 from __future__ import annotations
 
-import http.client
-import json
-import os
-import subprocess
-import sys
-import time
-from pathlib import Path
+import signal
 
-import numpy as np
 import pytest
 
-from hybridcache.router.fleet import Fleet
-from hybridcache.router.proxy import RouterServer
+from tests.router.cluster import replica, router, router_metrics, wait_settled, wait_subscribed
 
-ROOT = Path(__file__).resolve().parents[2]
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi", reason="the serve extra is not installed")
 
-
-class ReplicaProcess:
-    """A ``tests.router.fake_replica`` process on a free loopback port, stopped by its pid."""
-
-    def __init__(self) -> None:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.router.fake_replica"], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
-        )
-        line = self.process.stdout.readline()  # bounded by the process: it prints or exits
-        if not line.startswith("PORT "):
-            self.stop()
-            raise RuntimeError(f"the replica did not start: {line!r}")
-        self.url = f"http://127.0.0.1:{int(line.split()[1])}"
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.kill(self.process.pid, 15)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                os.kill(self.process.pid, 9)
-                self.process.wait(10)
-        self.process.stdout.close()
+SYSTEMS = ("You are a terse assistant for a hardware store.", "You answer questions about trains, briefly.")
+GREEDY = dict(temperature=0, max_tokens=4, extra_body={"ignore_eos": True})
 
 
-def _cluster():
-    replicas = [ReplicaProcess() for _ in range(2)]
-    server = RouterServer(Fleet([r.url for r in replicas], "restorable", health_interval_s=0.2), "127.0.0.1", 0)
-    server.start()
+def _start(count: int, **router_options):
+    replicas = [replica(f"r{i}") for i in range(count)]
+    front = None
     try:
-        yield server, replicas
-    finally:
-        server.close()
-        for replica in replicas:
-            replica.stop()
+        for process in replicas:
+            process.wait_healthy()
+        front = router([r.url for r in replicas], **router_options)
+        front.wait_healthy()
+        wait_subscribed(front.url, count)
+    except BaseException:
+        _stop(front, replicas)
+        raise
+    return front, replicas
 
 
-shared_cluster = pytest.fixture(scope="module")(_cluster)  # tests that keep both replicas alive
-cluster = pytest.fixture(_cluster)
+def _stop(front, replicas) -> None:
+    for process in [front, *replicas]:
+        if process is not None:
+            process.stop()
 
 
-def _post(server: RouterServer, path: str, body: dict) -> tuple[int, bytes]:
-    connection = http.client.HTTPConnection(server.host, server.port, timeout=60)
+@pytest.fixture(scope="module")
+def cluster():
+    front, replicas = _start(2)
+    yield front, replicas
+    _stop(front, replicas)
+
+
+def _client(front) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{front.url}/v1", api_key="unused", max_retries=0)
+
+
+def _conversation_turns(front, client, model: str, system: str, users: tuple[str, ...]) -> list:
+    messages, usages = [{"role": "system", "content": system}], []
+    for text in users:
+        messages.append({"role": "user", "content": text})
+        reply = client.chat.completions.create(model=model, messages=messages, **GREEDY)
+        usages.append(reply.usage)
+        messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+        wait_settled(front.url)
+    return usages
+
+
+def _counters(front) -> tuple[float, float, float]:
+    samples = router_metrics(front.url)
+    return tuple(samples[f"hybridcache_router_{name}_total"] for name in ("predictions_checked", "predictions_exact",
+                                                                          "reported_cached_tokens"))
+
+
+def test_chat_turns_are_predicted_exactly_and_later_turns_hit(cluster):
+    front, _ = cluster
+    client = _client(front)
+    checked, exact, reported = _counters(front)
+    usages = []
+    for index, model in enumerate(("tiny", "tiny", "support-bot")):  # the adapter's blocks carry its name
+        usages += _conversation_turns(front, client, model, SYSTEMS[index % 2], (f"Question {index}?", "Why?", "Thanks."))
+    now_checked, now_exact, now_reported = _counters(front)
+    assert now_checked - checked == len(usages) == 9
+    assert (now_exact - exact) / (now_checked - checked) >= 0.99
+    cached = sum(u.prompt_tokens_details.cached_tokens for u in usages)
+    assert now_reported - reported == cached > 0
+
+
+def test_token_id_prompts_and_streaming_are_relayed(cluster):
+    front, _ = cluster
+    client = _client(front)
+    checked, exact, _ = _counters(front)
+    prompt = list(range(1, 60))
+    first = client.completions.create(model="tiny", prompt=prompt, temperature=0, max_tokens=4,
+                                      extra_body={"ignore_eos": True, "return_token_ids": True})
+    wait_settled(front.url)
+    follow_up = prompt + first.choices[0].model_extra["token_ids"] + [7, 8, 9]
+    chunks = list(client.completions.create(model="tiny", prompt=follow_up, stream=True,
+                                            stream_options={"include_usage": True}, **GREEDY))
+    assert len([c for c in chunks if c.choices]) >= 1 and chunks[-1].usage.prompt_tokens == len(follow_up)
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
+    now_checked, now_exact, _ = _counters(front)
+    assert (now_checked - checked, now_exact - exact) == (2, 2)
+
+
+def test_a_killed_replica_loses_no_request_and_a_restarted_empty_one_serves_again():
+    front, replicas = _start(2, health_interval_s=2.0)  # slow health checks: the dead replica is met by requests
     try:
-        connection.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
-        response = connection.getresponse()
-        return response.status, response.read()
+        client = _client(front)
+        replicas[0].stop(signal.SIGKILL)
+        for number in range(4):  # one of the first two is routed to the dead replica: retried on the other
+            reply = client.completions.create(model="tiny", prompt=[number + 1] * 40, **GREEDY)
+            assert reply.usage.prompt_tokens == 40
+        samples = router_metrics(front.url)
+        assert samples[f'hybridcache_router_replica_healthy{{replica="{replicas[0].url}"}}'] == 0
+        assert samples["hybridcache_router_retries_total"] >= 1
+        replicas[0] = replica("r0", port=replicas[0].port)  # the same URL, an empty cache, streams from seq 0
+        replicas[0].wait_healthy()
+        wait_subscribed(front.url, 2)
+        checked, exact, _ = _counters(front)
+        for number in range(4):  # round robin among equal costs reaches the restarted replica
+            client.completions.create(model="tiny", prompt=[number + 50] * 40, **GREEDY)
+            wait_settled(front.url)
+            client.completions.create(model="tiny", prompt=[number + 50] * 40 + [3, 4], **GREEDY)
+        now_checked, now_exact, _ = _counters(front)
+        assert now_checked - checked == 8 and now_exact - exact == 8
+        restarted = router_metrics(front.url)
+        assert any(replicas[0].url in key and value > 0 for key, value in restarted.items()
+                   if key.startswith("hybridcache_router_decisions_total"))
     finally:
-        connection.close()
-
-
-def _wait_synced(server: RouterServer, timeout_s: float = 10.0) -> None:
-    """Until every replica is subscribed and the last batches had time to arrive (bounded)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if all(r.healthy and r.feed is not None for r in server.fleet.replicas):
-            time.sleep(0.3)
-            return
-        time.sleep(0.05)
-    raise AssertionError("the replicas never came up")
-
-
-def test_multi_turn_requests_follow_their_state_and_predictions_equal_cached_tokens(shared_cluster):
-    server, _ = shared_cluster
-    checked = server.metrics.value("predictions_checked")
-    _wait_synced(server)
-    rng = np.random.default_rng(0)
-    conversations = [list(map(int, rng.integers(0, 100, 30))) for _ in range(4)]
-    for _ in range(3):
-        for index, prompt in enumerate(conversations):
-            status, data = _post(server, "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": 3})
-            assert status == 200
-            answer = json.loads(data)
-            conversations[index] = prompt + answer["token_ids"] + list(map(int, rng.integers(0, 100, 6)))
-            time.sleep(0.2)  # the replica's events reach the router before the next turn
-    metrics = server.metrics
-    assert metrics.value("predictions_checked") - checked == 12
-    assert metrics.value("predictions_exact") == metrics.value("predictions_checked")
-    assert metrics.value("reported_cached_tokens") > 0
-
-
-def test_streaming_answers_are_relayed_with_their_usage(shared_cluster):
-    server, _ = shared_cluster
-    _wait_synced(server)
-    checked = server.metrics.value("predictions_checked")
-    status, data = _post(server, "/v1/completions", {"prompt": list(range(1, 25)), "max_tokens": 3, "stream": True})
-    assert status == 200
-    events = [line[5:].strip() for line in data.decode().split("\n") if line.startswith("data:")]
-    assert events[-1] == "[DONE]" and len(events) == 5
-    assert json.loads(events[-2])["usage"]["prompt_tokens"] == 24
-    assert server.metrics.value("predictions_checked") == checked + 1
-
-
-def test_text_prompts_are_tokenized_by_a_replica_and_chat_is_routed(shared_cluster):
-    server, _ = shared_cluster
-    _wait_synced(server)
-    status, _ = _post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hello there, router"}]})
-    assert status == 200
-    connection = http.client.HTTPConnection(server.host, server.port, timeout=10)
-    try:
-        connection.request("GET", "/metrics")
-        text = connection.getresponse().read().decode()
-    finally:
-        connection.close()
-    assert "hybridcache_router_decisions_total" in text and 'hybridcache_router_replica_healthy' in text
-
-
-def test_a_killed_replica_loses_no_request(cluster):
-    server, replicas = cluster
-    _wait_synced(server)
-    replicas[0].stop()
-    for number in range(6):  # the first may still pick the dead one: retried on the other
-        status, data = _post(server, "/v1/completions", {"prompt": [number + 1] * 20, "max_tokens": 2})
-        assert status == 200, data
-    dead = server.fleet.replicas[0]
-    assert not dead.healthy and dead.index is None
+        _stop(front, replicas)

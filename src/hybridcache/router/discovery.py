@@ -1,8 +1,8 @@
 """What a replica's HTTP server says about itself: its event streams and its load.
 
 Owns nothing. ``GET /kv_events`` describes the streams (``{"block_size", "kv": {"endpoint",
-"replay_endpoint", "topic"}, "state": {...} | null}``, as ``Engine.events.describe`` gives
-it); an endpoint bound on every interface (``*``, ``0.0.0.0``, ``::``) is reached at the
+"replay_endpoint", "topic"}, "state": {...} | null, "adapters": [...]}``, as
+``Engine.events.describe`` gives it and ``hybridcache serve`` adds the adapter names); an endpoint bound on every interface (``*``, ``0.0.0.0``, ``::``) is reached at the
 replica's host. ``GET /metrics`` gives the load: ``vllm:num_requests_running`` plus
 ``vllm:num_requests_waiting``. Every call is bounded by ``timeout_s`` and raises
 ``EventStreamError`` (description) or returns None (load) when the replica does not answer.
@@ -28,6 +28,7 @@ class ReplicaStreams:
     block_size: int
     kv: StreamInfo
     state: StreamInfo | None
+    adapters: frozenset[str] = frozenset()  # model ids whose blocks carry their name as lora_name
 
 
 def read_streams(url: str, timeout_s: float) -> ReplicaStreams:
@@ -38,9 +39,10 @@ def read_streams(url: str, timeout_s: float) -> ReplicaStreams:
         kv = _stream(described["kv"], host)
         state = None if described.get("state") is None else _stream(described["state"], host)
         block_size = int(described["block_size"])
+        adapters = frozenset(str(name) for name in described.get("adapters") or ())
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise EventStreamError(f"{url}/kv_events gave no stream description: {error}") from None
-    return ReplicaStreams(block_size, kv, state)
+    return ReplicaStreams(block_size, kv, state, adapters)
 
 
 def _stream(described: dict, host: str) -> StreamInfo:

@@ -1,8 +1,8 @@
 """The replicas behind a router: their indexes, health and load, kept current by one thread.
 
 Owns: one ``Replica`` record per URL (its index, its feed while it is healthy, its load, its
-health) and the lock that orders the thread's updates against routing. Every
-``health_interval_s`` the thread reads each replica's ``/metrics``: a replica that does not
+health), the adapter names the replicas announced, and the lock that orders the thread's
+updates against routing. Every ``health_interval_s`` the thread reads each replica's ``/metrics``: a replica that does not
 answer is marked dead, its feed closed and its index cleared, so it is never chosen for longer
 than one interval; one that answers again is subscribed anew (``/kv_events``) and rebuilt from
 its replay sockets. Between health checks the thread applies the streams' batches as they
@@ -45,6 +45,7 @@ class Fleet:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._number = 0
+        self.adapters: frozenset[str] = frozenset()  # every adapter name a replica announced
         self._thread = threading.Thread(target=self._run, name="hybridcache-router-fleet", daemon=True)
 
     def start(self) -> None:
@@ -119,6 +120,7 @@ class Fleet:
     def _subscribe(self, replica: Replica) -> tuple[ReplicaFeed | None, ReplicaIndex | None]:
         try:
             streams = read_streams(replica.url, self._timeout)
+            self.adapters |= streams.adapters
             index = ReplicaIndex(streams.block_size)
             feed = ReplicaFeed(index, streams.kv, streams.state, replay_timeout_s=self._timeout)
         except EventStreamError:

@@ -72,11 +72,20 @@ class RouterServer:
         """The request's prompt tokens and namespace, or None when they cannot be had."""
         prompt = body.get("prompt") if path == "/v1/completions" else None
         salt = body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None
-        lora = None  # adapters are served under their own model names; the base model has none
+        lora = self._adapter(body)
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return RequestKey(prompt, lora, salt)
         tokens = self._tokenize(path, body)
         return None if tokens is None else RequestKey(tokens, lora, salt)
+
+    def _adapter(self, body: dict) -> str | None:
+        """The adapter a request names, as the replicas resolve it: ``adapter`` with the base
+        model, or an adapter's own id in ``model``; None (the base model) otherwise."""
+        named = body.get("adapter")
+        if isinstance(named, str):
+            return named
+        model = body.get("model")
+        return model if isinstance(model, str) and model in self.fleet.adapters else None
 
     def _tokenize(self, path: str, body: dict) -> list[int] | None:
         field = "prompt" if path == "/v1/completions" else "messages"

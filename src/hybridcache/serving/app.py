@@ -24,6 +24,7 @@ from hybridcache.errors import BodyTooLargeError, HybridCacheError, InvalidArgum
 from hybridcache.serving.api_errors import RETRY_AFTER_S, error_body, rejected
 from hybridcache.serving.config import ServeConfig
 from hybridcache.serving.page import render_page
+from hybridcache.serving.router_routes import add_router_routes
 from hybridcache.serving.runtime import ServingRuntime
 from hybridcache.serving.schemas import ChatCompletionRequest, CompletionRequest, parse_body
 from hybridcache.serving.session import Session
@@ -46,6 +47,7 @@ def create_app(config: ServeConfig) -> FastAPI:
     app.get("/health")(_health)
     app.get("/metrics")(_metrics)
     app.get("/")(_page)
+    add_router_routes(app, _prompt_ids)
     return app
 
 

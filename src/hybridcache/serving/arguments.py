@@ -42,4 +42,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a store shared by servers (default: none)")
     parser.add_argument("--store-url", help="the shared store: redis://HOST:PORT/DB or "
                         "mooncake://HOST:PORT?metadata=URL (default: a local server serve starts and stops)")
+    parser.add_argument("--kv-events-config", metavar="JSON",
+                        help="vLLM's KVEventsConfig as JSON, plus state_endpoint / state_replay_endpoint (docs/events.md)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])

@@ -17,6 +17,7 @@ from pathlib import Path
 from hybridcache.engine import EngineConfig, TinyHybridConfig
 from hybridcache.engine.hf.config import HFModelConfig
 from hybridcache.errors import InvalidConfigError
+from hybridcache.events.config import KVEventsConfig
 from hybridcache.serving.arguments import TINY_MODEL
 from hybridcache.tiers.shared_setup import check_shared_tier
 from hybridcache.types import as_int, as_name
@@ -86,6 +87,7 @@ runtime starts and stops."""
             max_batch_tokens=args.max_batch_tokens, max_running=args.max_running, prefill_chunk=args.prefill_chunk,
             dtype=args.dtype if tiny else None, model=model, checkpoint_policy=args.policy,
             adapters=tuple(name for name in args.adapters.split(",") if name) if args.adapters else None,
+            kv_events=KVEventsConfig.from_json(args.kv_events_config) if args.kv_events_config else KVEventsConfig(),
         )
         disk_bytes = args.disk_bytes or 0
         disk_root = args.disk_root or (tempfile.mkdtemp(prefix="hybridcache-disk-") if disk_bytes else None)

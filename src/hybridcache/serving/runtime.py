@@ -1,7 +1,8 @@
 """The server's running parts, opened together and closed together.
 
 Owns: the engine loop (and through it the engine), the tokenizer, the metrics and the tiers it
-opened (``tier_setup``: stores closed and servers stopped on shutdown, after the loop has
+opened (``tier_setup``: stores closed and servers stopped on shutdown with the engine's event
+sockets, after the loop has
 stopped using them). ``resolve_model``
 turns a request's ``model`` / ``adapter`` fields into the adapter to serve, or refuses.
 """
@@ -28,6 +29,8 @@ class ServingRuntime:
             self.tiers.close()  # stop the servers started for a tier the engine refused
             raise
         self.vocab_size = self.engine.model.layout.vocab_size
+        # read before the loop owns the engine: the streams' sockets are fixed once bound
+        self.events_description = None if self.engine.events is None else self.engine.events.describe()
         self.tokenizer: TextTokenizer | None = load_text_tokenizer(config.model_dir, self.vocab_size)
         self.metrics = ServingMetrics(config.served_name, config.engine, config.miss_log_interval_s)
         self.loop = EngineLoop(self.engine, capacity=config.max_in_server, observe=self.metrics.observe_engine)
@@ -49,7 +52,8 @@ class ServingRuntime:
         return adapter
 
     def close(self, drain_s: float) -> None:
-        """Finish or cancel the requests in the server, then close the tier stores and stop
-        the tier servers it started."""
+        """Finish or cancel the requests in the server, then close the event sockets and the
+        tier stores and stop the tier servers it started."""
         self.loop.stop(drain_s)
+        self.engine.close()
         self.tiers.close()

@@ -97,6 +97,14 @@ class ChatCompletionRequest(_Sampling):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
+class TokenizeRequest(_Body):
+    """vLLM's ``/tokenize`` body: a prompt (text or ids) or chat messages, not both."""
+
+    model: str = Field(min_length=1)
+    prompt: str | list[int] | None = Field(default=None, min_length=1)
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+
+
 Body = TypeVar("Body", bound=_Body)
 
 
