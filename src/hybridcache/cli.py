@@ -20,7 +20,7 @@ console = Console()
 errors = Console(stderr=True)
 SCENARIO_NAMES = (
     "match", "match-partial", "kv-match", "miss", "rollback", "rematch", "publish", "evict", "memory", "soak-engine",
-    "router", "lmdeploy-schedule", "serve",
+    "router", "lmdeploy-schedule", "serve", "routing",
 )
 
 
@@ -40,6 +40,8 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
 
     if args.scenario == "serve":  # a server and its clients: several processes, not one pinned CPU
         return _serve_bench(args)
+    if args.scenario == "routing":  # replicas, a router and clients: several processes too
+        return _routing_bench(args)
     ensure_controlled_process(argv)
     cpu = pin_to_one_cpu()
     try:
@@ -136,7 +138,8 @@ def _serve_bench(args: argparse.Namespace) -> int:
     if args.smoke:
         bench = ServeBench(clients=2, turns=2, system_tokens=96, opening_tokens=32, user_tokens=16, reply_tokens=4, model="tiny")
     else:
-        bench = ServeBench(clients=args.clients, turns=args.turns, system_tokens=args.system_tokens, model=args.model,
+        bench = ServeBench(clients=args.clients, turns=args.turns, system_tokens=args.system_tokens or ServeBench.system_tokens,
+                           model=args.model,
                            duration_s=args.duration or 0.0)
     try:
         records = run_serve_bench(bench)
@@ -150,6 +153,32 @@ def _serve_bench(args: argparse.Namespace) -> int:
     console.print(table)
     if "ttft_p50_vs_off" in records[0]:
         console.print(f"TTFT p50, caching on / off: {records[0]['ttft_p50_vs_off']:.3f}")
+    if args.json:
+        write_json(records, args.json)
+    return 0 if all(record["errors"] == 0 for record in records) else 1
+
+
+def _routing_bench(args: argparse.Namespace) -> int:
+    from hybridcache.bench.cli_support import write_json
+    from hybridcache.bench.routing import RoutingBench, run_routing_bench
+
+    if args.smoke:
+        bench = RoutingBench(replicas=2, clients=2, conversations=2, turns=2, system_tokens=64)
+    else:
+        bench = RoutingBench(clients=args.clients, turns=args.turns, conversations=args.conversations,
+                             system_tokens=args.system_tokens or RoutingBench.system_tokens,
+                             num_state_slots=args.state_slots, checkpoint_budget=max(1, args.state_slots // 2))
+    try:
+        records = run_routing_bench(bench)
+    except (HybridCacheError, OSError, RuntimeError) as error:  # RuntimeError: a process that did not start
+        return _failed("bench", error)
+    columns = ["policy", "requests", "errors", "token_hit_rate", "ttft_p50_s", "ttft_p99_s", "predictions_exact",
+               "restorable_over_this"]
+    title = f"hybridcache bench routing ({bench.replicas} replicas, {bench.conversations} conversations x {bench.turns} turns)"
+    table = cli_args.compact_table(title, columns)
+    for record in records:
+        table.add_row(*(f"{record[c]:.3f}" if isinstance(record[c], float) else str(record[c]) for c in columns))
+    console.print(table)
     if args.json:
         write_json(records, args.json)
     return 0 if all(record["errors"] == 0 for record in records) else 1
@@ -205,9 +234,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", type=cli_args.output_path, metavar="PATH", help="write the records as JSON")
     bench.add_argument("--clients", type=cli_args.int_in(1, 4096), default=4, help="serve: concurrent chat clients (default: 4)")
     bench.add_argument("--turns", type=cli_args.int_in(1, 10**4), default=3, help="serve: turns per conversation (default: 3)")
-    bench.add_argument("--system-tokens", type=cli_args.int_in(1, MAX_BENCH_CONTEXT), default=3840,
-                       help="serve: the shared system prompt's tokens (default: 3840)")
+    bench.add_argument("--system-tokens", type=cli_args.int_in(1, MAX_BENCH_CONTEXT),
+                       help="serve, routing: the shared system prompts' tokens (default: 3840 serve, 256 routing)")
     bench.add_argument("--model", help="serve: a checkpoint directory or 'tiny' (default: a saved random Bamba)")
+    bench.add_argument("--conversations", type=cli_args.int_in(1, 10**5), default=16,
+                       help="routing: conversations, dealt to the clients (default: 16)")
+    bench.add_argument("--state-slots", type=cli_args.int_in(5, 2**20), default=8,
+                       help="routing: each replica's --num-state-slots (default: 8, scarce against its KV)")
     bench.add_argument("--duration", type=cli_args.positive_float, help="serve: keep the clients going this many seconds")
     bench.set_defaults(handler=_bench)
     serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server over the engine (the serve extra)")

@@ -1,12 +1,14 @@
 """The replicas behind a router: their indexes, health and load, kept current by one thread.
 
 Owns: one ``Replica`` record per URL (its index, its feed while it is healthy, its load, its
-health), the adapter names the replicas announced, and the lock that orders the thread's
+health, the requests this router is relaying to it), the adapter names the replicas announced, and the lock that orders the thread's
 updates against routing. Every ``health_interval_s`` the thread reads each replica's ``/metrics``: a replica that does not
 answer is marked dead, its feed closed and its index cleared, so it is never chosen for longer
 than one interval; one that answers again is subscribed anew (``/kv_events``) and rebuilt from
 its replay sockets. Between health checks the thread applies the streams' batches as they
-arrive, and once per interval asks the replay sockets for anything a lost last message hid.
+arrive, and once per interval asks the replay sockets for anything a lost last message hid;
+``route`` applies whatever arrived since the thread's last poll before it scores, so a turn
+that follows its predecessor at once sees the checkpoint that predecessor saved.
 """
 
 from __future__ import annotations
@@ -31,7 +33,15 @@ class Replica:
     index: ReplicaIndex | None = None
     feed: ReplicaFeed | None = None
     healthy: bool = False
-    load: float = 0.0
+    others: float = 0.0  # requests others sent, as of the last /metrics read
+    in_flight: int = 0  # requests this router is relaying to it now
+
+    @property
+    def load(self) -> float:
+        """Running plus waiting requests: this router's own counted as they start and end (the
+        replica's gauges lag by up to a health interval, and would count a conversation's
+        finished turn against the replica holding its state), everyone else's as last read."""
+        return self.others + self.in_flight
 
 
 class Fleet:
@@ -68,6 +78,9 @@ class Fleet:
             candidates = [r for r in self.replicas if r.healthy and r not in exclude]
             if not candidates:
                 return None
+            for replica in candidates:  # what arrived since the thread's last poll: a turn's own checkpoint
+                if replica.feed is not None and key is not None:
+                    replica.feed.poll(0)
             number, self._number = self._number, self._number + 1
             policy = self.policy if key is not None else "round-robin"
             depths = [r.index.depths(key) if key is not None and r.index is not None else Depths(0, 0) for r in candidates]
@@ -78,6 +91,15 @@ class Fleet:
         """Each replica's URL, health, load and undecodable batches, read together."""
         with self._lock:
             return [(r.url, r.healthy, r.load, 0 if r.feed is None else r.feed.undecodable) for r in self.replicas]
+
+    def started(self, replica: Replica) -> None:
+        """A request is being relayed to ``replica`` (until ``ended``)."""
+        with self._lock:
+            replica.in_flight += 1
+
+    def ended(self, replica: Replica) -> None:
+        with self._lock:
+            replica.in_flight -= 1
 
     def mark_dead(self, replica: Replica) -> None:
         """A connection to ``replica`` failed: stop routing to it until it answers again."""
@@ -111,7 +133,7 @@ class Fleet:
                 if load is None:
                     self._drop(replica)
                     continue
-                replica.load, replica.healthy = load, True
+                replica.others, replica.healthy = max(0.0, load - replica.in_flight), True
                 if feed is not None:
                     replica.feed, replica.index = feed, index
                 elif replica.feed is not None:

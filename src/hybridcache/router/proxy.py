@@ -160,17 +160,21 @@ class _Handler(BaseHTTPRequestHandler):
                 break
             replica, decision = routed
             router.metrics.decided(replica.url, decision.reason)
-            response, connection = self._open(replica, raw)
-            if response is None:
-                router.fleet.mark_dead(replica)
-                if attempt == 0:
-                    router.metrics.count("retries")
-                tried += (replica,)
-                continue
+            router.fleet.started(replica)
             try:
-                self._relay(response, decision.predicted_tokens if key is not None else None)
+                response, connection = self._open(replica, raw)
+                if response is None:
+                    router.fleet.mark_dead(replica)
+                    if attempt == 0:
+                        router.metrics.count("retries")
+                    tried += (replica,)
+                    continue
+                try:
+                    self._relay(response, decision.predicted_tokens if key is not None else None)
+                finally:
+                    connection.close()
             finally:
-                connection.close()
+                router.fleet.ended(replica)
             return
         router.metrics.count("no_replica")
         self._reply(503, b'{"error": "no replica could take the request"}')
