@@ -167,7 +167,8 @@ def _routing_bench(args: argparse.Namespace) -> int:
     else:
         bench = RoutingBench(clients=args.clients, turns=args.turns, conversations=args.conversations,
                              system_tokens=args.system_tokens or RoutingBench.system_tokens,
-                             num_state_slots=args.state_slots, checkpoint_budget=max(1, args.state_slots // 2))
+                             num_state_slots=args.state_slots, checkpoint_budget=max(1, args.state_slots // 2),
+                             load_tokens=args.load_tokens)
     try:
         records = run_routing_bench(bench)
     except (HybridCacheError, OSError, RuntimeError) as error:  # RuntimeError: a process that did not start
@@ -241,6 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="routing: conversations, dealt to the clients (default: 16)")
     bench.add_argument("--state-slots", type=cli_args.int_in(5, 2**20), default=8,
                        help="routing: each replica's --num-state-slots (default: 8, scarce against its KV)")
+    bench.add_argument("--load-tokens", type=cli_args.positive_float, default=512.0,
+                       help="routing: the router's --load-tokens (default: 512, the router's own default)")
     bench.add_argument("--duration", type=cli_args.positive_float, help="serve: keep the clients going this many seconds")
     bench.set_defaults(handler=_bench)
     serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server over the engine (the serve extra)")
