@@ -47,7 +47,7 @@ def create_app(config: ServeConfig) -> FastAPI:
     app.get("/health")(_health)
     app.get("/metrics")(_metrics)
     app.get("/")(_page)
-    add_router_routes(app, _prompt_ids)
+    add_router_routes(app, _prompt_ids, _read_body)
     return app
 
 

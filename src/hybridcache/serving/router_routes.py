@@ -11,7 +11,7 @@ so a router needs only the replica's URL; 404 when the server publishes no event
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Awaitable, Callable
 
 from fastapi import FastAPI
 from fastapi import Request as HttpRequest
@@ -23,15 +23,17 @@ from hybridcache.serving.runtime import ServingRuntime
 from hybridcache.serving.schemas import TokenizeRequest, parse_body
 
 PromptIds = Callable[[ServingRuntime, object, str], list[int]]
+ReadBody = Callable[[HttpRequest, int], Awaitable[bytes]]
 
 
-def add_router_routes(app: FastAPI, prompt_ids: PromptIds) -> None:
-    """``prompt_ids(runtime, body, kind)`` is the generation routes' own tokenization."""
+def add_router_routes(app: FastAPI, prompt_ids: PromptIds, read_body: ReadBody) -> None:
+    """``prompt_ids(runtime, body, kind)`` and ``read_body(http, limit)`` are the generation
+    routes' own tokenization and bounded body read."""
 
     async def tokenize(http: HttpRequest) -> JSONResponse:
         runtime: ServingRuntime = http.app.state.runtime
         try:
-            body = parse_body(await http.body(), TokenizeRequest)
+            body = parse_body(await read_body(http, runtime.config.max_body_bytes), TokenizeRequest)
             runtime.resolve_model(body.model, None)
             if (body.prompt is None) == (body.messages is None):
                 raise rejected(InvalidArgumentError, "give either a prompt or messages", "prompt")
