@@ -2,9 +2,8 @@
 
 Owns: the engine loop (and through it the engine), the tokenizer, the metrics and the tiers it
 opened (``tier_setup``: stores closed and servers stopped on shutdown with the engine's event
-sockets, after the loop has
-stopped using them). ``resolve_model``
-turns a request's ``model`` / ``adapter`` fields into the adapter to serve, or refuses.
+sockets, after the loop has stopped using them). ``resolve_model`` turns a request's
+``model`` / ``adapter`` fields into the adapter to serve, or refuses.
 """
 
 from __future__ import annotations
