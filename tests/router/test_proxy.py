@@ -1,7 +1,7 @@
 """``hybridcache router`` in front of real ``hybridcache serve`` replicas, through the official
 ``openai`` client: predicted restorable depths equal the reported ``cached_tokens``, streaming
-is relayed, adapters are routed under their own names, a killed replica loses no request and
-a restarted, empty one is served again."""
+is relayed, adapters are routed under their own names, a killed replica loses no request, a
+restarted, empty one is served again, and a restarted router rebuilds its indexes from replay."""
 
 from __future__ import annotations
 
@@ -124,3 +124,21 @@ def test_a_killed_replica_loses_no_request_and_a_restarted_empty_one_serves_agai
                    if key.startswith("hybridcache_router_decisions_total"))
     finally:
         _stop(front, replicas)
+
+
+def test_a_restarted_router_rebuilds_its_indexes_from_the_replay_sockets(cluster):
+    front, replicas = cluster
+    prompt = [9, 8, 7, 6] * 12
+    first = _client(front).completions.create(model="tiny", prompt=prompt, temperature=0, max_tokens=4,
+                                              extra_body={"ignore_eos": True, "return_token_ids": True})
+    follow_up = prompt + first.choices[0].model_extra["token_ids"] + [1, 2]
+    fresh = router([r.url for r in replicas])  # knows nothing but the replicas' URLs
+    try:
+        fresh.wait_healthy()
+        wait_subscribed(fresh.url, len(replicas))
+        wait_settled(fresh.url)
+        reply = _client(fresh).completions.create(model="tiny", prompt=follow_up, **GREEDY)
+        checked, exact, reported = _counters(fresh)
+        assert (checked, exact) == (1, 1) and reported == reply.usage.prompt_tokens_details.cached_tokens > 0
+    finally:
+        fresh.stop()
