@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import http.client
-import json
 import os
 import signal
 import subprocess
@@ -12,21 +11,13 @@ import sys
 import time
 from pathlib import Path
 
+from hybridcache.bench.routing import events_config
 from hybridcache.bench.serve import free_port
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 STARTUP_S = 180  # a loaded CI machine imports torch slowly; a deadline, never an assertion on speed
-LOOPBACK = "tcp://127.0.0.1:*"  # the publisher binds a free port and /kv_events names it
 REPLICA_ARGS = ("--num-kv-blocks", "128", "--num-state-slots", "16", "--checkpoint-budget", "8",
                 "--max-running", "4", "--max-batch-tokens", "256", "--prefill-chunk", "256", "--adapters", "support-bot")
-
-
-def events_config(name: str) -> str:
-    return json.dumps({
-        "enable_kv_cache_events": True, "endpoint": LOOPBACK, "replay_endpoint": LOOPBACK, "bind": True,
-        "topic": f"kv@{name}@tiny", "state_endpoint": LOOPBACK, "state_replay_endpoint": LOOPBACK,
-        "state_topic": f"hcstate@{name}@tiny",
-    })
 
 
 def _environment() -> dict:
