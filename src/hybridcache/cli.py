@@ -199,10 +199,9 @@ def _serve(args: argparse.Namespace, _: list[str]) -> int:
     from hybridcache.serving.server import serve
 
     try:
-        config = ServeConfig.from_args(args)
+        serve(ServeConfig.from_args(args), args.log_level)
     except HybridCacheError as error:
         return _failed("serve", error)
-    serve(config, args.log_level)
     return 0
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -107,3 +109,14 @@ def test_a_bad_shared_tier_is_refused_before_anything_starts():
                     dict(shared_tier="mooncake", store_url="redis://127.0.0.1:1/0")):
         with pytest.raises(InvalidArgumentError):
             ServeConfig(**options)
+
+
+def test_an_unreachable_shared_redis_stops_serve_with_one_line_and_no_traceback():
+    url = f"redis://127.0.0.1:{local_servers.free_port()}/0"  # nothing listens there
+    done = subprocess.run(
+        [sys.executable, "-m", "hybridcache.cli", "serve", *_shared(url), "--port", str(local_servers.free_port())],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr + done.stdout
+    assert done.stderr.startswith("hybridcache serve: error: ") and len(done.stderr.strip().splitlines()) == 1

@@ -1,10 +1,12 @@
 """The HTTP app: OpenAI-compatible routes over the engine loop.
 
-Owns: nothing beyond the runtime it opens in its lifespan (``app.state.runtime``). Each route
+Owns: nothing; the runtime it is given (``app.state.runtime``) is closed when its lifespan ends. Each route
 validates its input (``schemas``), hands a typed ``Request`` to the engine loop and formats the
 answer (``responses``); every refusal is a ``hybridcache.errors`` exception turned into an
-OpenAI-style error body (``api_errors``). ``create_app`` takes the whole ``ServeConfig`` so that
-later features can read their settings from it and add routes to the returned app.
+OpenAI-style error body (``api_errors``). ``create_app`` takes a runtime already open, so that a
+server that cannot start (a tier unreachable, a model that does not load) says why before
+uvicorn runs; later features read their settings from ``runtime.config`` and add routes to the
+returned app.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from starlette.exceptions import HTTPException
 from hybridcache.engine import Request
 from hybridcache.errors import BodyTooLargeError, HybridCacheError, InvalidArgumentError, RequestTooLargeError
 from hybridcache.serving.api_errors import RETRY_AFTER_S, error_body, rejected
-from hybridcache.serving.config import ServeConfig
 from hybridcache.serving.page import render_page
 from hybridcache.serving.router_routes import add_router_routes
 from hybridcache.serving.runtime import ServingRuntime
@@ -32,10 +33,10 @@ from hybridcache.serving.session import Session
 DRAIN_S = 10.0  # graceful shutdown: how long requests in the server may still run
 
 
-def create_app(config: ServeConfig) -> FastAPI:
+def create_app(runtime: ServingRuntime) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        app.state.runtime = ServingRuntime(config)
+        app.state.runtime = runtime
         yield
         await asyncio.to_thread(app.state.runtime.close, DRAIN_S)
 

@@ -3,7 +3,7 @@
 Owns nothing mutable (a frozen value, validated when built). It carries the engine's own
 ``EngineConfig`` plus the HTTP side: the served model id, the bounded queue, the body size
 limit, token limits and the miss-log interval. Later server features (KV events, a router
-descriptor) add fields here and read them in ``app.create_app``.
+descriptor) add fields here and read them in ``runtime.ServingRuntime``.
 """
 
 from __future__ import annotations
