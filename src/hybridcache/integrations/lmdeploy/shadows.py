@@ -78,7 +78,7 @@ class ShadowBook:
         if self._lmdeploy_released(shadow, lmd_seq):
             self.forget(shadow)
         if with_table:
-            self._sync_table(shadow, lmd_seq)
+            self.sync_table(shadow, lmd_seq)
         seq.set_computed(min(int(lmd_seq.num_history_ids), seq.num_tokens))
         seq.prefix_state.overlap.recompute_blocks = max(0, int(lmd_seq.prefix_cache.recompute_overlap.recompute_blocks))
         seq.prefix_state.suppress_stats = bool(lmd_seq.prefix_cache.suppress_match_stats)
@@ -136,7 +136,7 @@ class ShadowBook:
         if seq.prefix_state.trie.owner == self.trie.trie_id:
             self.trie.free_sequence(seq)
 
-    def _sync_table(self, shadow: Shadow, lmd_seq: object) -> None:
+    def sync_table(self, shadow: Shadow, lmd_seq: object) -> None:
         """Blocks lmdeploy's block manager appended beyond the shadow's table (not yet
         attached: ``allocate`` attaches them)."""
         seq = shadow.seq
