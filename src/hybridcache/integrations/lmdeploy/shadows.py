@@ -44,11 +44,12 @@ def _spans(lmd_seq: object) -> tuple[MultimodalSpan, ...]:
     )
 
 
-def _table(lmd_seq: object) -> np.ndarray:
+def _table(lmd_seq: object, start: int = 0) -> np.ndarray:
+    """lmdeploy's block ids from table index ``start`` on (only those are converted)."""
     blocks = lmd_seq.logical_blocks
-    if len(blocks) == 0:
+    if len(blocks) <= start:
         return np.empty(0, dtype=np.int32)
-    return np.asarray(blocks.get_real_blocks()).astype(np.int32)
+    return np.asarray(blocks.get_real_blocks()[start:]).astype(np.int32)
 
 
 class ShadowBook:
@@ -141,10 +142,10 @@ class ShadowBook:
         attached: ``allocate`` attaches them)."""
         seq = shadow.seq
         if len(lmd_seq.logical_blocks) > seq.num_blocks:
-            seq.write_blocks(seq.num_blocks, _table(lmd_seq)[seq.num_blocks :])
+            seq.write_blocks(seq.num_blocks, _table(lmd_seq, seq.num_blocks))
 
     def new_blocks(self, shadow: Shadow, lmd_seq: object) -> np.ndarray:
-        return _table(lmd_seq)[shadow.seq.num_blocks :]
+        return _table(lmd_seq, shadow.seq.num_blocks)
 
     def _sync_experts(self, shadow: Shadow, lmd_seq: object) -> None:
         seq = shadow.seq
