@@ -56,7 +56,8 @@ compare-setup: $(STAMP)
 
 # lmdeploy 0.16.0 for the adapter (hybridcache.integrations.lmdeploy), in its own environment
 # beside the bench's 0.18.0: the wheel with --no-deps (pip never touches torch, CPU 2.13.0),
-# plus exactly what its scheduler-side imports need, plus hybridcache itself (editable).
+# plus exactly what its scheduler-side imports need, msgspec (hybridcache.cli imports
+# hybridcache.events), plus hybridcache itself (editable).
 LMDEPLOY_VENV := .venv-lmdeploy
 LMDEPLOY_BIN := $(LMDEPLOY_VENV)/bin
 LMDEPLOY_STAMP := $(LMDEPLOY_VENV)/.installed-stamp
@@ -64,7 +65,7 @@ LMDEPLOY16_PKGS := lmdeploy==0.16.0 $(filter-out lmdeploy==0.18.0,$(LMDEPLOY_PKG
 
 $(LMDEPLOY_STAMP): pyproject.toml Makefile
 	test -x $(LMDEPLOY_BIN)/python || $(PYTHON) -m venv $(LMDEPLOY_VENV)
-	$(LMDEPLOY_BIN)/python -m pip install --quiet torch==2.13.0 numpy 'rich>=13' 'pytest>=8' pytest-asyncio packaging pillow
+	$(LMDEPLOY_BIN)/python -m pip install --quiet torch==2.13.0 numpy 'rich>=13' 'pytest>=8' pytest-asyncio packaging pillow msgspec==0.22.0
 	$(LMDEPLOY_BIN)/python -m pip install --quiet --no-deps $(LMDEPLOY16_PKGS)
 	$(LMDEPLOY_BIN)/python -m pip install --quiet --no-deps -e .
 	$(LMDEPLOY_BIN)/python -W ignore -c "import lmdeploy.pytorch.paging.scheduler, hybridcache.integrations.lmdeploy as a; import lmdeploy; assert lmdeploy.__version__ == a.SUPPORTED_VERSION, lmdeploy.__version__"

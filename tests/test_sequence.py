@@ -929,3 +929,10 @@ def test_a_pickle_carries_the_tokens_once_and_an_odd_sized_old_buffer_still_load
     old.__setstate__(state)
     assert old.num_tokens == 65 and old.tokens.tolist() == list(range(65))
     assert np.array_equal(old.token_words(0, 64), old.token_view(0, 64).view(np.uint64))
+
+
+def test_out_of_range_ids_are_refused_in_every_width():
+    for bad in (np.array([3, -1], np.int64), np.array([-1], np.int32), np.array([-1], np.int8), np.array([2**31], np.uint64)):
+        with pytest.raises(InvalidTokenError):
+            Sequence(bad)
+    assert np.array_equal(Sequence(np.arange(10, dtype=">i8")[::3]).tokens, [0, 3, 6, 9])

@@ -7,7 +7,9 @@ as ``sequence.prefix_state``.
 
 Tokens are append-only. The buffer grows by reallocation (amortized doubling), and every view
 handed out covers only tokens that already exist and is read-only, so no later growth or
-append can change what a view shows.
+append can change what a view shows. Buffers come from and go back to
+:mod:`hybridcache.token_buffers` (a dead sequence's buffer serves the next one, unless a view
+of it is still alive).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Sequence as SequenceLike
 
 import numpy as np
 
+from hybridcache import token_buffers
 from hybridcache.errors import (
     InvalidArgumentError,
     InvalidBlockIdError,
@@ -68,9 +71,20 @@ def _validated_tokens(tokens: object) -> np.ndarray:
         raise InvalidTypeError("tokens must be one-dimensional")
     if array.dtype.kind not in "iu" and array.size:
         raise InvalidTypeError(f"token ids must have an integer dtype, got {array.dtype}")
-    if array.size and (int(array.min()) < 0 or int(array.max()) > MAX_TOKEN_ID):
+    if array.size and _largest_id(array) > MAX_TOKEN_ID:
         raise InvalidTokenError("token ids must lie in [0, 2**31)")
     return array
+
+
+def _largest_id(array: np.ndarray) -> int:
+    """The largest id, a negative one counting as larger than any valid id: one pass (read as
+    unsigned, a negative id of 32 bits or more exceeds ``MAX_TOKEN_ID``) where two would
+    read a long prompt twice."""
+    if array.dtype.kind == "u":
+        return int(array.max())
+    if array.dtype.itemsize >= 4:
+        return int(array.view(array.dtype.str.replace("i", "u")).max())
+    return int(array.max()) if int(array.min()) >= 0 else MAX_TOKEN_ID + 1
 
 
 class Sequence:
@@ -92,7 +106,7 @@ class Sequence:
         self._span_starts = [span.start for span in self.spans]
         self.want_routed_experts = bool(want_routed_experts)
         self.seq_id = next(_ids) if seq_id is None else int(seq_id)
-        self._set_buffer(np.empty(max(_INITIAL_CAPACITY, initial.size + (initial.size & 1)), dtype=TOKEN_DTYPE))
+        self._set_buffer(token_buffers.take(token_buffers.capacity_class(max(_INITIAL_CAPACITY, initial.size))))
         self._tokens[: initial.size] = initial
         self._num_tokens = int(initial.size)
         self._num_computed = 0
@@ -138,6 +152,13 @@ class Sequence:
         view.flags.writeable = False
         return view
 
+    def __del__(self, _give=token_buffers.give) -> None:  # bound early: module teardown clears globals
+        state = self.__dict__
+        state.pop("_words", None)
+        tokens = state.pop("_tokens", None)
+        if tokens is not None:
+            _give(tokens)
+
     def __getstate__(self) -> dict:  # the word view and the address are derived from the buffer
         state = self.__dict__.copy()
         del state["_words"], state["_tokens_address"]
@@ -177,9 +198,11 @@ class Sequence:
         new = as_token_array(tokens)
         needed = self._num_tokens + new.size
         if needed > self._tokens.size:
-            grown = np.empty(max(needed + (needed & 1), 2 * self._tokens.size), dtype=TOKEN_DTYPE)
+            grown = token_buffers.take(token_buffers.capacity_class(max(needed, 2 * self._tokens.size)))
             grown[: self._num_tokens] = self._tokens[: self._num_tokens]
+            outgrown = self._tokens
             self._set_buffer(grown)
+            token_buffers.give(outgrown)
         self._tokens[self._num_tokens : needed] = new
         self._num_tokens = needed
 

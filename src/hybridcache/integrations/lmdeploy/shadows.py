@@ -44,11 +44,12 @@ def _spans(lmd_seq: object) -> tuple[MultimodalSpan, ...]:
     )
 
 
-def _table(lmd_seq: object) -> np.ndarray:
+def _table(lmd_seq: object, start: int = 0) -> np.ndarray:
+    """lmdeploy's block ids from table index ``start`` on (only those are converted)."""
     blocks = lmd_seq.logical_blocks
-    if len(blocks) == 0:
+    if len(blocks) <= start:
         return np.empty(0, dtype=np.int32)
-    return np.asarray(blocks.get_real_blocks()).astype(np.int32)
+    return np.asarray(blocks.get_real_blocks()[start:]).astype(np.int32)
 
 
 class ShadowBook:
@@ -78,7 +79,7 @@ class ShadowBook:
         if self._lmdeploy_released(shadow, lmd_seq):
             self.forget(shadow)
         if with_table:
-            self._sync_table(shadow, lmd_seq)
+            self.sync_table(shadow, lmd_seq)
         seq.set_computed(min(int(lmd_seq.num_history_ids), seq.num_tokens))
         seq.prefix_state.overlap.recompute_blocks = max(0, int(lmd_seq.prefix_cache.recompute_overlap.recompute_blocks))
         seq.prefix_state.suppress_stats = bool(lmd_seq.prefix_cache.suppress_match_stats)
@@ -136,15 +137,15 @@ class ShadowBook:
         if seq.prefix_state.trie.owner == self.trie.trie_id:
             self.trie.free_sequence(seq)
 
-    def _sync_table(self, shadow: Shadow, lmd_seq: object) -> None:
+    def sync_table(self, shadow: Shadow, lmd_seq: object) -> None:
         """Blocks lmdeploy's block manager appended beyond the shadow's table (not yet
         attached: ``allocate`` attaches them)."""
         seq = shadow.seq
         if len(lmd_seq.logical_blocks) > seq.num_blocks:
-            seq.write_blocks(seq.num_blocks, _table(lmd_seq)[seq.num_blocks :])
+            seq.write_blocks(seq.num_blocks, _table(lmd_seq, seq.num_blocks))
 
     def new_blocks(self, shadow: Shadow, lmd_seq: object) -> np.ndarray:
-        return _table(lmd_seq)[shadow.seq.num_blocks :]
+        return _table(lmd_seq, shadow.seq.num_blocks)
 
     def _sync_experts(self, shadow: Shadow, lmd_seq: object) -> None:
         seq = shadow.seq

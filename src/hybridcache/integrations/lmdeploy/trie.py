@@ -136,6 +136,11 @@ class LmdeployBlockTrie:
         self._close_match(shadow)
         hc_seq = shadow.seq
         limit = hc_seq.num_valid if seq.kv_token_limit is None else min(hc_seq.num_valid, int(seq.kv_token_limit))
+        if self._nothing_to_attach(hc_seq, limit):  # as lmdeploy: no complete block beyond the cursor
+            self._shadows.sync_table(shadow, seq)
+            seq.prefix_cache.recompute_overlap.clear_fresh_block_range()
+            seq.prefix_cache.trie_cursor = self._cursor_view(shadow, seq)
+            return
         first_changed = min([self._cursor_depth(hc_seq), *hc_seq.prefix_state.overlap.trie_block_map])
         computed = hc_seq.num_computed
         # lmdeploy attaches blocks before their forward and shares an already cached block at
@@ -153,6 +158,17 @@ class LmdeployBlockTrie:
         overlap.trie_block_map.update(hc_seq.prefix_state.overlap.trie_block_map)
         overlap.clear_fresh_block_range()
         seq.prefix_cache.trie_cursor = self._cursor_view(shadow, seq)
+
+    def _nothing_to_attach(self, hc_seq: object, limit: int) -> bool:
+        """No block beyond the cursor completes, and no private block waits to be settled or
+        enriched: attaching would change nothing but the table's new ids."""
+        overlap = hc_seq.prefix_state.overlap
+        if overlap.trie_block_map or hc_seq.want_routed_experts:
+            return False
+        position = hc_seq.prefix_state.trie
+        if not self.trie.nodes.is_valid(position.cursor, position.cursor_generation):
+            return False
+        return int(self.trie.nodes.depth[position.cursor]) >= limit // self.block_size
 
     def _cursor_depth(self, hc_seq: object) -> int:
         position = hc_seq.prefix_state.trie
