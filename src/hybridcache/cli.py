@@ -153,9 +153,12 @@ def _serve_bench(args: argparse.Namespace) -> int:
     console.print(table)
     if "ttft_p50_vs_off" in records[0]:
         console.print(f"TTFT p50, caching on / off: {records[0]['ttft_p50_vs_off']:.3f}")
+    for record in records:
+        console.print(f"caching {'on' if record['caching'] else 'off'}: {record['server_audit']}", highlight=False)
     if args.json:
         write_json(records, args.json)
-    return 0 if all(record["errors"] == 0 for record in records) else 1
+    clean = all(record["errors"] == 0 and "holds" in record["server_audit"] for record in records)
+    return 0 if clean else 1
 
 
 def _routing_bench(args: argparse.Namespace) -> int:

@@ -17,3 +17,4 @@ def test_the_serve_bench_runs_clients_against_a_real_server_with_and_without_cac
     assert on["requests"] == off["requests"] == 4 and on["errors"] == off["errors"] == 0
     assert on["token_hit_rate"] > 0.5 and off["token_hit_rate"] == 0.0
     assert on["ttft_p50_vs_off"] > 0 and on["config"]["clients"] == 2
+    assert on["server_audit"] == off["server_audit"] == "hybridcache serve: cache accounting holds after shutdown (check_invariants)"

@@ -215,7 +215,13 @@ def run_setting(bench: ServeBench, model_args: tuple[str, ...], model: str, cach
             thread.join()
         wall = time.perf_counter() - began
         rss_after = _rss_bytes(pid)
-    return _summary(caching, tally, wall, rss_before, rss_after)
+    return {**_summary(caching, tally, wall, rss_before, rss_after), "server_audit": _audit_line(process)}
+
+
+def _audit_line(process: subprocess.Popen) -> str:
+    """The stopped server's last word on its cache accounting (``serving.runtime.audit``)."""
+    said = process.stdout.read().decode(errors="replace").splitlines()
+    return next((line for line in reversed(said) if "cache accounting" in line), "no accounting line")
 
 
 def _summary(caching: bool, tally: _Tally, wall: float, rss_before: int, rss_after: int) -> dict:

@@ -8,6 +8,8 @@ sockets, after the loop has stopped using them). ``resolve_model`` turns a reque
 
 from __future__ import annotations
 
+import sys
+
 from hybridcache.engine import Engine
 from hybridcache.errors import InvalidArgumentError, UnknownModelError
 from hybridcache.serving.api_errors import rejected
@@ -51,8 +53,20 @@ class ServingRuntime:
         return adapter
 
     def close(self, drain_s: float) -> None:
-        """Finish or cancel the requests in the server, then close the event sockets and the
-        tier stores and stop the tier servers it started."""
+        """Finish or cancel the requests in the server, say on stderr whether the cache's
+        accounting holds, then close the event sockets and the tier stores and stop the tier
+        servers it started."""
         self.loop.stop(drain_s)
+        print(f"hybridcache serve: {audit(self.engine)}", file=sys.stderr, flush=True)
         self.engine.close()
         self.tiers.close()
+
+
+def audit(engine: Engine) -> str:
+    """The engine's invariants once its loop has stopped (refcounts equal their owners, no
+    stranded request, no leaked slot), as one line for the server's last words."""
+    try:
+        engine.check_invariants()
+    except AssertionError as violation:
+        return f"cache accounting VIOLATED after shutdown: {violation}"
+    return "cache accounting holds after shutdown (check_invariants)"

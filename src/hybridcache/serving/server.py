@@ -28,3 +28,4 @@ def serve(config: ServeConfig, log_level: str = "info") -> None:
     finally:
         if not server.started:
             runtime.close(DRAIN_S)
+
