@@ -105,7 +105,7 @@ def test_a_replica_restarted_empty_is_cleared_then_rebuilt(replica):
     restarted = engine(endpoints["kv"]["endpoint"], endpoints["kv"]["replay_endpoint"],
                        endpoints["state"]["endpoint"], endpoints["state"]["replay_endpoint"])
     try:
-        fresh = conversation_prompts(np.random.default_rng(4), restarted.model.layout.vocab_size, 12)
+        fresh = conversation_prompts(np.random.default_rng(4), restarted.model.layout.vocab_size, 48)
         seen = []
         for prompt in fresh:  # until a live batch reaches the reconnected subscriber (bounded)
             seen.extend(_serve_turns(restarted, [prompt], turns=1))
