@@ -14,6 +14,11 @@ request's life is four steps:
    become matchable) or ``forward_failed`` (nothing it would have produced stays matchable).
 4. ``free(seq, runtime_slot)`` when it ends: blocks and checkpoints stay cached until evicted.
 
+``run_forwards(seq, ends, saves)`` is step 3 for several forwards of one sequence in a row
+(with nothing else queued between them): one call for a chunk cut at every save step, making
+the same calls in the same order as the one-by-one boundaries, so the same decisions and
+records, without a Python round trip per save.
+
 ``adopt(seq, step, write)`` makes a prefix computed elsewhere (fetched from a lower tier or
 another replica's store) cached here, through the same four steps with the caller's ``write``
 in place of a forward.
@@ -25,7 +30,8 @@ allocation, so a refusal only rolls back the tentative match, which is exact.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from collections.abc import Sequence as SequenceLike
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,6 +80,22 @@ class Admission:
     @property
     def admitted(self) -> bool:
         return self.refused is None
+
+
+@dataclass
+class ForwardRun:
+    """What ``run_forwards`` did: per forward run, whether its save was published (False when
+    it had none); the checkpoints released to free a state slot for a save (beyond the trie's
+    own eviction count) and those released when a forward landed (an anchor over its cap)."""
+
+    published: list[bool]
+    released_for_saves: int = 0
+    released_when_done: int = 0
+
+    @property
+    def completed(self) -> int:
+        """Forwards run; fewer than asked when one's blocks could not be had."""
+        return len(self.published)
 
 
 class CacheProtocol:
@@ -193,6 +215,64 @@ class CacheProtocol:
         if not self.trie.enabled or self.checkpoints.reserve_decode_save(seq, interval) == NO_SAVE:
             return None
         return seq.prefix_state.checkpoints.pending_save
+
+    def run_forwards(
+        self,
+        seq: Sequence,
+        ends: SequenceLike[int],
+        saves: Collection[int] = (),
+        on_save: Callable[[CheckpointRecord, int], None] | None = None,
+    ) -> ForwardRun:
+        """Run forwards of ``seq`` ending at each of ``ends`` (increasing, past its computed
+        tokens; the first one's blocks already held, from ``admit`` or ``extend``), nothing else
+        queued between them, as one call: per end, ``swap_computed_duplicates`` and ``extend``
+        (after the first), ``reserve_save`` when the end is in ``saves``, ``forward_queued``, the
+        step, ``forward_done``. ``on_save(record, last_published)`` is told of each reserved
+        save, with the step of the last save this call published (0: none yet). Stops before a
+        forward whose blocks cannot be had (nothing of it taken)."""
+        ends = self._validated_ends(seq, ends)
+        run = ForwardRun([])
+        last_published = 0
+        for index, end in enumerate(ends):
+            if index:
+                self.swap_computed_duplicates(seq)
+                if not self.extend(seq, end):
+                    break
+            record = None
+            if end in saves:
+                before = self.checkpoints_live_or_evicted()
+                record = self.reserve_save(seq, end)
+                run.released_for_saves += before - self.checkpoints_live_or_evicted() + (record is not None)
+                if record is not None and on_save is not None:
+                    on_save(record, last_published)
+            self.forward_queued(seq)
+            published = record is not None and record.is_published
+            before = self.states.num_checkpoint
+            start = seq.num_computed
+            seq.set_computed(end)
+            self.forward_done(seq, start)
+            run.released_when_done += before - self.states.num_checkpoint
+            run.published.append(published)
+            last_published = end if published else last_published
+        return run
+
+    def _validated_ends(self, seq: Sequence, ends: SequenceLike[int]) -> list[int]:
+        if not isinstance(seq, Sequence):
+            raise InvalidTypeError(f"expected a Sequence, got {type(seq).__name__}")
+        if isinstance(ends, (str, bytes)) or not isinstance(ends, SequenceLike):
+            raise InvalidTypeError("ends must be a sequence of ints")
+        ends = [as_int("end", end) for end in ends]
+        bounds = [seq.num_computed, *ends]
+        if any(a >= b for a, b in zip(bounds, bounds[1:])) or (ends and ends[-1] > seq.num_tokens):
+            raise InvalidStepError(f"ends must increase from {seq.num_computed} to at most {seq.num_tokens}")
+        if ends and ceil_div(ends[0], self.block_size) > seq.num_blocks:
+            raise InvalidStepError("the first forward's blocks are not held: admit or extend first")
+        return ends
+
+    def checkpoints_live_or_evicted(self) -> int:
+        """Live checkpoints plus those the trie's statistics count as evicted: a drop in it is a
+        release the trie does not count (one for a state slot, say)."""
+        return self.states.num_checkpoint + self.trie.stats.evicted_checkpoints
 
     def writable_blocks(self, seq: Sequence, start: int, end: int) -> frozenset[int]:
         """Blocks the forward carrying ``seq`` may write for positions ``[start, end)`` (the

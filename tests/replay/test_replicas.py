@@ -55,7 +55,7 @@ def test_probing_a_replica_changes_nothing():
     adapter = CacheAdapter(PoolGeometry(32, 4096, 64))
     turn = adapter.start_turn(routing_trace()[0].prompt)
     adapter.admit(turn, 10_000)
-    adapter.forward(turn, 1500, "prompt_end")
+    adapter.forward(turn, [1500], {1500: "prompt_end"})
     adapter.finish(turn)
     before = adapter.stats()
     scratch = Sequence(routing_trace()[2].prompt)

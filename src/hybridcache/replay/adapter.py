@@ -11,7 +11,7 @@ same order, with the forward itself left out:
   start_turn   Sequence(prompt) -> prepare                                 (engine: add_request)
   admit        admit                                                       (scheduler: _admit)
   grow         swap_computed_duplicates -> extend                          (scheduler: _continue)
-  forward      reserve_save -> forward_queued                              (engine: _prepare)
+  forward      run_forwards: per chunk, grow, reserve_save -> forward_queued   (engine: _prepare)
                -> [no model] -> set_computed -> forward_done               (scheduler: complete)
   append       Sequence.append_tokens                                      (scheduler: complete)
   finish       free                                                        (scheduler: _release)
@@ -98,15 +98,10 @@ class CacheAdapter:
     def adopt(self, prefix: np.ndarray, step: int) -> int:
         """Cache ``prefix`` (``step`` tokens) with a checkpoint at ``step``, restored from a tier:
         the replay has no tensors, so the write fills nothing and succeeds. The tokens gained."""
-        before = self._checkpoint_count()
+        before = self.cache.checkpoints_live_or_evicted()
         gained = self.cache.adopt(Sequence(prefix), step, lambda adoption: True)
-        self.evicted_for_slots += before - self._checkpoint_count() + (gained > 0)
+        self.evicted_for_slots += before - self.cache.checkpoints_live_or_evicted() + (gained > 0)
         return gained
-
-    def _checkpoint_count(self) -> int:
-        """Live checkpoints plus those the trie's own statistics count as evicted: a drop in it
-        is a release the trie does not count (one for a state slot, say)."""
-        return self.states.num_checkpoint + self.trie.stats.evicted_checkpoints
 
     def admit(self, turn: Turn, chunk_tokens: int, stop_at=None) -> int | None:
         """Admit the turn for a first chunk of at most ``chunk_tokens``, ended earlier where
@@ -125,26 +120,21 @@ class CacheAdapter:
         self.cache.swap_computed_duplicates(turn.seq)
         return self.cache.extend(turn.seq, end)
 
-    def forward(self, turn: Turn, end: int, save: str | None, parent_step: int = 0) -> bool:
-        """Run the chunk ending at ``end`` (blocks allocated), saving a checkpoint there when
-        ``save`` names why (the eviction policy is told, with the step of the state it is
-        computed from). Returns whether a checkpoint was published."""
-        seq, states = turn.seq, self.states
-        if save is not None:
-            before = self._checkpoint_count()
-            record = self.cache.reserve_save(seq, end)
-            self.evicted_for_slots += before - self._checkpoint_count() + (record is not None)
-            if record is not None and self.eviction is not None:
-                self.eviction.note_save(record, parent_step, save)
-        pending = seq.prefix_state.checkpoints.pending_save
-        self.cache.forward_queued(seq)
-        published = pending is not None and pending.is_published
-        before = states.num_checkpoint
-        start = seq.num_computed
-        seq.set_computed(end)
-        self.cache.forward_done(seq, start)
-        self.released_over_anchor_cap += before - states.num_checkpoint
-        return published
+    def forward(self, turn: Turn, ends: list[int], saves: dict[int, str], parent_step: int = 0) -> list[bool]:
+        """Run the chunks ending at each of ``ends`` (the first one's blocks allocated), saving
+        a checkpoint at each end ``saves`` names a reason for (the eviction policy is told, with
+        the step of the state it is computed from: the last published save, else
+        ``parent_step``). Per chunk run, whether a checkpoint was published; shorter than
+        ``ends`` when a chunk's blocks could not be freed."""
+        eviction = self.eviction
+
+        def note_save(record, last_published: int) -> None:
+            eviction.note_save(record, last_published or parent_step, saves[record.step])
+
+        run = self.cache.run_forwards(turn.seq, ends, saves, None if eviction is None else note_save)
+        self.evicted_for_slots += run.released_for_saves
+        self.released_over_anchor_cap += run.released_when_done
+        return run.published
 
     def append(self, turn: Turn, tokens: np.ndarray) -> None:
         turn.seq.append_tokens(tokens)

@@ -180,17 +180,24 @@ def _serve(
     saves = admission.save_steps(turn_view)
     grid = range(turn.hit_tokens + chunk, prompt_length, chunk)
     ends = sorted(end for end in {first, *saves, *grid, prompt_length, final_end} if end >= first)
+    kinds = {end: kind_of_step(turn_view, end) for end in saves if end >= first}
+    prompt_ends = [end for end in ends if end <= prompt_length]
+    output_ends = ends[len(prompt_ends):]
     parent = turn.hit_tokens
-    for index, end in enumerate(ends):
-        if index and not adapter.grow(turn, end):
+    for group, chunk_ends in enumerate((prompt_ends, output_ends)):
+        if not chunk_ends:
+            continue
+        if group and not adapter.grow(turn, chunk_ends[0]):
             counters.dropped += 1
             break
-        kind = kind_of_step(turn_view, end) if end in saves else None
-        if adapter.forward(turn, end, kind, parent):
-            counters.checkpoints_written += 1
-            parent = end
-        ends_out.append(end)
-        if end == prompt_length:
+        published = adapter.forward(turn, chunk_ends, kinds, parent)
+        counters.checkpoints_written += sum(published)
+        parent = max((end for end, done in zip(chunk_ends, published) if done), default=parent)
+        ends_out.extend(chunk_ends[: len(published)])
+        if len(published) < len(chunk_ends):
+            counters.dropped += 1
+            break
+        if chunk_ends[-1] == prompt_length:
             adapter.append(turn, request.output)
     adapter.finish(turn)
     return turn
