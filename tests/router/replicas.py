@@ -38,11 +38,11 @@ def streams(built: Engine) -> tuple[StreamInfo, StreamInfo]:
 
 def feed_for(built: Engine, kv: StreamInfo | None = None) -> ReplicaFeed:
     kv_info, state_info = streams(built)
-    feed = ReplicaFeed(ReplicaIndex(BLOCK), kv or kv_info, state_info, replay_timeout_s=2.0)
+    feed = ReplicaFeed(ReplicaIndex(BLOCK), kv or kv_info, state_info, replay_timeout_s=10.0)
     return feed
 
 
-def sync(feed: ReplicaFeed, built: Engine, timeout_s: float = 10.0) -> None:
+def sync(feed: ReplicaFeed, built: Engine, timeout_s: float = 60.0) -> None:
     """Poll ``feed`` until it applied every batch ``built`` published (bounded). A lost last
     message reveals no gap, so a feed that stalls asks the replay sockets, as the router's
     health loop does once per interval."""
