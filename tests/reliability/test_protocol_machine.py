@@ -154,4 +154,5 @@ def test_a_colliding_keyer_never_hides_deeper_checkpoints_from_a_fresh_request()
     for step in steps:
         step()
         machine.consistent()
+    assert machine.hybrid and machine.published, "the scenario published checkpoints for its matches to find"
     machine.teardown()

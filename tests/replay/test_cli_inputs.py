@@ -24,10 +24,10 @@ def trace(tmp_path):
     return str(write_lines(tmp_path / "t.jsonl", ROWS))
 
 
-def _refused(argv: list[str], capsys, message: str) -> str:
+def _refused(argv: list[str], capsys) -> str:
+    """What a refused command said on stderr (exit status 2, no traceback, nothing on stdout)."""
     status, out, err = run_main(argv, capsys)
     assert status == 2, (argv, out, err)
-    assert message in err, (argv, err)
     assert "Traceback" not in out + err and "error" not in out
     return err
 
@@ -45,13 +45,13 @@ def _refused(argv: list[str], capsys, message: str) -> str:
     (["--cache-bytes", "1KB"], "budget too small"),
 ])
 def test_budgets_that_cannot_be_allocated_are_refused(trace, capsys, options, message):
-    _refused(["replay", trace, *options], capsys, message)
+    assert message in _refused(["replay", trace, *options], capsys)
 
 
 def test_a_fleet_is_refused_when_all_its_replicas_cannot_be_allocated(trace, capsys, monkeypatch):
     monkeypatch.setattr(driver, "_host_memory_bytes", lambda: 2**30)  # a 1 GiB machine
     assert run_main(["replay", trace, "--cache-bytes", "400GB"], capsys)[0] == 0
-    _refused(["replay", trace, "--cache-bytes", "400GB", "--replicas", "1,1024"], capsys, "budget too large to replay")
+    assert "budget too large to replay" in _refused(["replay", trace, "--cache-bytes", "400GB", "--replicas", "1,1024"], capsys)
 
 
 # --- numbers and denominators of the options -----------------------------------------------------
@@ -76,20 +76,21 @@ def test_a_fleet_is_refused_when_all_its_replicas_cannot_be_allocated(trace, cap
     (["--policy", ","], "no policy"),
 ])
 def test_out_of_range_options_are_refused(trace, capsys, options, message):
-    err = _refused(["replay", trace, "--cache-bytes", "2GB", *options], capsys, message)
+    err = _refused(["replay", trace, "--cache-bytes", "2GB", *options], capsys)
+    assert message in err, err
     assert "budget too small" not in err  # refused as the option it is, not as a derived budget
 
 
 def test_options_are_checked_before_the_trace_is_read(tmp_path, capsys):
     missing = str(tmp_path / "absent.jsonl")
-    _refused(["replay", missing, "--cache-bytes", "2GB", "--block-size", "0"], capsys, "--block-size")
-    _refused(["replay", missing, "--cache-bytes", "2GB", "--policy", "lfu"], capsys, "unknown policy")
-    _refused(["replay", missing, "--cache-bytes", "2GB", "--model", "nope"], capsys, "unknown model profile")
-    _refused(["replay", missing, "--cache-bytes", "2GB", "--json", str(tmp_path / "no" / "r.json")], capsys, "--json")
-    _refused(["replay", missing, "--cache-bytes", "2GB", "--plot", str(tmp_path / "no" / "r.png")], capsys, "--plot")
-    _refused(["replay", missing, "--cache-bytes", "2GB", "--plot", str(tmp_path / "r.txt")], capsys, "--plot")
-    _refused(["replay", missing, "--cache-bytes", "2GB", "--json", str(tmp_path)], capsys, "folder")
-    _refused(["replay", missing], capsys, "give --cache-bytes")
+    assert "--block-size" in _refused(["replay", missing, "--cache-bytes", "2GB", "--block-size", "0"], capsys)
+    assert "unknown policy" in _refused(["replay", missing, "--cache-bytes", "2GB", "--policy", "lfu"], capsys)
+    assert "unknown model profile" in _refused(["replay", missing, "--cache-bytes", "2GB", "--model", "nope"], capsys)
+    assert "--json" in _refused(["replay", missing, "--cache-bytes", "2GB", "--json", str(tmp_path / "no" / "r.json")], capsys)
+    assert "--plot" in _refused(["replay", missing, "--cache-bytes", "2GB", "--plot", str(tmp_path / "no" / "r.png")], capsys)
+    assert "--plot" in _refused(["replay", missing, "--cache-bytes", "2GB", "--plot", str(tmp_path / "r.txt")], capsys)
+    assert "folder" in _refused(["replay", missing, "--cache-bytes", "2GB", "--json", str(tmp_path)], capsys)
+    assert "give --cache-bytes" in _refused(["replay", missing], capsys)
 
 
 # --- the trace: sizes, special files, JSON ----------------------------------------------------------
@@ -108,21 +109,22 @@ def test_options_are_checked_before_the_trace_is_read(tmp_path, capsys):
 def test_oversized_and_malformed_trace_lines_are_refused(tmp_path, capsys, line, message):
     path = tmp_path / "bad.jsonl"
     path.write_text(line + "\n", encoding="utf-8")
-    _refused(["replay", str(path), "--cache-bytes", "2GB"], capsys, message)
+    assert message in _refused(["replay", str(path), "--cache-bytes", "2GB"], capsys)
 
 
 def test_a_line_over_the_bound_is_refused_without_reading_it_whole(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(readers, "MAX_LINE_BYTES", 4096)
     path = tmp_path / "long.jsonl"
     path.write_text(json.dumps(ROWS[0]) + "\n" + '{"timestamp": 1' + " " * 10_000 + "}\n", encoding="utf-8")
-    err = _refused(["replay", str(path), "--cache-bytes", "2GB"], capsys, "line longer than 4,096 bytes")
+    err = _refused(["replay", str(path), "--cache-bytes", "2GB"], capsys)
+    assert "line longer than 4,096 bytes" in err, err
     assert "long.jsonl:2" in err
 
 
 def test_a_trace_over_the_total_bound_is_refused(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(readers, "MAX_TRACE_TOKENS", 2000)
     path = write_lines(tmp_path / "t.jsonl", ROWS)
-    _refused(["replay", str(path), "--cache-bytes", "2GB"], capsys, "the trace passes 2,000 tokens")
+    assert "the trace passes 2,000 tokens" in _refused(["replay", str(path), "--cache-bytes", "2GB"], capsys)
     assert run_main(["replay", str(path), "--cache-bytes", "2GB", "--limit", "1"], capsys)[0] == 0
 
 
@@ -138,8 +140,8 @@ def test_special_files_are_refused_as_traces_and_configs(tmp_path, capsys, kind)
     else:
         path.symlink_to("/dev/zero")
     good = str(write_lines(tmp_path / "t.jsonl", ROWS))
-    _refused(["replay", str(path), "--cache-bytes", "2GB"], capsys, "not a regular file")
-    _refused(["replay", good, "--cache-bytes", "2GB", "--model", str(path)], capsys, "not a regular file")
+    assert "not a regular file" in _refused(["replay", str(path), "--cache-bytes", "2GB"], capsys)
+    assert "not a regular file" in _refused(["replay", good, "--cache-bytes", "2GB", "--model", str(path)], capsys)
 
 
 def test_a_subprocess_sees_no_traceback_for_dev_zero_and_a_fifo(tmp_path):
@@ -190,7 +192,7 @@ def _config(name: str, **changes) -> dict:
 def test_bad_model_configs_are_refused(tmp_path, trace, capsys, config, message):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config), encoding="utf-8")
-    _refused(["replay", trace, "--cache-bytes", "2GB", "--model", str(path)], capsys, message)
+    assert message in _refused(["replay", trace, "--cache-bytes", "2GB", "--model", str(path)], capsys)
 
 
 @pytest.mark.parametrize("text, message", [
@@ -201,7 +203,7 @@ def test_bad_model_configs_are_refused(tmp_path, trace, capsys, config, message)
 def test_unreadable_model_configs_are_refused(tmp_path, trace, capsys, text, message):
     path = tmp_path / "config.json"
     path.write_bytes(text.encode("latin-1") if text == "\xff" else text.encode())
-    _refused(["replay", trace, "--cache-bytes", "2GB", "--model", str(path)], capsys, message)
+    assert message in _refused(["replay", trace, "--cache-bytes", "2GB", "--model", str(path)], capsys)
 
 
 # --- what a new user sees ---------------------------------------------------------------------------
@@ -250,5 +252,5 @@ def test_marconi_tuning_reports_its_progress():
 @pytest.mark.skipif(not os.path.exists("/proc/self/mem"), reason="needs Linux /proc")
 def test_a_regular_file_that_cannot_be_read_is_refused(trace, capsys):
     """``/proc/self/mem`` passes the regular-file check, then fails every read."""
-    _refused(["replay", "/proc/self/mem", "--cache-bytes", "2GB"], capsys, "cannot read /proc/self/mem")
-    _refused(["replay", trace, "--cache-bytes", "2GB", "--model", "/proc/self/mem"], capsys, "cannot read /proc/self/mem")
+    assert "cannot read /proc/self/mem" in _refused(["replay", "/proc/self/mem", "--cache-bytes", "2GB"], capsys)
+    assert "cannot read /proc/self/mem" in _refused(["replay", trace, "--cache-bytes", "2GB", "--model", "/proc/self/mem"], capsys)
