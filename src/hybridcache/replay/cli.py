@@ -24,15 +24,13 @@ from rich.progress import Progress, TaskID
 from hybridcache import cli_args
 from hybridcache.errors import HybridCacheError, InvalidArgumentError
 from hybridcache.profiles import PROFILE_NAMES, ModelProfile, load_profile
+from hybridcache.replay.budgets import Budget, pool_geometry, split_budget
 from hybridcache.replay.driver import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_DEVICE_TFLOPS,
     DEFAULT_PREFILL_CHUNK,
-    Budget,
     mean_prompt_tokens,
-    pool_geometry,
     replay,
-    split_budget,
     with_ttft,
 )
 from hybridcache.replay.policies import ADMISSIONS, EVICTIONS, POLICIES, Policy, resolve_policy

@@ -10,19 +10,13 @@ plan asks, its output appended at the prompt end and processed as one more virtu
 several, when the policy checkpoints inside it), and release. A request the pools cannot hold
 even when empty is counted as dropped.
 
-Budgets. ``kv_bytes`` buys KV blocks of ``block_size`` tokens, ``state_bytes`` buys checkpoint
-slots of one profile state each (the running turn's own state is not charged). One combined
-``cache_bytes`` is split so that both pools cover the same number of prompt tokens at the
-admission policy's checkpoint density on this trace: state share = S / (S + K * spacing), with
-S the checkpoint bytes, K the KV bytes per token and ``spacing`` the policy's tokens per
-checkpoint (interval: N; reference: mean prompt / (ceil(mean prompt / chunk) + 1)).
+Budgets and the pools they buy: ``budgets``.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import os
 import time
 import uuid
 from collections.abc import Callable
@@ -37,6 +31,7 @@ from hybridcache.policies.eviction import MarconiState
 from hybridcache.policies.tuning import AlphaTuner
 from hybridcache.profiles import ModelProfile
 from hybridcache.replay.adapter import CacheAdapter, PoolGeometry, Turn
+from hybridcache.replay.budgets import Budget, pool_geometry
 from hybridcache.replay.oracle import foresee
 from hybridcache.replay.routing import AnnouncedReplica, check_routing
 from hybridcache.router.policy import choose
@@ -57,73 +52,6 @@ from hybridcache.workloads.records import Request
 DEFAULT_BLOCK_SIZE = 32  # Marconi's vLLM+ block; interval:32 checkpoints stay block aligned
 DEFAULT_PREFILL_CHUNK = 2048  # the engine's prefill chunk: no chunk allocates more blocks at once
 DEFAULT_DEVICE_TFLOPS = 400.0  # ~40 % of an H100's dense BF16 peak: the TTFT estimate's device
-
-
-@dataclass(frozen=True)
-class Budget:
-    kv_bytes: int
-    state_bytes: int
-    cache_bytes: int | None = None  # set when the two were split from one budget
-
-
-def split_budget(cache_bytes: int, profile: ModelProfile, policy: Policy, mean_prompt: float) -> Budget:
-    """Split one budget between KV and checkpoints by the equal-coverage rule (module doc)."""
-    spacing = policy.admission.checkpoint_spacing(mean_prompt)
-    state_share = profile.state_bytes / (profile.state_bytes + profile.kv_bytes_per_token * spacing)
-    state_bytes = int(cache_bytes * state_share)
-    return Budget(cache_bytes - state_bytes, state_bytes, cache_bytes)
-
-
-# The pools' host metadata per entry (tracemalloc over a million of each): what a budget
-# costs the replay before it serves a request. Block ids and state slots are int32.
-POOL_BYTES_PER_KV_BLOCK = 17
-POOL_BYTES_PER_STATE_SLOT = 41
-MAX_POOL_ENTRIES = 2**31 - 3
-
-
-def pool_geometry(budget: Budget, profile: ModelProfile, block_size: int, replicas: int = 1) -> PoolGeometry:
-    """The pools ``budget`` buys. Refused when they hold nothing, or when ``replicas`` of them
-    would need more host memory than half this machine's (budgets are nominal bytes of device
-    memory; the replay holds only each entry's metadata, yet a petabyte buys billions)."""
-    block_size = as_int("block_size", block_size, 2)
-    if block_size % 2:
-        raise InvalidArgumentError(f"block_size must be an even int >= 2, got {block_size}")
-    kv_bytes, state_bytes = as_int("kv_bytes", budget.kv_bytes, 0), as_int("state_bytes", budget.state_bytes, 0)
-    kv_blocks = kv_bytes // (profile.kv_bytes_per_token * block_size)
-    slots = state_bytes // profile.state_bytes
-    if kv_blocks < 1 or slots < 1:
-        raise InvalidArgumentError(
-            f"budget too small for {profile.name}: {kv_blocks} KV blocks, {slots} checkpoint slots"
-        )
-    metadata = as_int("replicas", replicas, 1) * (kv_blocks * POOL_BYTES_PER_KV_BLOCK + slots * POOL_BYTES_PER_STATE_SLOT)
-    allowed = _host_memory_bytes() // 2
-    if max(kv_blocks, slots) > MAX_POOL_ENTRIES or metadata > allowed:
-        raise InvalidArgumentError(
-            f"budget too large to replay: {kv_blocks:,} KV blocks and {slots:,} checkpoint slots per replica "
-            f"need about {metadata / 2**30:,.1f} GiB of host memory for their metadata; this machine allows "
-            f"{allowed / 2**30:,.1f} GiB (half its memory) and at most {MAX_POOL_ENTRIES:,} entries a pool"
-        )
-    return PoolGeometry(block_size, int(kv_blocks), int(slots))
-
-
-_CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
-
-
-def _host_memory_bytes() -> int:
-    """Physical memory, or the container's limit when lower (cgroup v2 or v1)."""
-    try:
-        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):  # not reported on this platform: assume a small machine
-        memory = 16 * 2**30
-    for path in _CGROUP_LIMITS:
-        try:
-            with open(path, encoding="ascii") as limit:
-                text = limit.read(32).strip()
-        except (OSError, UnicodeDecodeError):
-            continue
-        if text.isdigit():
-            memory = min(memory, int(text))
-    return memory
 
 
 @dataclass
