@@ -1,7 +1,9 @@
 """Host, disk and shared tiers behind the device pools: publish last, restore exact, fail closed.
 
 Owns, for one process: its tiers (``host``, ``disk``, ``shared``, each an ``ObjectStore``), its
-counters and the measured restore cost model; what it published (a
+counters and the measured restore cost model (a
+:class:`~hybridcache.tiers.restore_cost.RestoreCost`; the values a lookup and a publish
+produce are in ``restore_values``); what it published (a
 :class:`~hybridcache.tiers.publish_index.PublishIndex`, for the dead-weight rule) and each
 tier's circuit breaker (:class:`~hybridcache.tiers.breaker.CircuitBreaker`) are held here and
 own their state. The stores own their contents; the device cache (trie and pools) is not
@@ -36,7 +38,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -52,13 +53,21 @@ from hybridcache.tiers.backends.base import ObjectStore, PutOutcome, checked_tim
 from hybridcache.tiers.backends.host import HostMemoryStore
 from hybridcache.tiers.breaker import Admission, CircuitBreaker
 from hybridcache.tiers.keys import Expectation, KeyChain, ObjectKey, ObjectKind
-from hybridcache.tiers.objects import StoredObject, check_auth_key, encode_checkpoint, encode_kv_chunk
+from hybridcache.tiers.objects import check_auth_key, encode_checkpoint, encode_kv_chunk
 from hybridcache.tiers.publish_index import PublishIndex
+from hybridcache.tiers.restore_cost import RestoreCost
+from hybridcache.tiers.restore_values import (
+    EVICTED,
+    SLOWER_THAN_RECOMPUTE,
+    PublishReport,
+    Restore,
+    RestoreAttempt,
+    RestoreLookup,
+)
 from hybridcache.tiers.verify import MissReason, Verdict, verify
 from hybridcache.types import as_int
 
 TIER_NAMES = ("host", "disk", "shared")
-SLOWER_THAN_RECOMPUTE = "slower_than_recompute"
 _CONFIRMED = (PutOutcome.STORED, PutOutcome.PRESENT)
 _DEMOTION_COUNTERS = {
     PutOutcome.STORED: "demoted_to_disk",
@@ -78,138 +87,6 @@ def _failure_reason(error: StoreError) -> MissReason:
     return MissReason.TIMEOUT if isinstance(error, StoreTimeoutError) else MissReason.UNAVAILABLE
 
 ArraysFor = Callable[[int], Mapping[str, np.ndarray]]
-
-
-@dataclass
-class RestoreCost:
-    """A measured cost model: seconds per byte and per batch call of each tier (exponential
-    averages of the reads done so far, from stated priors), against recompute seconds per token
-    (the caller's measurement). ``smoothing`` is the weight of the newest observation."""
-
-    recompute_s_per_token: float = 0.0  # 0: unknown, never skip
-    smoothing: float = 0.2
-    s_per_byte: dict[str, float] = field(
-        default_factory=lambda: {"host": 1 / 10e9, "disk": 1 / 2e9, "shared": 1 / 1e9}
-    )
-    s_per_call: dict[str, float] = field(default_factory=lambda: {"host": 1e-6, "disk": 1e-4, "shared": 5e-4})
-    recovery: float = 0.5  # each skipped restore moves the estimates this far back toward the priors
-
-    def __post_init__(self) -> None:
-        if isinstance(self.recovery, bool) or not isinstance(self.recovery, (int, float)) or not 0 < self.recovery <= 1:
-            raise InvalidArgumentError(f"recovery must lie in (0, 1], got {self.recovery!r}")
-        self._priors = (dict(self.s_per_byte), dict(self.s_per_call))
-
-    def recover(self) -> None:
-        """A restore was skipped as too slow: decay toward the priors. Skipping means no read
-        is measured, so without this one stall would keep a tier switched off for good; with
-        it, a tier is tried again after a few skips, and a slow one is measured slow again."""
-        for measured, prior in zip((self.s_per_byte, self.s_per_call), self._priors):
-            for tier, value in prior.items():
-                measured[tier] += self.recovery * (value - measured[tier])
-
-    def observe_read(self, tier: str, nbytes: int, seconds: float) -> None:
-        """One batch read of ``nbytes`` from ``tier`` took ``seconds``."""
-        if nbytes <= 0 or seconds <= 0:
-            return
-        latency = self.s_per_call[tier]
-        per_byte = max(seconds - latency, seconds / 2) / nbytes
-        weight = self.smoothing
-        self.s_per_byte[tier] += weight * (per_byte - self.s_per_byte[tier])
-        self.s_per_call[tier] += weight * (min(latency, seconds) - latency)
-
-    def observe_recompute(self, tokens: int, seconds: float) -> None:
-        """A forward computed ``tokens`` tokens in ``seconds``."""
-        if tokens <= 0 or seconds <= 0:
-            return
-        measured = seconds / tokens
-        if not self.recompute_s_per_token:
-            self.recompute_s_per_token = measured
-        else:
-            self.recompute_s_per_token += self.smoothing * (measured - self.recompute_s_per_token)
-
-    def restore_s(self, bytes_by_tier: Mapping[str, int]) -> float:
-        return sum(self.s_per_call[t] + n * self.s_per_byte[t] for t, n in bytes_by_tier.items() if n)
-
-    def recompute_s(self, tokens: int) -> float:
-        return tokens * self.recompute_s_per_token
-
-    def worth_restoring(self, bytes_by_tier: Mapping[str, int], tokens: int) -> bool:
-        return not self.recompute_s_per_token or self.restore_s(bytes_by_tier) < self.recompute_s(tokens)
-
-
-@dataclass(frozen=True)
-class Restore:
-    """A verified restore: the checkpoint at ``step`` and the chunks ``[first_chunk, step/C)``
-    (by index), the bytes read from each tier, and the tier each object came from."""
-
-    step: int
-    first_chunk: int
-    checkpoint: StoredObject
-    chunks: Mapping[int, StoredObject]
-    bytes_by_tier: Mapping[str, int]
-    checkpoint_tier: str = ""
-    chunk_tiers: Mapping[int, str] = field(default_factory=dict)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(self.bytes_by_tier.values())
-
-    def tokens_by_tier(self, start: int, chunk_size: int) -> dict[str, int]:
-        """The tokens of ``[start, step)`` by the tier that served them: a token's KV chunk's
-        tier, or the checkpoint's where the device already held its KV (no chunk was read)."""
-        counts: Counter[str] = Counter()
-        for index in range(start // chunk_size, -(-self.step // chunk_size)):
-            low, high = max(start, index * chunk_size), min(self.step, (index + 1) * chunk_size)
-            if high > low:
-                counts[self.chunk_tiers.get(index, self.checkpoint_tier)] += high - low
-        return dict(counts)
-
-
-EVICTED = "evicted"  # a checkpoint this process published is gone from every tier
-
-
-@dataclass(frozen=True)
-class RestoreLookup:
-    """What one ``lookup_restore`` found: the restore, or (``restore`` None) why the deepest
-    step the tiers were expected to serve was not served: a ``MissReason`` value,
-    ``EVICTED`` or ``SLOWER_THAN_RECOMPUTE``; ``miss`` None when no tier ever held a deeper
-    step as far as this process knows."""
-
-    restore: Restore | None
-    miss: str | None = None
-
-
-@dataclass(frozen=True)
-class PublishReport:
-    """What one ``publish`` did, per tier: chunks newly stored, and whether the checkpoint is
-    stored there (False: a chunk was refused or the store failed, so it was never put)."""
-
-    chunks_stored: Mapping[str, int]
-    checkpoint_stored: Mapping[str, bool]
-    bytes_written: Mapping[str, int]
-
-
-@dataclass
-class _Lookup:
-    """One ``find_restore`` call's own state: where each object is, which tiers could not
-    answer (and why), what was fetched, and what to promote into the host tier afterwards."""
-
-    where: dict[str, list[str]]
-    failed: dict[str, MissReason]
-    fetched: dict[str, StoredObject] = field(default_factory=dict)
-    served_by: dict[str, str] = field(default_factory=dict)  # name -> the tier it was fetched from
-    promotions: list[tuple[str, bytes]] = field(default_factory=list)
-    miss: str | None = None  # why the deepest step expected to be served was not
-
-    def missed(self, reason: str | None) -> None:
-        if self.miss is None:
-            self.miss = reason
-
-    def unlocated_reason(self) -> MissReason:
-        """Why a part was found in no tier: absent, unless a tier could not be asked."""
-        if not self.failed:
-            return MissReason.MISSING
-        return MissReason.TIMEOUT if MissReason.TIMEOUT in self.failed.values() else MissReason.UNAVAILABLE
 
 
 class TieredStore:
@@ -463,7 +340,7 @@ class TieredStore:
         names += [chain.chunk_key(index).name for index in range(first_chunk, steps[0] // size)]
         return steps, first_chunk, names
 
-    def _first_restorable(self, chain, steps, first_chunk, lookup: _Lookup, local_step) -> Restore | None:
+    def _first_restorable(self, chain, steps, first_chunk, lookup: RestoreAttempt, local_step) -> Restore | None:
         size = chain.chunk_size
         where = lookup.where
         # Chunks [first_chunk, complete) are all located: a step is whole when its checkpoint is
@@ -507,8 +384,8 @@ class TieredStore:
         ``exists`` per tier; a failing or skipped tier holds nothing (counted)."""
         return self._locate(names, list(self.tiers) if tiers is None else tiers).where
 
-    def _locate(self, names: list[str], tiers: list[str]) -> _Lookup:
-        lookup = _Lookup({name: [] for name in names}, {})
+    def _locate(self, names: list[str], tiers: list[str]) -> RestoreAttempt:
+        lookup = RestoreAttempt({name: [] for name in names}, {})
         for tier in tiers:
             try:
                 present = self._call(tier, "exists", names)
@@ -521,7 +398,7 @@ class TieredStore:
                     lookup.where[name].append(tier)
         return lookup
 
-    def _fetch_step(self, chain, step, first_chunk, needed, lookup: _Lookup, local_step) -> Restore | None:
+    def _fetch_step(self, chain, step, first_chunk, needed, lookup: RestoreAttempt, local_step) -> Restore | None:
         if not self.cost.worth_restoring(self._estimate(needed, lookup.where, chain.chunk_size), step - local_step):
             self._count(self.misses, SLOWER_THAN_RECOMPUTE)
             lookup.missed(SLOWER_THAN_RECOMPUTE)
@@ -539,7 +416,7 @@ class TieredStore:
             lookup.served_by[checkpoint], {i: lookup.served_by[name] for i, name in names.items()},
         )
 
-    def _fetch_one(self, expectation, lookup: _Lookup, bytes_by_tier) -> bool:
+    def _fetch_one(self, expectation, lookup: RestoreAttempt, bytes_by_tier) -> bool:
         """Fetch and verify one object from the first tier holding it; a verified object from
         below the host tier is promoted into it (same key). False, counted, when none verifies."""
         key = expectation.key

@@ -1,0 +1,69 @@
+"""The restore cost model: is reading a prefix from the tiers faster than recomputing it?
+
+Owns one ``RestoreCost``'s running estimates (seconds per byte and per call of each tier, and
+recompute seconds per token); ``TieredStore`` consults and feeds it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from hybridcache.errors import InvalidArgumentError
+
+
+@dataclass
+class RestoreCost:
+    """A measured cost model: seconds per byte and per batch call of each tier (exponential
+    averages of the reads done so far, from stated priors), against recompute seconds per token
+    (the caller's measurement). ``smoothing`` is the weight of the newest observation."""
+
+    recompute_s_per_token: float = 0.0  # 0: unknown, never skip
+    smoothing: float = 0.2
+    s_per_byte: dict[str, float] = field(
+        default_factory=lambda: {"host": 1 / 10e9, "disk": 1 / 2e9, "shared": 1 / 1e9}
+    )
+    s_per_call: dict[str, float] = field(default_factory=lambda: {"host": 1e-6, "disk": 1e-4, "shared": 5e-4})
+    recovery: float = 0.5  # each skipped restore moves the estimates this far back toward the priors
+
+    def __post_init__(self) -> None:
+        if isinstance(self.recovery, bool) or not isinstance(self.recovery, (int, float)) or not 0 < self.recovery <= 1:
+            raise InvalidArgumentError(f"recovery must lie in (0, 1], got {self.recovery!r}")
+        self._priors = (dict(self.s_per_byte), dict(self.s_per_call))
+
+    def recover(self) -> None:
+        """A restore was skipped as too slow: decay toward the priors. Skipping means no read
+        is measured, so without this one stall would keep a tier switched off for good; with
+        it, a tier is tried again after a few skips, and a slow one is measured slow again."""
+        for measured, prior in zip((self.s_per_byte, self.s_per_call), self._priors):
+            for tier, value in prior.items():
+                measured[tier] += self.recovery * (value - measured[tier])
+
+    def observe_read(self, tier: str, nbytes: int, seconds: float) -> None:
+        """One batch read of ``nbytes`` from ``tier`` took ``seconds``."""
+        if nbytes <= 0 or seconds <= 0:
+            return
+        latency = self.s_per_call[tier]
+        per_byte = max(seconds - latency, seconds / 2) / nbytes
+        weight = self.smoothing
+        self.s_per_byte[tier] += weight * (per_byte - self.s_per_byte[tier])
+        self.s_per_call[tier] += weight * (min(latency, seconds) - latency)
+
+    def observe_recompute(self, tokens: int, seconds: float) -> None:
+        """A forward computed ``tokens`` tokens in ``seconds``."""
+        if tokens <= 0 or seconds <= 0:
+            return
+        measured = seconds / tokens
+        if not self.recompute_s_per_token:
+            self.recompute_s_per_token = measured
+        else:
+            self.recompute_s_per_token += self.smoothing * (measured - self.recompute_s_per_token)
+
+    def restore_s(self, bytes_by_tier: Mapping[str, int]) -> float:
+        return sum(self.s_per_call[t] + n * self.s_per_byte[t] for t, n in bytes_by_tier.items() if n)
+
+    def recompute_s(self, tokens: int) -> float:
+        return tokens * self.recompute_s_per_token
+
+    def worth_restoring(self, bytes_by_tier: Mapping[str, int], tokens: int) -> bool:
+        return not self.recompute_s_per_token or self.restore_s(bytes_by_tier) < self.recompute_s(tokens)
