@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from hybridcache.bench.routing import events_config
-from hybridcache.bench.serve import free_port
+from hybridcache.tiers.local_servers import free_port
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 STARTUP_S = 180  # a loaded CI machine imports torch slowly; a deadline, never an assertion on speed

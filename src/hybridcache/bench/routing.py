@@ -24,7 +24,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from hybridcache.bench.serve import _get, _Tally, _wait_healthy, free_port, server_process, stream_completion
+from hybridcache.bench.serve import _get, _Tally, _wait_healthy, server_process, stream_completion
+from hybridcache.tiers.local_servers import free_port
 
 POLICIES = ("round-robin", "kv-overlap", "restorable")
 _VOCAB = 256  # the tiny model's byte ids

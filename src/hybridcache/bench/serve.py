@@ -16,7 +16,6 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from hybridcache.tiers.local_servers import free_port
 
 STARTUP_S = 600  # loading a checkpoint on a loaded machine; a deadline, not a measurement
 
@@ -60,12 +61,6 @@ class _Tally:
     turns: list[_Turn] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @contextmanager
