@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import signal
 import subprocess
@@ -103,14 +104,35 @@ def wait_subscribed(base: str, replicas: int, timeout_s: float = 30.0) -> None:
     raise AssertionError("the router never saw every replica healthy")
 
 
-def wait_settled(base: str, timeout_s: float = 30.0) -> None:
-    """Until the router reads every replica idle (its load gauges lag a finished request by up
-    to the server loop's idle wake-up), then a moment more for the last events (bounded)."""
+def wait_settled(base: str, timeout_s: float = 60.0) -> None:
+    """Until the router reads every replica idle and has applied every batch each replica has
+    queued on its streams (``GET /kv_events`` ``next_seq``), so the next route sees every
+    change made so far (bounded; never a sleep standing in for the events' delivery)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        loads = [v for k, v in router_metrics(base).items() if k.startswith("hybridcache_router_replica_load")]
-        if not any(loads):
-            time.sleep(0.1)
+        samples = router_metrics(base)
+        loads = [v for k, v in samples.items() if k.startswith("hybridcache_router_replica_load")]
+        if not any(loads) and all(_applied(samples, url, stream) >= seq - 1
+                                  for url, seqs in _announced(samples).items() for stream, seq in seqs.items()):
             return
         time.sleep(0.05)
-    raise AssertionError("the replicas never became idle")
+    raise AssertionError("the replicas never became idle with every event applied")
+
+
+def _announced(samples: dict[str, float]) -> dict[str, dict[str, int]]:
+    """Each replica's queued seq per stream, read after the router's metrics, so a replica
+    idle then has nothing newer to announce."""
+    urls = [k.split('replica="')[1].split('"')[0] for k in samples if k.startswith("hybridcache_router_replica_load")]
+    announced = {}
+    for url in urls:
+        try:
+            status, body = get(url, "/kv_events")
+        except OSError:  # a replica a test stopped: the router no longer routes to it
+            continue
+        if status == 200:
+            announced[url] = {stream: seq for stream, seq in json.loads(body)["next_seq"].items() if seq is not None}
+    return announced
+
+
+def _applied(samples: dict[str, float], url: str, stream: str) -> float:
+    return samples[f'hybridcache_router_replica_applied_seq{{replica="{url}",stream="{stream}"}}']

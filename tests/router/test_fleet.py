@@ -12,7 +12,7 @@ def test_load_counts_the_routers_own_requests_at_once():
     replica.others = 2.0
     fleet.started(replica)
     fleet.started(replica)
-    assert replica.load == 4.0 and fleet.status()[0][2] == 4.0
+    assert replica.load == 4.0 and fleet.status()[0].load == 4.0
     fleet.ended(replica)
     fleet.ended(replica)
     assert replica.load == 2.0 and replica.in_flight == 0

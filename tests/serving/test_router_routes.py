@@ -51,6 +51,8 @@ def test_kv_events_describes_the_bound_streams():
                     frames = subscriber.recv_multipart()
                     break
             assert frames is not None and frames[0] == b"kv@pod@tiny" and len(frames) == 3
+            next_seq = json.loads(request(base, "GET", "/kv_events")[2])["next_seq"]
+            assert next_seq["kv"] > int.from_bytes(frames[1], "big") and next_seq["state"] >= 1
         finally:
             subscriber.close()
             context.term()

@@ -53,6 +53,11 @@ class EngineEvents:
             },
         }
 
+    def next_seqs(self) -> dict[str, int | None]:
+        """Each stream's seq once what is queued is sent: a subscriber that has applied seq
+        ``next_seqs()[name] - 1`` knows every change made so far (None: no such stream)."""
+        return {name: None if pub is None else pub.accepted for name, pub in (("kv", self.kv), ("state", self.state))}
+
     def flush(self) -> None:
         for publisher in (self.kv, self.state):
             if publisher is not None:

@@ -68,6 +68,7 @@ class EventPublisher:
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=max_queue_size)
         self._next_seq = 0
+        self.accepted = 0
         self.dropped = 0
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="hybridcache-events", daemon=True)
@@ -88,11 +89,13 @@ class EventPublisher:
         except queue.Full:
             self.dropped += 1
             return False
+        self.accepted += 1
         return True
 
     @property
     def published(self) -> int:
-        """Batches sent so far (the next batch's seq)."""
+        """Batches sent so far (the next sent batch's seq); ``accepted`` counts the batches
+        queued as well, the seq the stream reaches once the queue drains."""
         return self._next_seq
 
     def flush(self, timeout_s: float = _CLOSE_WAIT_S) -> bool:

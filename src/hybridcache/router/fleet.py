@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from hybridcache.errors import EventStreamError
 from hybridcache.router.discovery import read_load, read_streams
@@ -42,6 +43,21 @@ class Replica:
         replica's gauges lag by up to a health interval, and would count a conversation's
         finished turn against the replica holding its state), everyone else's as last read."""
         return self.others + self.in_flight
+
+
+class ReplicaStatus(NamedTuple):
+    url: str
+    healthy: bool
+    load: float
+    undecodable: int
+    applied_seqs: tuple[int | None, int | None]  # the last seq applied from the KV and checkpoint streams
+
+
+def _status(replica: Replica) -> ReplicaStatus:
+    feed = replica.feed
+    if feed is None:
+        return ReplicaStatus(replica.url, replica.healthy, replica.load, 0, (None, None))
+    return ReplicaStatus(replica.url, replica.healthy, replica.load, feed.undecodable, feed.last_seqs)
 
 
 class Fleet:
@@ -87,10 +103,10 @@ class Fleet:
             decision = choose(policy, prompt_tokens, depths, [r.load for r in candidates], number, self._load_tokens)
             return candidates[decision.index], decision
 
-    def status(self) -> list[tuple[str, bool, float, int]]:
-        """Each replica's URL, health, load and undecodable batches, read together."""
+    def status(self) -> list[ReplicaStatus]:
+        """Every replica's status, read together."""
         with self._lock:
-            return [(r.url, r.healthy, r.load, 0 if r.feed is None else r.feed.undecodable) for r in self.replicas]
+            return [_status(r) for r in self.replicas]
 
     def started(self, replica: Replica) -> None:
         """A request is being relayed to ``replica`` (until ``ended``)."""

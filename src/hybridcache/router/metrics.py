@@ -36,8 +36,10 @@ class RouterMetrics:
         with self._lock:
             return self._counters[name]
 
-    def render(self, replicas: list[tuple[str, bool, float, int]]) -> str:
-        """Prometheus text: counters, then each replica's health, load and undecodable batches."""
+    def render(self, replicas: list) -> str:
+        """Prometheus text: counters, then each replica's health, load, undecodable batches and
+        the last seq applied from each of its streams (-1 before the first); ``replicas`` holds
+        ``Fleet.status()`` records."""
         lines = ["# TYPE hybridcache_router_decisions_total counter"]
         with self._lock:
             for (reason, replica), count in sorted(self._decisions.items()):
@@ -47,9 +49,13 @@ class RouterMetrics:
                 lines.append(f"# TYPE hybridcache_router_{name}_total counter")
                 lines.append(f"hybridcache_router_{name}_total {self._counters[name]}")
         lines.append("# TYPE hybridcache_router_replica_healthy gauge")
-        lines.extend(f'hybridcache_router_replica_healthy{{replica="{url}"}} {int(up)}' for url, up, _, _ in replicas)
+        lines.extend(f'hybridcache_router_replica_healthy{{replica="{r.url}"}} {int(r.healthy)}' for r in replicas)
         lines.append("# TYPE hybridcache_router_replica_load gauge")
-        lines.extend(f'hybridcache_router_replica_load{{replica="{url}"}} {load}' for url, _, load, _ in replicas)
+        lines.extend(f'hybridcache_router_replica_load{{replica="{r.url}"}} {r.load}' for r in replicas)
         lines.append("# TYPE hybridcache_router_undecodable_batches gauge")
-        lines.extend(f'hybridcache_router_undecodable_batches{{replica="{url}"}} {bad}' for url, _, _, bad in replicas)
+        lines.extend(f'hybridcache_router_undecodable_batches{{replica="{r.url}"}} {r.undecodable}' for r in replicas)
+        lines.append("# TYPE hybridcache_router_replica_applied_seq gauge")
+        for r in replicas:
+            for stream, seq in zip(("kv", "state"), r.applied_seqs):
+                lines.append(f'hybridcache_router_replica_applied_seq{{replica="{r.url}",stream="{stream}"}} {-1 if seq is None else seq}')
         return "\n".join(lines) + "\n"

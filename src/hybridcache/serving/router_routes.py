@@ -3,7 +3,9 @@
 Owns nothing. ``GET /kv_events`` describes the engine's event streams as ``Engine.events``
 does (block size, each stream's endpoint, replay endpoint and topic) plus the served model id
 and its adapter names (an adapter's blocks are announced with ``lora_name`` set to its name),
-so a router needs only the replica's URL; 404 when the server publishes no events.
+so a router needs only the replica's URL, and ``next_seq``: each stream's seq once what is
+queued is sent (a router that applied ``next_seq - 1`` has seen every change made so far);
+404 when the server publishes no events.
 ``POST /tokenize`` takes vLLM's body (``model`` and ``prompt``, or ``model`` and
 ``messages``) and answers ``{"count", "max_model_len", "tokens"}``: exactly the ids
 ``/v1/completions`` or ``/v1/chat/completions`` would compute for that body.
@@ -54,4 +56,6 @@ async def _kv_events(http: HttpRequest) -> JSONResponse:
         return JSONResponse({"error": {"message": message, "type": "not_found_error", "param": None, "code": None}},
                             status_code=404)
     adapters = list(runtime.adapters)
-    return JSONResponse({**runtime.events_description, "model": runtime.config.served_name, "adapters": adapters})
+    # next_seq reads two monotonic counters the loop thread only ever increments
+    return JSONResponse({**runtime.events_description, "model": runtime.config.served_name, "adapters": adapters,
+                         "next_seq": runtime.engine.events.next_seqs()})
