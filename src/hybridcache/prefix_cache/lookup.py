@@ -100,11 +100,64 @@ class PathLookup:
         if depth > limit:
             _, node = nodes.path_runs(node, limit)
             return node, limit
-        self.keyer.resume_at(seq, depth, int(nodes.key_sums[node]))
-        keys = self.keyer.extend(seq)
-        depth, node, _ = self.deepest_cached(seq, keys, node, depth, limit)
+        node, depth = self.descend(seq, node, depth, limit)
         position.verified, position.verified_generation = node, int(nodes.generation[node])
         return node, depth
+
+    def descend(self, seq: Sequence, base: int, base_depth: int, limit: int) -> tuple[int, int]:
+        """The deepest node at or above ``limit`` below ``base`` whose path equals the
+        sequence's tokens: first along one run of consecutive slots, by comparing tokens only
+        (a path attached at once is one run: no block of it is hashed), then, where the run
+        leaves the sequence's path, by the keys of the blocks after it. The sequence's keys
+        resume from the node reached."""
+        node, depth = self._along_run(seq, base, base_depth, limit)
+        self.keyer.resume_at(seq, depth, int(self.nodes.key_sums[node]))
+        if depth < limit:
+            depth, node, _ = self.deepest_cached(seq, self.keyer.extend(seq), node, depth, limit)
+        return node, depth
+
+    def _along_run(self, seq: Sequence, base: int, base_depth: int, limit: int) -> tuple[int, int]:
+        """How far below ``base`` (towards ``limit``) the sequence follows one run of the table
+        exactly: the run continues from ``base``'s next slot when that slot is its child, else
+        from the child the next block's key names (one block hashed). Tokens are compared in
+        place; multimodal identity is checked for the part taken."""
+        if limit <= base_depth:
+            return base, base_depth
+        self.keyer.identity(seq)  # the sequence's multimodal blocks, for same_identity
+        child = self._run_child(seq, base, base_depth)
+        if child < 0:
+            return base, base_depth
+        nodes, tokens, size = self.nodes, self.tokens, self.block_size
+        window = slice(child, min(child + limit - base_depth, nodes.capacity))
+        same_run = (nodes.run_head[window] == nodes.run_head[child]) & nodes.attached[window]
+        length = same_run.size if same_run.all() else int(same_run.argmin())
+        last = child + length - 1
+        if not tokens.equals(child, last, seq, base_depth * size):
+            length = tokens.matching_rows(child, last, seq, base_depth * size)
+            last = child + length - 1
+        if length == 0:
+            return base, base_depth
+        depth = base_depth + length
+        if not self.same_identity(seq, [(child, last)], base, last, base_depth, depth):
+            return base, base_depth
+        return last, depth
+
+    def _run_child(self, seq: Sequence, node: int, depth: int) -> int:
+        """The child of ``node`` a run along the sequence starts at: the next slot when it is
+        a child (consecutive slots), else the child keyed like the sequence's next block; -1
+        when neither is."""
+        nodes = self.nodes
+        following = node + 1
+        if following < nodes.capacity and nodes.attached[following] and nodes.parent[following] == node:
+            if self.tokens.equals(following, following, seq, depth * self.block_size):
+                return following
+        if (depth + 1) * self.block_size > seq.num_valid:
+            return -1
+        key = self.keyer.key_after(seq, depth, int(nodes.key_sums[node]))
+        for candidate in nodes.candidates(key):
+            if nodes.parent[candidate] == node:
+                return candidate
+        return -1
 
     def deepest_cached(
         self, seq: Sequence, keys: np.ndarray, base: int, base_depth: int, limit: int
@@ -197,11 +250,9 @@ class PathLookup:
         limit = (seq.num_valid - 1) // self.block_size
         if limit <= path.depth or not seq.prefix_state.overlap.recompute_blocks:
             return path.depth
-        self.keyer.resume_at(seq, path.depth, int(self.nodes.key_sums[path.node]))
-        keys = self.keyer.extend(seq)
-        depth, _, runs = self.deepest_cached(seq, keys, path.node, path.depth, limit)
+        node, depth = self.descend(seq, path.node, path.depth, limit)
         if self.track_pending:
-            waiting = self.nodes.first_pending_depth(runs)
+            waiting = self.nodes.first_pending_depth(self.nodes.path_runs(node, path.depth)[0])
             if waiting is not None:
                 depth = waiting - 1  # blocks nobody has computed yet are not cached KV
         return depth

@@ -88,3 +88,14 @@ class TokenStore:
             return bool(np.array_equal(self.run(first, last), seq.token_view(start, end)))
         address = seq.token_address(start, end)
         return _MEMCMP(self._address + first * self._row_bytes, address, rows * self._row_bytes) == 0
+
+    def matching_rows(self, first: int, last: int, seq: Sequence, start: int) -> int:
+        """How many leading slots of ``first..last`` hold exactly the sequence's tokens from
+        ``start`` on (the sequence's complete blocks only): where a path and a sequence part."""
+        rows = min(last - first + 1, (seq.num_tokens - start) // self.block_size)
+        if rows <= 0:
+            return 0
+        stored = self._rows[first : first + rows]
+        theirs = seq.token_view(start, start + rows * self.block_size).reshape(rows, self.block_size)
+        differs = (stored != theirs).any(axis=1)
+        return int(differs.argmax()) if differs.any() else rows
