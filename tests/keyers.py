@@ -3,9 +3,10 @@ trie's exact comparisons (tokens, namespace, multimodal identity) decide what is
 
 A keyer produces two kinds of numbers and each keyer here degrades both: the prefix keys the
 node index stores (``prefix_keys``, the one derivation ``extend`` and ``key_after`` share), and
-the keyed value of one block (``block_values``, ``values_of``, ``value_of``), which a checkpoint
-probe hashes together with its step. Every derivation of a number is degraded alike, so the
-trie sees one consistent (if colliding) keyer, as it would a real one.
+the keyed value of one block (``block_values``, the one derivation ``extend`` and the
+checkpoint probes' ``value_of`` share), which a probe hashes together with its step. Degrading
+those two methods degrades every number the trie sees alike, so it sees one consistent (if
+colliding) keyer, as it would a real one.
 """
 
 from __future__ import annotations
@@ -26,14 +27,8 @@ class ConstantKeyer(BlockKeyer):
     def prefix_keys(self, block_sums):
         return np.full(np.shape(block_sums), CONSTANT, dtype=np.uint64)
 
-    def block_values(self, seq, first, end):
-        return np.full(end - first, CONSTANT, dtype=np.uint64)
-
-    def values_of(self, seq, indices):
-        return np.full(len(indices), CONSTANT, dtype=np.uint64)
-
-    def value_of(self, seq, index):
-        return CONSTANT
+    def block_values(self, seq, blocks):
+        return np.full(len(blocks), CONSTANT, dtype=np.uint64)
 
 
 class TwoBitKeyer(BlockKeyer):
@@ -45,11 +40,5 @@ class TwoBitKeyer(BlockKeyer):
     def prefix_keys(self, block_sums):
         return super().prefix_keys(block_sums) & self._MASK
 
-    def block_values(self, seq, first, end):
-        return super().block_values(seq, first, end) & self._MASK
-
-    def values_of(self, seq, indices):
-        return super().values_of(seq, indices) & self._MASK
-
-    def value_of(self, seq, index):
-        return super().value_of(seq, index) & int(self._MASK)
+    def block_values(self, seq, blocks):
+        return super().block_values(seq, blocks) & self._MASK

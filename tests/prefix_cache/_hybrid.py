@@ -61,7 +61,7 @@ def request_key(trie: BlockTrie, seq: Sequence, step: int) -> tuple[int, int]:
     depth = step // trie.block_size
     if depth == 0:
         return step, trie.keyer.namespace_seed(seq.namespace)
-    return step, int(trie.keyer.values_of(seq, np.array([depth - 1]))[0])
+    return step, int(trie.keyer.block_values(seq, np.array([depth - 1]))[0])
 
 
 def path_to(trie: BlockTrie, record: CheckpointRecord, seq: Sequence):

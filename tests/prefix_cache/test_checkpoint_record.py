@@ -53,7 +53,7 @@ def test_record_geometry_on_a_real_trie(step, anchor, tail):
     if anchor == 0:
         expected = trie.keyer.namespace_seed(record.namespace)
     else:
-        expected = int(trie.keyer.values_of(seq, np.array([anchor // B - 1]))[0])
+        expected = int(trie.keyer.block_values(seq, np.array([anchor // B - 1]))[0])
         parent = int(nodes.parent[record.anchor])
         assert expected == (int(nodes.key_sums[record.anchor]) - int(nodes.key_sums[parent])) % 2**64
     assert record.key == (step, expected) == (step, nodes.last_block_value(record.anchor))

@@ -102,7 +102,7 @@ def test_position_is_part_of_the_key():
     repeated = [5] * (4 * B)
     keys = keys_of(keyer, repeated)
     assert len(set(keys)) == 4
-    values = keyer.block_values(Sequence(repeated), 0, 4)  # each block's own value
+    values = keyer.block_values(Sequence(repeated), range(0, 4))  # each block's own value
     assert len(set(values.tolist())) == 4
 
 
@@ -203,14 +203,14 @@ def test_small_block_size():
 
 def test_block_values_make_the_prefix_keys():
     """A prefix key is the finalized running sum (seeded by the namespace) of the blocks' own
-    values; ``values_of`` hashes only the listed blocks and agrees with ``block_values``."""
+    values; listed blocks are hashed alone and agree with a range of blocks."""
     keyer = BlockKeyer.deterministic(B)
     seq = Sequence(tokens(5 * B + 3), multimodal=[MultimodalSpan(20, 40, "image", "img")], adapter="lora")
-    values = keyer.block_values(seq, 0, 5)
+    values = keyer.block_values(seq, range(0, 5))
     assert values.dtype == np.uint64 and values.size == 5
-    assert keyer.block_values(seq, 2, 4).tolist() == values[2:4].tolist()
-    assert keyer.values_of(seq, np.array([3, 1, 4])).tolist() == values[[3, 1, 4]].tolist()
-    assert keyer.values_of(seq, np.array([0])).tolist() == values[:1].tolist()
+    assert keyer.block_values(seq, range(2, 4)).tolist() == values[2:4].tolist()
+    assert keyer.block_values(seq, np.array([3, 1, 4])).tolist() == values[[3, 1, 4]].tolist()
+    assert keyer.block_values(seq, np.array([0])).tolist() == values[:1].tolist()
     keys = keyer.extend(seq)
     sums = np.cumsum(values, dtype=np.uint64) + np.uint64(keyer.namespace_seed(seq.namespace))
     assert seq.prefix_state.keys.block_sums[:5].tolist() == sums.tolist()
@@ -219,11 +219,11 @@ def test_block_values_make_the_prefix_keys():
     other = Sequence(
         [0] * B + tokens(4 * B + 3, start=B + 1), multimodal=[MultimodalSpan(20, 40, "image", "img")], adapter="lora"
     )
-    assert keyer.values_of(other, np.array([2, 3, 4])).tolist() == values[2:].tolist()
-    assert keyer.values_of(other, np.array([0]))[0] != values[0]
+    assert keyer.block_values(other, np.array([2, 3, 4])).tolist() == values[2:].tolist()
+    assert keyer.block_values(other, np.array([0]))[0] != values[0]
     plain = Sequence(tokens(5 * B + 3), adapter="lora")
-    assert keyer.values_of(plain, np.array([1, 2])).tolist() != values[1:3].tolist()  # the image
-    assert keyer.values_of(plain, np.array([3])).tolist() == values[3:4].tolist()
+    assert keyer.block_values(plain, np.array([1, 2])).tolist() != values[1:3].tolist()  # the image
+    assert keyer.block_values(plain, np.array([3])).tolist() == values[3:4].tolist()
 
 
 def test_resume_at_continues_keys_without_hashing_the_prefix():
@@ -255,10 +255,10 @@ def test_probe_values_equal_block_values_one_block_or_many():
     keyer = BlockKeyer(B)
     spans = [MultimodalSpan(20, 30, "image", "a"), MultimodalSpan(5 * B + 1, 5 * B + 4, "video", "b")]
     seq = Sequence(tokens(12 * B + 3, start=11), multimodal=spans)
-    expected = keyer.block_values(seq, 0, 12)
+    expected = keyer.block_values(seq, range(0, 12))
     one_by_one = [keyer.value_of(seq, index) for index in range(12)]
     assert one_by_one == expected.tolist()
-    assert keyer.values_of(seq, np.arange(12)).tolist() == expected.tolist()
+    assert keyer.block_values(seq, np.arange(12)).tolist() == expected.tolist()
 
 
 def test_finalize_is_the_key_of_a_running_sum():
@@ -296,6 +296,23 @@ def test_every_derivation_of_a_key_or_value_agrees(keyer):
     before = [keyer.namespace_seed(seq.namespace)] + [int(total) for total in sums[:4]]
     fresh = Sequence(tokens(5 * B + 3), multimodal=spans, adapter="lora")
     assert [keyer.key_after(fresh, index, before[index]) for index in range(5)] == keys
-    values = keyer.block_values(seq, 0, 5).tolist()
+    values = keyer.block_values(seq, range(0, 5)).tolist()
     assert [keyer.value_of(seq, index) for index in range(5)] == values
-    assert keyer.values_of(seq, np.arange(5)).tolist() == values
+    assert keyer.block_values(seq, np.arange(5)).tolist() == values
+
+
+def test_a_keyer_that_changes_block_values_changes_every_value():
+    """``block_values`` is the one derivation of a block's value: a subclass that overrides
+    only it changes the checkpoint probe's scalar ``value_of`` and the running sums alike."""
+
+    class OffsetValues(BlockKeyer):
+        def block_values(self, seq, blocks):
+            return super().block_values(seq, blocks) ^ np.uint64(0xF0)
+
+    plain, offset = BlockKeyer(B, secret=b"same"), OffsetValues(B, secret=b"same")
+    seq = Sequence(tokens(4 * B + 1))
+    expected = (plain.block_values(seq, range(0, 4)) ^ np.uint64(0xF0)).tolist()
+    assert [offset.value_of(seq, index) for index in range(4)] == expected
+    offset.extend(seq)
+    sums = np.cumsum(np.array(expected, dtype=np.uint64), dtype=np.uint64) + np.uint64(offset.namespace_seed(seq.namespace))
+    assert seq.prefix_state.keys.block_sums[:4].tolist() == sums.tolist()

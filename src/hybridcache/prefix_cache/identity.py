@@ -13,6 +13,8 @@ How a key is made (all vectorized, no Python loop per block):
    SplitMix64 finalizer makes it non-linear;
 3. the prefix key is the finalized running sum of those values, seeded by the namespace
    (``prefix_keys``: the only place a sum becomes a key, for stored keys and probes alike).
+Steps 1-2 are ``block_values`` alone (``value_of`` is its scalar form for one probe, used only
+while a subclass has not changed it), as step 3 is ``prefix_keys`` alone.
 Nodes keep their running sum, so keys can resume from any verified node (``resume_at``)
 without hashing the blocks before it, and a checkpoint is keyed by its step and the value of
 its anchor's last block alone (one block hashed per probe).
@@ -20,6 +22,8 @@ its anchor's last block alone (one block hashed per probe).
 A key only narrows a lookup: tokens and multimodal identity are always compared exactly, so a
 collision can cost time but never correctness. By default the secret is drawn per process;
 ``BlockKeyer.deterministic`` gives keys that are equal across processes (cross-process sharing).
+Nothing outside one process's trie reads these keys: the hashes KV events announce
+(``events.hashing``) and the tier object keys (``tiers.keys``) are BLAKE2b chains of their own.
 """
 
 from __future__ import annotations
@@ -84,8 +88,10 @@ class BlockKeyer:
         )
         self._namespace_seeds: dict[Namespace, int] = {}
         self._scalar_keys = (int(self._position_key), int(self._block_key))
-        # finalize's scalar form of prefix_keys, valid only while a subclass has not changed it
+        # the scalar forms of prefix_keys (finalize) and block_values (value_of), valid only
+        # while a subclass has not changed them
         self._scalar_prefix_key = int(self._prefix_key) if type(self).prefix_keys is BlockKeyer.prefix_keys else None
+        self._scalar_values = type(self).block_values is BlockKeyer.block_values
 
     @classmethod
     def deterministic(cls, block_size: int) -> "BlockKeyer":
@@ -109,24 +115,29 @@ class BlockKeyer:
     def spans_hash(self, spans: tuple[MultimodalSpan, ...]) -> int:
         return self._digest(repr(tuple((s.start, s.end, s.modality, s.content_id) for s in spans)).encode())
 
-    def block_values(self, seq: Sequence, first: int, end: int) -> np.ndarray:
-        """Keyed values of blocks ``[first, end)``: multilinear token hash, position and
-        multimodal identity, through a non-linear finalizer. A prefix key is the finalized
-        running sum of these values."""
+    def block_values(self, seq: Sequence, blocks: range | np.ndarray) -> np.ndarray:
+        """Keyed values of complete blocks ``blocks`` (a range of consecutive blocks, or any
+        block indices): multilinear token hash, position and multimodal identity, through a
+        non-linear finalizer. The one derivation of a block's value: a prefix key is the
+        finalized running sum of these values, and a checkpoint probe hashes one of them
+        (``value_of``), so a keyer that changes values (a subclass) changes them everywhere."""
         size = self.block_size
-        words = seq.token_words(first * size, end * size).reshape(-1, size // 2)
-        return self._finish(seq, np.einsum("ij,j->i", words, self._word_keys), np.arange(first, end))
-
-    def values_of(self, seq: Sequence, indices: np.ndarray) -> np.ndarray:
-        """Values of the listed complete blocks only, vectorized (many checkpoint probes)."""
-        size = self.block_size
-        indices = np.asarray(indices)
-        complete = seq.token_words(0, (int(indices.max()) + 1) * size).reshape(-1, size // 2)
-        return self._finish(seq, np.einsum("ij,j->i", complete[indices], self._word_keys), indices)
+        if isinstance(blocks, range) and blocks.step == 1:
+            words = seq.token_words(blocks.start * size, blocks.stop * size).reshape(-1, size // 2)
+            indices = np.arange(blocks.start, blocks.stop)
+        else:
+            indices = np.asarray(blocks, dtype=np.int64)
+            if indices.size == 0:
+                return np.empty(0, dtype=np.uint64)
+            words = seq.token_words(0, (int(indices.max()) + 1) * size).reshape(-1, size // 2)[indices]
+        return self._finish(seq, np.einsum("ij,j->i", words, self._word_keys), indices)
 
     def value_of(self, seq: Sequence, index: int) -> int:
-        """One complete block's value in Python integers (a single checkpoint probe): equal to
-        ``block_values`` for that block, without NumPy's per-call overhead on tiny arrays."""
+        """``block_values`` of one complete block (a single checkpoint probe), in Python
+        integers (without NumPy's per-call overhead on tiny arrays) unless a subclass changed
+        ``block_values``, which then decides alone."""
+        if not self._scalar_values:
+            return int(self.block_values(seq, range(index, index + 1))[0])
         size = self.block_size
         words = seq.token_words(index * size, (index + 1) * size)
         position_key, block_key = self._scalar_keys
@@ -196,7 +207,7 @@ class BlockKeyer:
         self.identity(seq)
         first, end = state.keys.num_keys, seq.num_valid // self.block_size
         if end > first:
-            sums = np.cumsum(self.block_values(seq, first, end), dtype=np.uint64)
+            sums = np.cumsum(self.block_values(seq, range(first, end)), dtype=np.uint64)
             sums += np.uint64(state.keys.key_sum)
             if state.keys.block_keys.size < end:
                 capacity = max(end, 2 * state.keys.block_keys.size)

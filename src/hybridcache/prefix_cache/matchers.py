@@ -255,7 +255,7 @@ class CheckpointMatcher:
         ordered = sorted({step // size for step in steps if step >= size})
         if not ordered:
             return {}
-        return dict(zip(ordered, self.keyer.values_of(seq, np.asarray(ordered) - 1).tolist()))
+        return dict(zip(ordered, self.keyer.block_values(seq, np.asarray(ordered) - 1).tolist()))
 
     def _path_to_anchor(self, seq: Sequence, record: CheckpointRecord, depth: int) -> NodePath | None:
         """The record's anchor path when it equals the request's prefix (and its blocks carry
