@@ -19,7 +19,7 @@ from hybridcache.errors import HybridCacheError
 console = Console()
 errors = Console(stderr=True)
 SCENARIO_NAMES = (
-    "match", "match-partial", "kv-match", "miss", "rollback", "rematch", "publish", "evict", "memory", "soak-engine",
+    "match", "match-partial", "kv-match", "admit-many", "miss", "rollback", "rematch", "publish", "evict", "memory", "soak-engine",
     "router", "lmdeploy-schedule", "serve", "routing",
 )
 

@@ -37,11 +37,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from hybridcache.cache import CacheComponents
-from hybridcache.errors import AdoptionWriteError, HybridCacheError, InvalidStepError, InvalidTypeError, LifecycleError
+from hybridcache.errors import (
+    AdoptionWriteError,
+    HybridCacheError,
+    InvalidArgumentError,
+    InvalidStepError,
+    InvalidTypeError,
+    LifecycleError,
+)
 from hybridcache.prefix_cache.change_log import CacheChanges
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord
 from hybridcache.sequence import Sequence
-from hybridcache.types import NO_SAVE, NO_SLOT, as_int, ceil_div
+from hybridcache.types import NO_SAVE, NO_SLOT, as_int, ceil_div, is_int
 
 
 class Refusal(enum.Enum):
@@ -139,7 +146,37 @@ class CacheProtocol:
         ``stop_at(start)``, called once the match fixed the resume point, may end the chunk
         earlier (where an admission policy wants a checkpoint); None or a position outside the
         chunk changes nothing."""
-        tokens = as_int("tokens", tokens, 0)
+        return self._admit_one(seq, as_int("tokens", tokens, 0), stop_at)
+
+    def admit_many(self, seqs: SequenceLike[Sequence], budgets: int | SequenceLike[int]) -> list[Admission]:
+        """Admit each of ``seqs`` in order for a first chunk of at most its budget
+        (``budgets``: one int for all, or one per sequence), one call per scheduler step: the
+        same decisions and records as ``admit`` called for each in turn (a refusal changes
+        nothing for its sequence, and the next one is still tried). Every argument is checked
+        before the first admission, so bad input raises and changes nothing."""
+        seqs, budgets = self._validated_batch(seqs, budgets)
+        admit_one = self._admit_one
+        return [admit_one(seq, budget, None) for seq, budget in zip(seqs, budgets)]
+
+    def _validated_batch(self, seqs: object, budgets: object) -> tuple[list[Sequence], list[int]]:
+        if isinstance(seqs, (str, bytes)) or not isinstance(seqs, SequenceLike):
+            raise InvalidTypeError("seqs must be a sequence of Sequence objects")
+        seqs = list(seqs)
+        for seq in seqs:
+            self.trie.check_matchable(seq)
+        if len({id(seq) for seq in seqs}) != len(seqs):
+            raise InvalidArgumentError("a sequence appears twice in one admit_many call")
+        if is_int(budgets):
+            return seqs, [as_int("budget", budgets, 0)] * len(seqs)
+        if isinstance(budgets, (str, bytes)) or not isinstance(budgets, (SequenceLike, np.ndarray)):
+            raise InvalidTypeError("budgets must be an int or a sequence of ints")
+        budgets = [as_int("budget", budget, 0) for budget in budgets]
+        if len(budgets) != len(seqs):
+            raise InvalidArgumentError(f"{len(budgets)} budgets for {len(seqs)} sequences")
+        return seqs, budgets
+
+    def _admit_one(self, seq: Sequence, tokens: int, stop_at: Callable[[int], int | None] | None) -> Admission:
+        """``admit`` of a validated budget."""
         trie = self.trie
         txn = trie.match(seq)
         if seq.prefix_state.checkpoints.restore is not None and not self.checkpoints.pin_restore(seq):

@@ -20,6 +20,7 @@ DEFAULT_GRIDS = {
     "match": MATCH_GRID,
     "match-partial": MATCH_GRID,
     "kv-match": MATCH_GRID,
+    "admit-many": MATCH_GRID,
     "rollback": MATCH_GRID,
     "rematch": MATCH_GRID,
     "miss": [(128, 131072)],

@@ -15,8 +15,14 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from hybridcache.bench.impl import Impl
+from hybridcache.bench.impl import HybridcacheImpl, Impl
 from hybridcache.bench.workload import VOCAB, distinct_prompts
+from hybridcache.cache import CacheComponents
+from hybridcache.memory.block_pool import BlockPool
+from hybridcache.memory.state_pool import StatePool
+from hybridcache.prefix_cache.trie import BlockTrie
+from hybridcache.protocol import CacheProtocol
+from hybridcache.sequence import Sequence
 
 SUFFIX_TOKENS = 16
 Progress = Callable[[], None]
@@ -211,6 +217,57 @@ def _after_match(name: str, impls: list[Impl], case: Case, progress: Progress, *
     return [_record(name, impl, case, timings[impl.name], case.batch) for impl in impls]
 
 
+# --- admission -------------------------------------------------------------------------------
+
+ADMIT_BUDGET = 2048  # tokens per first chunk: every request's 16-token suffix after its hit
+
+
+def _admission_protocol(case: Case) -> CacheProtocol:
+    blocks = case.batch * (case.context // case.block_size + 4) + 64
+    pool, states = BlockPool(blocks), StatePool(2 * case.batch + 2, checkpoint_budget=case.batch)
+    return CacheProtocol(CacheComponents(pool, states, BlockTrie(pool, case.block_size, state_pool=states)))
+
+
+def _cache_with_checkpoint(protocol: CacheProtocol, prompt: np.ndarray) -> None:
+    seq = Sequence(prompt)
+    admitted = protocol.admit(seq, prompt.size)
+    protocol.reserve_save(seq, prompt.size)
+    protocol.forward_queued(seq)
+    seq.set_computed(prompt.size)
+    protocol.forward_done(seq, 0)
+    protocol.free(seq, admitted.runtime_slot)
+
+
+def bench_admit_many(impls: list[Impl], case: Case, progress: Progress) -> list[dict]:
+    """Scheduler-time admission of ``batch`` ingested requests, each hitting an aligned
+    checkpoint at its prompt's last block boundary (the ``match`` workload) through the whole
+    protocol (match, restore pin, first chunk's blocks, runtime slot, attach, commit): one
+    ``CacheProtocol.admit_many`` call per batch (kind ``admit_many``) against one ``admit``
+    call per request (kind ``admit``), interleaved round by round. Ours only: the reference
+    has no protocol of this shape."""
+    protocol = _admission_protocol(case)
+    prompts = distinct_prompts(case.batch, case.context)
+    for prompt in prompts:
+        _cache_with_checkpoint(protocol, prompt)
+        progress()
+    kinds = {"admit_many": lambda seqs: protocol.admit_many(seqs, ADMIT_BUDGET),
+             "admit": lambda seqs: [protocol.admit(seq, ADMIT_BUDGET) for seq in seqs]}
+    timings = {kind: [] for kind in kinds}
+    for round_index in range(case.rounds):
+        for kind, admit in kinds.items():
+            requests = [Sequence(tokens) for tokens in _with_suffix(prompts, round_index + 1)]
+            for seq in requests:
+                protocol.prepare(seq)
+            admitted, ms = _timed(lambda: admit(requests))
+            assert all(a.hit_tokens == case.context for a in admitted), f"{kind} missed"
+            for seq, admission in zip(requests, admitted):
+                protocol.free(seq, admission.runtime_slot)
+            if round_index >= case.warmups:
+                timings[kind].append(ms)
+    ours = impls[0] if impls and impls[0].name == "hybridcache" else HybridcacheImpl()
+    return [_record("admit-many", ours, case, samples, case.batch, kind=kind) for kind, samples in timings.items()]
+
+
 # --- lifecycle -------------------------------------------------------------------------------
 
 
@@ -269,6 +326,7 @@ SCENARIOS: dict[str, Callable[[list[Impl], Case, Progress], list[dict]]] = {
     "match": bench_match,
     "match-partial": bench_match_partial,
     "kv-match": bench_kv_match,
+    "admit-many": bench_admit_many,
     "miss": bench_miss,
     "rollback": bench_rollback,
     "rematch": bench_rematch,

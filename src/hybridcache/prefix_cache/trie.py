@@ -43,6 +43,7 @@ from hybridcache.types import NO_NODE, as_int
 
 _EMPTY_RANGE = (0, 0)
 _TRIE_IDS = itertools.count()
+_PINNED_MATCH = "match while the sequence's restore is pinned; unpin or roll back first"
 
 
 def _require_sequence(seq: object) -> None:
@@ -144,11 +145,24 @@ class BlockTrie:
         if position.owner == self.trie_id:
             return
         if position.owner >= 0:
-            if seq.num_blocks or state.borrow.depth:
-                raise ForeignSequenceError("the sequence holds blocks of another trie; free it there first")
+            self._refuse_foreign_holder(seq)
             position.verified, position.verified_generation, position.verified_path, position.last_search = NO_NODE, -1, None, None
             state.clear_tracking()
         position.owner = self.trie_id
+
+    def _refuse_foreign_holder(self, seq: Sequence) -> None:
+        owner = seq.prefix_state.trie.owner
+        if owner >= 0 and owner != self.trie_id and (seq.num_blocks or seq.prefix_state.borrow.depth):
+            raise ForeignSequenceError("the sequence holds blocks of another trie; free it there first")
+
+    def check_matchable(self, seq: Sequence) -> None:
+        """Raise what ``match`` would refuse ``seq`` for, changing nothing: not a sequence,
+        one holding another trie's blocks, a pinned restore. A caller that matches a batch
+        checks every sequence before the first match."""
+        _require_sequence(seq)
+        self._refuse_foreign_holder(seq)
+        if seq.prefix_state.checkpoints.restore_pinned:
+            raise PinnedError(_PINNED_MATCH)
 
     def _require_own(self, seq: Sequence) -> None:
         """Refuse a sequence whose cached facts (and blocks) belong to another trie."""
@@ -193,7 +207,7 @@ class BlockTrie:
         position = state.trie
         refs = state.checkpoints
         if refs.restore_pinned:
-            raise PinnedError("match while the sequence's restore is pinned; unpin or roll back first")
+            raise PinnedError(_PINNED_MATCH)
         txn = MatchTxn(seq)
         state.overlap.fresh_range = _EMPTY_RANGE
         refs.restore = None
