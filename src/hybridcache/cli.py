@@ -19,8 +19,8 @@ from hybridcache.errors import HybridCacheError
 console = Console()
 errors = Console(stderr=True)
 SCENARIO_NAMES = (
-    "match", "match-partial", "kv-match", "admit-many", "miss", "rollback", "rematch", "publish", "evict", "memory", "soak-engine",
-    "router", "lmdeploy-schedule", "serve", "routing",
+    "match", "match-partial", "kv-match", "admit-many", "miss", "rollback", "rematch", "publish", "evict", "memory",
+    "soak-engine", "router", "lmdeploy-schedule", "serve", "routing",
 )
 
 

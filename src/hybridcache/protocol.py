@@ -7,7 +7,8 @@ request's life is four steps:
 2. ``admit(seq, tokens)`` when the scheduler wants to run it: match, pin the restore, free what
    pressure needs, take a runtime state slot and the blocks of the first chunk, attach, commit;
    or change nothing and say why (``Admission.refused``). ``extend(seq, end)`` makes room for a
-   running sequence's next chunk the same way.
+   running sequence's next chunk the same way. ``admit_many(seqs, budgets)`` is ``admit`` for
+   a scheduler step's sequences in one call, every argument checked before the first.
 3. The forward boundaries: ``reserve_save`` / ``reserve_decode_save`` before a forward is
    queued, ``forward_queued`` right after (publishes the save pinned and in flight, releases the
    restore pin), and ``forward_done`` after its output (the save becomes usable, computed nodes
