@@ -8,6 +8,11 @@ Keys only narrow the search. A path is accepted after comparing every token beyo
 verified node (runs of the token store against the sequence, in place), the multimodal
 identity of every span block, and that the path leads to the verified node, hence to the
 namespace root. A key collision falls back to an exact block-by-block walk.
+
+Nodes attached together get consecutive slots, so a cached prompt's path is one run of the
+table. ``descend`` follows that run by comparing tokens alone and hashes only the blocks after
+the point where it leaves the sequence: a fully cached prompt costs one comparison and one
+block hashed (its first, to find the child), not a key per block on top of the comparison.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ class BlockMatcher:
         self.block_size = lookup.block_size
 
     def prepare(self, seq: Sequence) -> NodePath:
-        """The request's deepest exactly verified cached path (keys for every complete block)."""
+        """The request's deepest exactly verified cached path (keys only beyond the run it follows)."""
         lookup = self._lookup
         node, depth = lookup.extend_verified(seq, (seq.num_valid - 1) // self.block_size)
         return lookup.path_of(seq, node, depth)
