@@ -77,6 +77,27 @@ def test_equals_compares_runs_exactly(monkeypatch, use_memcmp):
     assert not store.equals(2, 4, Sequence(prompt[:-1]), 2)  # the run would read past the end
 
 
+@pytest.mark.parametrize("use_memcmp", [True, False])
+def test_matching_rows_is_where_a_run_and_a_sequence_part(monkeypatch, use_memcmp):
+    """The count of leading rows equal to the sequence, for a first difference in every row
+    (and none), and bounded by the sequence's complete blocks."""
+    if not use_memcmp:
+        monkeypatch.setattr(token_store, "_MEMCMP", None)
+    store = TokenStore(2, capacity=16)
+    flat = np.arange(500, 526, dtype=TOKEN_DTYPE)  # 13 rows
+    store.write(np.arange(1, 14), flat)
+    prompt = [9] + flat.tolist()
+    assert store.matching_rows(1, 13, Sequence(prompt), 1) == 13
+    for row in range(13):
+        for column in range(2):
+            changed = list(prompt)
+            changed[1 + 2 * row + column] += 1
+            assert store.matching_rows(1, 13, Sequence(changed), 1) == row
+    assert store.matching_rows(1, 13, Sequence(prompt[:12]), 1) == 5  # 11 tokens: 5 complete rows
+    assert store.matching_rows(3, 6, Sequence(prompt), 5) == 4
+    assert store.matching_rows(1, 13, Sequence(prompt[:2]), 1) == 0
+
+
 def test_equals_reads_the_rows_and_tokens_after_they_grow():
     store = TokenStore(2, capacity=1)
     store.write(np.array([0]), np.array([7, 8], dtype=TOKEN_DTYPE))

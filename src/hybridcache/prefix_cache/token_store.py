@@ -91,11 +91,19 @@ class TokenStore:
 
     def matching_rows(self, first: int, last: int, seq: Sequence, start: int) -> int:
         """How many leading slots of ``first..last`` hold exactly the sequence's tokens from
-        ``start`` on (the sequence's complete blocks only): where a path and a sequence part."""
+        ``start`` on: where a path and a sequence part. Galloping comparisons of growing,
+        then halving, runs of rows, so the cost follows the matching part (a comparison stops
+        at the first difference), not the run's length."""
         rows = min(last - first + 1, (seq.num_tokens - start) // self.block_size)
-        if rows <= 0:
-            return 0
-        stored = self._rows[first : first + rows]
-        theirs = seq.token_view(start, start + rows * self.block_size).reshape(rows, self.block_size)
-        differs = (stored != theirs).any(axis=1)
-        return int(differs.argmax()) if differs.any() else rows
+        matched, step = 0, 1
+        while matched + step <= rows and self._rows_equal(first, matched, step, seq, start):
+            matched += step
+            step *= 2
+        while step > 1:
+            step //= 2
+            if matched + step <= rows and self._rows_equal(first, matched, step, seq, start):
+                matched += step
+        return matched
+
+    def _rows_equal(self, first: int, offset: int, count: int, seq: Sequence, start: int) -> bool:
+        return self.equals(first + offset, first + offset + count - 1, seq, start + offset * self.block_size)
