@@ -15,7 +15,6 @@ import pytest
 from hybridcache.memory.block_pool import BlockPool
 from hybridcache.memory.state_pool import StatePool
 from hybridcache.prefix_cache import BlockKeyer, BlockTrie
-from hybridcache.prefix_cache.lookup import PathLookup
 from hybridcache.prefix_cache.checkpoint_index import CheckpointIndex
 from hybridcache.prefix_cache.token_store import TokenStore
 from hybridcache.sequence import MultimodalSpan, Sequence
@@ -137,14 +136,16 @@ def test_a_colliding_key_never_blocks_a_deeper_exact_hit():
 
 
 class WorkCounter:
-    """Counts the exact comparisons a match does while active: token-run reads, path
-    comparisons, checkpoint verifications and every ``np.array_equal``."""
+    """Counts the exact comparisons a match does while active: token-run reads, token-run
+    comparisons (``TokenStore.equals``: every path comparison, a run followed by
+    ``PathLookup.descend`` and the collision walk alike), checkpoint verifications and every
+    ``np.array_equal``."""
 
     TARGETS = (
         (np, "array_equal"),
         (TokenStore, "run"),
+        (TokenStore, "equals"),
         (CheckpointIndex, "verify"),
-        (PathLookup, "same_tokens"),
     )
 
     def __init__(self):
