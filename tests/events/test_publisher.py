@@ -111,10 +111,44 @@ def test_a_taken_port_and_a_closed_publisher_raise_event_stream_errors(publisher
     publisher.close()  # closing twice is harmless
 
 
-def test_a_full_queue_drops_and_counts_instead_of_blocking():
-    pub = EventPublisher(LOOPBACK_ANY_PORT, max_queue_size=1)
+def test_a_batch_is_sent_before_publish_returns(publisher):
+    # A router reading a request's answer must already have the events of the step that
+    # finished it: the batch is on the socket, with its seq, when publish returns.
+    for expected in range(1, 4):
+        assert publisher.publish(KVEventBatch(0.0, []))
+        assert publisher.published == expected
+
+
+def test_batches_queued_behind_a_busy_socket_keep_their_order_and_a_full_queue_drops():
+    pub = EventPublisher(LOOPBACK_ANY_PORT, LOOPBACK_ANY_PORT, max_queue_size=1)
     try:
-        accepted = [pub.publish(KVEventBatch(0.0, [])) for _ in range(200)]
+        with pub._sending:  # the socket busy on another thread: publish must queue, not wait
+            accepted = [pub.publish(KVEventBatch(float(ts), [])) for ts in range(200)]
+            assert pub.published == 0
+        assert pub.flush()
+        assert pub.publish(KVEventBatch(999.0, []))
+        replayed = _replayed_timestamps(pub)
     finally:
         pub.close()
-    assert pub.dropped == accepted.count(False) and pub.dropped > 0
+    assert accepted[0] and pub.dropped == accepted.count(False) > 0
+    # the queued batches went first, in order, then the one sent at once
+    assert replayed == [float(ts) for ts, ok in enumerate(accepted) if ok] + [999.0]
+
+
+def _replayed_timestamps(pub) -> list[float]:
+    context = zmq.Context()
+    dealer = context.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(pub.replay_endpoint)
+    try:
+        dealer.send_multipart((b"", (0).to_bytes(8, "big")))
+        stamps = []
+        while dealer.poll(5000):
+            _, _, seq, payload = dealer.recv_multipart()
+            if seq == END_SEQ:
+                return stamps
+            stamps.append(decode_kv_batch(payload).ts)
+        raise AssertionError("the replay never ended")
+    finally:
+        dealer.close()
+        context.term()

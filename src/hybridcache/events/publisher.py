@@ -1,9 +1,15 @@
 """The ZMQ publisher of one event stream, with its replay buffer, as vLLM's publisher works.
 
 Owns: one PUB socket, its optional replay ROUTER socket, the buffer of the last
-``buffer_steps`` batches, the batch counter ``seq`` and the queue between the caller and the
-thread that does every socket operation (ZMQ sockets are used by that thread only, after
-their creation here).
+``buffer_steps`` batches, the batch counter ``seq``, the queue between the caller and the
+socket thread, and the lock that gives one thread at a time the PUB socket, buffer and counter.
+
+A batch is sent on the caller's thread when nothing is queued ahead of it and the lock is free
+(the usual case), so it is on the wire before the engine step that made it returns: a router
+that sees a request's answer then already has the events of the step that finished it (sent
+from the socket thread, they raced the answer, and a turn that followed its predecessor at
+once was routed without the checkpoint the predecessor saved). Otherwise it is queued, and the
+socket thread sends it in order. The replay ROUTER socket is used by the socket thread only.
 
 Frames on the PUB socket: ``[topic, seq as 8-byte big-endian, payload]``; ``seq`` starts at 0
 and grows by one per batch. A replay request from a DEALER (``[b"", start seq]``, seen by
@@ -49,6 +55,7 @@ class EventPublisher:
         """``binds``: bind the PUB socket at ``endpoint`` (else connect to a bound subscriber);
         the replay socket always binds. ``tcp://HOST:*`` picks a free port (see ``endpoint``)."""
         self._topic = topic.encode()
+        self._sending = threading.Lock()
         self._context = zmq.Context()
         self._pub = self._context.socket(zmq.PUB)
         self._pub.set_hwm(hwm)
@@ -79,18 +86,34 @@ class EventPublisher:
         return self._topic.decode()
 
     def publish(self, batch: KVEventBatch | StateEventBatch) -> bool:
-        """Queue one batch; False (and counted in ``dropped``) when the queue is full."""
+        """Send one batch, or queue it behind the ones queued; False (and counted in
+        ``dropped``) when it had to be queued and the queue is full."""
         if self._closed:
             raise EventStreamError("the publisher is closed")
         if not isinstance(batch, (KVEventBatch, StateEventBatch)):
             raise EventStreamError(f"expected an event batch, got {type(batch).__name__}")
+        payload = encode_batch(batch)
+        if self._send_now(payload):
+            return True
         try:
-            self._queue.put_nowait(encode_batch(batch))
+            self._queue.put_nowait(payload)
         except queue.Full:
             self.dropped += 1
             return False
         self.accepted += 1
         return True
+
+    def _send_now(self, payload: bytes) -> bool:
+        """Send on this thread when nothing queued must go first and the lock is free."""
+        if self._queue.unfinished_tasks or not self._sending.acquire(blocking=False):
+            return False
+        try:
+            if self._queue.unfinished_tasks:  # queued while the lock was being taken
+                return False
+            self._send(payload)
+            return True
+        finally:
+            self._sending.release()
 
     @property
     def published(self) -> int:
@@ -116,10 +139,11 @@ class EventPublisher:
             self._close_sockets()
 
     def _close_sockets(self) -> None:
-        self._pub.close()
-        if self._replay is not None:
-            self._replay.close()
-        self._context.term()
+        with self._sending:
+            self._pub.close()
+            if self._replay is not None:
+                self._replay.close()
+            self._context.term()
 
     # --- the socket thread -------------------------------------------------------------------
 
@@ -137,10 +161,12 @@ class EventPublisher:
             if payload is None:
                 self._queue.task_done()
                 return
-            self._send(payload)
+            with self._sending:
+                self._send(payload)
             self._queue.task_done()
 
     def _send(self, payload: bytes) -> None:
+        """One batch on the PUB socket and into the buffer; the caller holds ``_sending``."""
         seq = self._next_seq
         self._pub.send_multipart((self._topic, seq_frame(seq), payload), copy=False)
         self._buffer.append((seq, payload))
@@ -151,7 +177,8 @@ class EventPublisher:
         if len(frames) != 3 or len(frames[2]) != 8:
             return  # not a replay request: ignored, as vLLM does
         identity, start = frames[0], int.from_bytes(frames[2], "big")
-        for seq, payload in self._buffer:
-            if seq >= start:
-                self._replay.send_multipart((identity, b"", self._topic, seq_frame(seq), payload), copy=False)
+        with self._sending:
+            batches = [(seq, payload) for seq, payload in self._buffer if seq >= start]
+        for seq, payload in batches:
+            self._replay.send_multipart((identity, b"", self._topic, seq_frame(seq), payload), copy=False)
         self._replay.send_multipart((identity, b"", b"", END_SEQ, b""))
