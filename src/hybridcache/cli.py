@@ -244,8 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="routing: conversations, dealt to the clients (default: 16)")
     bench.add_argument("--state-slots", type=cli_args.int_in(5, 2**20), default=8,
                        help="routing: each replica's --num-state-slots (default: 8, scarce against its KV)")
-    bench.add_argument("--load-tokens", type=cli_args.positive_float, default=512.0,
-                       help="routing: the router's --load-tokens (default: 512, the router's own default)")
+    bench.add_argument("--load-tokens", type=cli_args.positive_float,
+                       help="routing: the router's --load-tokens (default: the router's own)")
     bench.add_argument("--duration", type=cli_args.positive_float, help="serve: keep the clients going this many seconds")
     bench.set_defaults(handler=_bench)
     serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server over the engine (the serve extra)")
@@ -265,7 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
     router.add_argument("--policy", default="restorable", help="restorable, kv-overlap or round-robin")
     router.add_argument("--health-interval", type=cli_args.positive_float, default=1.0,
                         help="seconds between health and load checks")
-    router.add_argument("--load-tokens", type=float, default=512.0, help="cost of one queued request, in prompt tokens")
+    router.add_argument("--load-tokens", type=cli_args.positive_float,
+                        help="tokens one request sent by other routers counts for (default: the mean tokens to compute "
+                             "of the requests this router routed; its own count as predicted)")
     router.set_defaults(handler=_router)
     return parser
 

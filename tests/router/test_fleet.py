@@ -1,8 +1,11 @@
 """The fleet's load: this router's own requests counted as they start and end, on top of what
-the replicas' gauges said others sent."""
+the replicas' gauges said others sent, and priced in the tokens they still compute."""
 
 from __future__ import annotations
 
+import pytest
+
+from hybridcache.errors import InvalidArgumentError
 from hybridcache.router.fleet import Fleet
 
 
@@ -10,12 +13,36 @@ def test_load_counts_the_routers_own_requests_at_once():
     fleet = Fleet(["http://127.0.0.1:9"], "restorable")
     replica = fleet.replicas[0]
     replica.others = 2.0
-    fleet.started(replica)
-    fleet.started(replica)
+    relays = [fleet.started(replica, 100), fleet.started(replica, 100)]
     assert replica.load == 4.0 and fleet.status()[0].load == 4.0
-    fleet.ended(replica)
-    fleet.ended(replica)
-    assert replica.load == 2.0 and replica.in_flight == 0
+    for relay in relays:
+        fleet.ended(relay)
+    assert replica.load == 2.0 and replica.in_flight == 0 and replica.prefill_tokens == 0
+
+
+def test_a_request_counts_its_tokens_to_compute_until_its_answer_starts():
+    fleet = Fleet(["http://127.0.0.1:9"], "restorable", load_tokens=50)
+    replica = fleet.replicas[0]
+    replica.others = 2.0
+    first, second = fleet.started(replica, 300), fleet.started(replica, 20)
+    assert replica.queued_tokens(50) == 300 + 20 + 2 * 50
+    fleet.answering(first)
+    fleet.answering(first)  # every chunk of a stream says so: counted once
+    assert replica.queued_tokens(50) == 20 + 2 * 50 and replica.in_flight == 2
+    fleet.ended(first)
+    fleet.ended(second)
+    assert replica.queued_tokens(50) == 2 * 50 and replica.in_flight == 0
+
+
+def test_others_requests_cost_the_mean_predicted_compute_unless_given():
+    fleet = Fleet(["http://127.0.0.1:9"], "restorable")
+    assert fleet._per_request_tokens() == 0.0  # nothing routed yet: nothing known
+    fleet._predicted_compute, fleet._keyed_routes = 900, 3
+    assert fleet._per_request_tokens() == 300.0
+    assert Fleet(["http://127.0.0.1:9"], "restorable", load_tokens=64)._per_request_tokens() == 64
+    for bad in (-1, float("nan"), "512"):
+        with pytest.raises(InvalidArgumentError):
+            Fleet(["http://127.0.0.1:9"], "restorable", load_tokens=bad)
 
 
 def test_a_health_check_keeps_only_the_others_requests_from_the_gauge(monkeypatch):
@@ -25,8 +52,8 @@ def test_a_health_check_keeps_only_the_others_requests_from_the_gauge(monkeypatc
     replica = fleet.replicas[0]
     monkeypatch.setattr(fleet_module, "read_load", lambda url, timeout: 3.0)  # the gauge counts our one request
     monkeypatch.setattr(fleet, "_subscribe", lambda r: (None, None))
-    fleet.started(replica)
+    relay = fleet.started(replica, 10)
     fleet.check_health()
     assert replica.healthy and replica.others == 2.0 and replica.load == 3.0
-    fleet.ended(replica)
+    fleet.ended(relay)
     assert replica.load == 2.0

@@ -25,11 +25,11 @@ def test_equal_depths_go_where_the_kv_is_then_round_robin():
     assert choose("restorable", 10, flat, [0, 0, 0], 0).reason == "round-robin"
 
 
-def test_load_costs_tokens_and_can_outweigh_a_shallow_hit():
+def test_queued_tokens_count_against_the_hit_they_delay():
     depths = [Depths(320, 320), Depths(0, 0)]
-    assert choose("restorable", 1000, depths, [4, 0], 0, load_tokens=100).index == 1
-    assert choose("restorable", 1000, depths, [4, 0], 0, load_tokens=100).reason == "load"
-    assert choose("restorable", 1000, depths, [2, 0], 0, load_tokens=100).index == 0
+    assert choose("restorable", 1000, depths, [400, 0], 0).index == 1
+    assert choose("restorable", 1000, depths, [400, 0], 0).reason == "load"
+    assert choose("restorable", 1000, depths, [200, 0], 0).index == 0  # 880 tokens to its first token, not 1000
 
 
 def test_round_robin_ignores_the_caches():

@@ -46,7 +46,7 @@ class RoutingBench:
     num_state_slots: int = 8
     checkpoint_budget: int = 4
     num_kv_blocks: int = 2048
-    load_tokens: float = 512.0
+    load_tokens: float | None = None  # the router's --load-tokens (None: its default)
 
 
 def events_config(name: str) -> str:
@@ -62,12 +62,14 @@ def _replica_args(bench: RoutingBench, name: str) -> tuple[str, ...]:
 
 
 @contextmanager
-def router_process(urls: list[str], policy: str, load_tokens: float):
+def router_process(urls: list[str], policy: str, load_tokens: float | None):
     """``hybridcache router`` over ``urls`` on a free loopback port: yields its base URL once
     ``/health`` answers; SIGTERM by pid at the end."""
     port = free_port()
     command = [sys.executable, "-m", "hybridcache.cli", "router", "--port", str(port), "--policy", policy,
-               "--health-interval", "0.2", "--load-tokens", str(load_tokens), *(a for url in urls for a in ("--replica", url))]
+               "--health-interval", "0.2", *(a for url in urls for a in ("--replica", url))]
+    if load_tokens is not None:
+        command += ["--load-tokens", str(load_tokens)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:

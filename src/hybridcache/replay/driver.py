@@ -286,7 +286,7 @@ def _route(fleet: list[_Replica], routing: str, request: Request, number: int, c
                 chain, local_step=d.restorable, local_kv_tokens=d.kv_tokens, shared_located=shared))
             for replica, d in zip(fleet, depths)
         ]
-    return choose(routing, request.prompt_length, depths, [0] * len(fleet), number).index
+    return choose(routing, request.prompt_length, depths, [0] * len(fleet), number).index  # served one at a time: nothing queued
 
 
 class _TierRun:

@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from hybridcache.errors import EventStreamError
+from hybridcache.errors import EventStreamError, InvalidArgumentError
 from hybridcache.router.discovery import read_load, read_streams
 from hybridcache.router.feed import ReplicaFeed
-from hybridcache.router.policy import DEFAULT_LOAD_TOKENS, Decision, choose
+from hybridcache.router.policy import Decision, choose
 from hybridcache.router.replica_index import Depths, ReplicaIndex
 from hybridcache.router.request_key import RequestKey
 
@@ -36,6 +36,7 @@ class Replica:
     healthy: bool = False
     others: float = 0.0  # requests others sent, as of the last /metrics read
     in_flight: int = 0  # requests this router is relaying to it now
+    prefill_tokens: int = 0  # what this router's requests not yet answering still compute
 
     @property
     def load(self) -> float:
@@ -43,6 +44,23 @@ class Replica:
         replica's gauges lag by up to a health interval, and would count a conversation's
         finished turn against the replica holding its state), everyone else's as last read."""
         return self.others + self.in_flight
+
+    def queued_tokens(self, per_request: float) -> float:
+        """The tokens this replica computes before it can start a new request's prefill: the
+        predicted tokens to compute of this router's requests whose answer has not started
+        (past their first byte they decode, and continuous batching runs a new prefill beside
+        them), plus ``per_request`` for each request others sent (their tokens are unknown)."""
+        return self.prefill_tokens + self.others * per_request
+
+
+@dataclass(eq=False)
+class Relay:
+    """One request this router relays: to which replica, and the tokens it was predicted to
+    compute there until its answer starts."""
+
+    replica: Replica
+    tokens: int
+    answering: bool = False
 
 
 class ReplicaStatus(NamedTuple):
@@ -62,7 +80,11 @@ def _status(replica: Replica) -> ReplicaStatus:
 
 class Fleet:
     def __init__(self, urls: list[str], policy: str, *, health_interval_s: float = 1.0,
-                 load_tokens: float = DEFAULT_LOAD_TOKENS, timeout_s: float = 2.0) -> None:
+                 load_tokens: float | None = None, timeout_s: float = 2.0) -> None:
+        """``load_tokens``: the tokens one request sent by others counts for (None: the mean
+        tokens to compute of the requests this router routed so far)."""
+        if load_tokens is not None and not (isinstance(load_tokens, (int, float)) and 0 <= load_tokens < float("inf")):
+            raise InvalidArgumentError(f"load_tokens must be a finite number >= 0 or None, got {load_tokens!r}")
         self.replicas = [Replica(url.rstrip("/")) for url in urls]
         self.policy = policy
         self._interval = health_interval_s
@@ -71,6 +93,8 @@ class Fleet:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._number = 0
+        self._predicted_compute = 0  # tokens to compute predicted for the requests routed with a key
+        self._keyed_routes = 0
         self.adapters: frozenset[str] = frozenset()  # every adapter name a replica announced
         self._thread = threading.Thread(target=self._run, name="hybridcache-router-fleet", daemon=True)
 
@@ -100,22 +124,43 @@ class Fleet:
             number, self._number = self._number, self._number + 1
             policy = self.policy if key is not None else "round-robin"
             depths = [r.index.depths(key) if key is not None and r.index is not None else Depths(0, 0) for r in candidates]
-            decision = choose(policy, prompt_tokens, depths, [r.load for r in candidates], number, self._load_tokens)
+            per_request = self._per_request_tokens()
+            decision = choose(policy, prompt_tokens, depths, [r.queued_tokens(per_request) for r in candidates], number)
+            if key is not None:
+                self._predicted_compute += prompt_tokens - decision.predicted_tokens
+                self._keyed_routes += 1
             return candidates[decision.index], decision
+
+    def _per_request_tokens(self) -> float:
+        """What a request sent by others is taken to compute: ``load_tokens``, else the mean
+        predicted for this router's own requests so far."""
+        if self._load_tokens is not None:
+            return self._load_tokens
+        return self._predicted_compute / self._keyed_routes if self._keyed_routes else 0.0
 
     def status(self) -> list[ReplicaStatus]:
         """Every replica's status, read together."""
         with self._lock:
             return [_status(r) for r in self.replicas]
 
-    def started(self, replica: Replica) -> None:
-        """A request is being relayed to ``replica`` (until ``ended``)."""
+    def started(self, replica: Replica, tokens: int) -> Relay:
+        """A request predicted to compute ``tokens`` is being relayed to ``replica`` (until ``ended``)."""
         with self._lock:
             replica.in_flight += 1
+            replica.prefill_tokens += tokens
+        return Relay(replica, tokens)
 
-    def ended(self, replica: Replica) -> None:
+    def answering(self, relay: Relay) -> None:
+        """The relayed request's answer started: its prefill is done."""
         with self._lock:
-            replica.in_flight -= 1
+            if not relay.answering:
+                relay.answering = True
+                relay.replica.prefill_tokens -= relay.tokens
+
+    def ended(self, relay: Relay) -> None:
+        self.answering(relay)
+        with self._lock:
+            relay.replica.in_flight -= 1
 
     def mark_dead(self, replica: Replica) -> None:
         """A connection to ``replica`` failed: stop routing to it until it answers again."""

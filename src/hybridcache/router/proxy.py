@@ -20,7 +20,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
-from hybridcache.router.fleet import Fleet, Replica
+from hybridcache.router.fleet import Fleet, Relay, Replica
 from hybridcache.router.metrics import RouterMetrics
 from hybridcache.router.request_key import RequestKey
 
@@ -160,7 +160,7 @@ class _Handler(BaseHTTPRequestHandler):
                 break
             replica, decision = routed
             router.metrics.decided(replica.url, decision.reason)
-            router.fleet.started(replica)
+            relay = router.fleet.started(replica, prompt_tokens - decision.predicted_tokens)
             try:
                 response, connection = self._open(replica, raw)
                 if response is None:
@@ -170,11 +170,11 @@ class _Handler(BaseHTTPRequestHandler):
                     tried += (replica,)
                     continue
                 try:
-                    self._relay(response, decision.predicted_tokens if key is not None else None)
+                    self._relay(response, relay, decision.predicted_tokens if key is not None else None)
                 finally:
                     connection.close()
             finally:
-                router.fleet.ended(replica)
+                router.fleet.ended(relay)
             return
         router.metrics.count("no_replica")
         self._reply(503, b'{"error": "no replica could take the request"}')
@@ -190,7 +190,7 @@ class _Handler(BaseHTTPRequestHandler):
             connection.close()
             return None, None
 
-    def _relay(self, response: http.client.HTTPResponse, predicted: int | None) -> None:
+    def _relay(self, response: http.client.HTTPResponse, relay: Relay, predicted: int | None) -> None:
         length = response.getheader("Content-Length")
         self.send_response(response.status)
         for name, value in response.getheaders():
@@ -210,6 +210,7 @@ class _Handler(BaseHTTPRequestHandler):
             chunk = response.read1(_CHUNK)
             if not chunk:
                 break
+            self.router.fleet.answering(relay)
             self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
             self.wfile.flush()
             tail = (tail + chunk)[-_CHUNK:]
