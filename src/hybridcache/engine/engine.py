@@ -133,7 +133,8 @@ class Engine:
         itemsize = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
         layers = self.model.layout.state_layers
         state_bytes = sum(spec.numel * itemsize[spec.dtype] for layer in layers for spec in layer.state) or None
-        return EngineEvents(config.kv_events, self.prefix_cache, block_size=config.block_size, state_bytes=state_bytes)
+        return EngineEvents(config.kv_events, self.prefix_cache, block_size=config.block_size, state_bytes=state_bytes,
+                            tiers=self.tiers)
 
     def close(self) -> None:
         """Close the event streams (the engine serves on without them)."""

@@ -16,16 +16,18 @@ out as writable for that purpose, from objects whose tokens were compared with t
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
 
 from hybridcache.engine.model_api import ModelLayout
-from hybridcache.errors import HybridCacheError, InvalidArgumentError, InvalidConfigError, InvalidTypeError
+from hybridcache.errors import HybridCacheError, InvalidArgumentError, InvalidConfigError, InvalidTypeError, LifecycleError
 from hybridcache.protocol import Adoption, CacheProtocol
 from hybridcache.sequence import Sequence
 from hybridcache.tiers.fingerprint import DEFAULT_CHUNK_SIZE, NamespaceFingerprint
 from hybridcache.tiers.keys import KeyChain
+from hybridcache.tiers.restore_values import PublishReport
 from hybridcache.tiers.tiered import EVICTED, SLOWER_THAN_RECOMPUTE, Restore, TieredStore
 from hybridcache.tiers.verify import MissReason as TierMiss
 from hybridcache.types import as_int
@@ -96,6 +98,16 @@ class EngineTiers:
         self._chunk_layout = {name: ((per_chunk, *a.shape[1:]), a.dtype) for name, a in storage.read_blocks([]).items()}
         self._slot_layout = {name: (a.shape, a.dtype) for name, a in storage.read_slot(0).items()}
         self.counters: Counter[str] = Counter()
+        self._on_publish: Callable[[Sequence, int, KeyChain, PublishReport], None] | None = None
+
+    def listen_publishes(self, on_publish: Callable[[Sequence, int, KeyChain, PublishReport], None]) -> None:
+        """Install the one callback told ``(seq, step, chain, report)`` after each publish (the
+        engine's event streams announce what the host and disk tiers confirmed)."""
+        if not callable(on_publish):
+            raise InvalidTypeError("on_publish must be callable")
+        if self._on_publish is not None:
+            raise LifecycleError("these tiers already report their publishes to another listener")
+        self._on_publish = on_publish
 
     # --- write path ------------------------------------------------------------------------------
 
@@ -124,6 +136,8 @@ class EngineTiers:
         report = self.store.publish(chain, step, chunk_arrays, lambda: self.storage.read_slot(runtime_slot))
         self.counters["published_steps"] += 1
         self.counters["published_bytes"] += sum(report.bytes_written.values())
+        if self._on_publish is not None:
+            self._on_publish(seq, step, chain, report)
 
     # --- read path -------------------------------------------------------------------------------
 

@@ -45,11 +45,13 @@ from hybridcache.errors import (
     InvalidArgumentError,
     InvalidKeyError,
     InvalidTypeError,
+    LifecycleError,
     StoreError,
     StoreTimeoutError,
     StoreUnavailableError,
 )
 from hybridcache.tiers.backends.base import ObjectStore, PutOutcome, checked_timeout
+from hybridcache.tiers.backends.disk import DiskStore
 from hybridcache.tiers.backends.host import HostMemoryStore
 from hybridcache.tiers.breaker import Admission, CircuitBreaker
 from hybridcache.tiers.keys import Expectation, KeyChain, ObjectKey, ObjectKind
@@ -133,8 +135,25 @@ class TieredStore:
         self.counters: Counter[str] = Counter()
         self.misses: Counter[str] = Counter()
         self._counting = threading.Lock()  # ``+=`` on a Counter is not atomic across threads
+        self._on_change: Callable[[str, list[str], list[str]], None] | None = None
         if host is not None:
             host.listen_evictions(self._demote)
+        if isinstance(disk, DiskStore):
+            disk.listen_evictions(lambda name: self._changed("disk", [], [name]))
+
+    def listen_changes(self, on_change: Callable[[str, list[str], list[str]], None]) -> None:
+        """Install the one callback told ``(tier, stored names, removed names)`` as the tiers
+        change: a publish's puts, a host eviction, its demotion to disk, a disk eviction, an
+        object removed as rejected (an engine announces its tiers' contents)."""
+        if not callable(on_change):
+            raise InvalidTypeError("on_change must be callable")
+        if self._on_change is not None:
+            raise LifecycleError("this tiered store already reports its changes to another listener")
+        self._on_change = on_change
+
+    def _changed(self, tier: str, stored: list[str], removed: list[str]) -> None:
+        if self._on_change is not None:
+            self._on_change(tier, stored, removed)
 
     # --- every store call ------------------------------------------------------------------------
 
@@ -213,6 +232,7 @@ class TieredStore:
             items = [(name, chunk_bytes(name)) for name in missing]
             outcomes = self._call(tier, "put_if_absent", items) if items else []
             new_chunks = sum(outcome is PutOutcome.STORED for outcome in outcomes)
+            self._changed(tier, [name for (name, _), outcome in zip(items, outcomes) if outcome is PutOutcome.STORED], [])
             written = sum(len(value) for (_, value), outcome in zip(items, outcomes) if outcome is PutOutcome.STORED)
             if any(outcome not in _CONFIRMED for outcome in outcomes):
                 self._count(self.counters, f"{tier}_publish_refused")
@@ -223,6 +243,7 @@ class TieredStore:
                 (outcome,) = self._call(tier, "put_if_absent", [(checkpoint_name, value)])
                 published = outcome in _CONFIRMED
                 if outcome is PutOutcome.STORED:
+                    self._changed(tier, [checkpoint_name], [])
                     self._count(self.counters, f"{tier}_checkpoints_stored")
                     written += len(value)
         except _TierSkipped:
@@ -237,7 +258,12 @@ class TieredStore:
         return new_chunks, published, written
 
     def _demote(self, name: str, value: bytes) -> None:
-        """The host tier evicted ``name``: write it back to disk unless it is dead weight."""
+        """The host tier evicted ``name``: write it back to disk unless it is dead weight (the
+        disk copy is reported before the host's loss, so a listener never loses sight of it)."""
+        self._write_back(name, value)
+        self._changed("host", [], [name])
+
+    def _write_back(self, name: str, value: bytes) -> None:
         if "disk" not in self.tiers:
             self._count(self.counters, "host_dropped")
             return
@@ -249,6 +275,9 @@ class TieredStore:
             self._count(self.counters, _DEMOTION_COUNTERS[outcome])
         except StoreError:
             self._count(self.counters, "disk_demotion_failed")
+            return
+        if outcome is PutOutcome.STORED:
+            self._changed("disk", [name], [])
 
     def _is_dead_weight(self, name: str) -> bool:
         """A checkpoint a chunk of whose prefix is gone from every tier, or a chunk that no
@@ -457,6 +486,7 @@ class TieredStore:
         try:
             self._call(tier, "remove", [name])
             self._count(self.counters, f"{tier}_rejected_removed")
+            self._changed(tier, [], [name])
         except StoreError:
             self._count(self.counters, f"{tier}_rejected_remove_failed")
 

@@ -38,6 +38,7 @@ from typing import Callable
 from hybridcache.errors import (
     InvalidArgumentError,
     InvalidTypeError,
+    LifecycleError,
     NotAStoreRootError,
     StoreError,
     StoreLockedError,
@@ -90,6 +91,8 @@ class DiskStore(ObjectStore):
         self._sizes: dict[str, int] = {}  # key -> the file's size in bytes
         self._used = 0
         self._evictions = 0
+        self._on_evict: Callable[[str], None] | None = None
+        self._evicted: list[str] = []  # evicted by the put in progress, reported once the lock is released
         self._lock_fd = self._open_read_only() if read_only else self._open_exclusively()
         try:
             self._recover()
@@ -179,6 +182,7 @@ class DiskStore(ObjectStore):
             self._sizes[key] = size
             self._used += self._index[key]
         self._evict_until_fits(0)
+        self._evicted.clear()  # before anyone listens: nothing was announced of them
 
     def _object_files(self) -> list[Path]:
         return list(self._objects_dir.glob(f"*/*{_SUFFIX}")) if self._objects_dir.is_dir() else []
@@ -207,9 +211,23 @@ class DiskStore(ObjectStore):
         with self._lock:
             return [key in self._index for key in keys]
 
+    def listen_evictions(self, on_evict: Callable[[str], None]) -> None:
+        """Install the one eviction callback: called with each key evicted to make room (after
+        the put that evicted it released the store), so the tier's contents can be announced."""
+        if not callable(on_evict):
+            raise InvalidTypeError("on_evict must be callable")
+        if self._on_evict is not None:
+            raise LifecycleError("this disk store already reports its evictions to another listener")
+        self._on_evict = on_evict
+
     def _put_if_absent(self, items: list[tuple[str, bytes]], timeout: float) -> list[PutOutcome]:
         with self._lock:
-            return [self._put_one(key, value) for key, value in items]
+            outcomes = [self._put_one(key, value) for key, value in items]
+            evicted, self._evicted = self._evicted, []
+        if self._on_evict is not None:
+            for key in evicted:
+                self._on_evict(key)
+        return outcomes
 
     def _put_one(self, key: str, value: bytes) -> PutOutcome:
         if key in self._index:
@@ -315,6 +333,7 @@ class DiskStore(ObjectStore):
             oldest = next(iter(self._index))
             self._remove_one(oldest)
             self._evictions += 1
+            self._evicted.append(oldest)
 
     def _close(self) -> None:
         with self._lock:
