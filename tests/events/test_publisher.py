@@ -116,7 +116,7 @@ def test_a_batch_is_sent_before_publish_returns(publisher):
     # finished it: the batch is on the socket, with its seq, when publish returns.
     for expected in range(1, 4):
         assert publisher.publish(KVEventBatch(0.0, []))
-        assert publisher.published == expected
+        assert publisher.published == publisher.accepted == expected
 
 
 def test_batches_queued_behind_a_busy_socket_keep_their_order_and_a_full_queue_drops():
@@ -130,7 +130,7 @@ def test_batches_queued_behind_a_busy_socket_keep_their_order_and_a_full_queue_d
         replayed = _replayed_timestamps(pub)
     finally:
         pub.close()
-    assert accepted[0] and pub.dropped == accepted.count(False) > 0
+    assert accepted[0] and pub.dropped == accepted.count(False) > 0 and pub.accepted == accepted.count(True) + 1
     # the queued batches went first, in order, then the one sent at once
     assert replayed == [float(ts) for ts, ok in enumerate(accepted) if ok] + [999.0]
 

@@ -93,13 +93,12 @@ class EventPublisher:
         if not isinstance(batch, (KVEventBatch, StateEventBatch)):
             raise EventStreamError(f"expected an event batch, got {type(batch).__name__}")
         payload = encode_batch(batch)
-        if self._send_now(payload):
-            return True
-        try:
-            self._queue.put_nowait(payload)
-        except queue.Full:
-            self.dropped += 1
-            return False
+        if not self._send_now(payload):
+            try:
+                self._queue.put_nowait(payload)
+            except queue.Full:
+                self.dropped += 1
+                return False
         self.accepted += 1
         return True
 
