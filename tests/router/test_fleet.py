@@ -57,3 +57,32 @@ def test_a_health_check_keeps_only_the_others_requests_from_the_gauge(monkeypatc
     assert replica.healthy and replica.others == 2.0 and replica.load == 3.0
     fleet.ended(relay)
     assert replica.load == 2.0
+
+
+class _Feed:
+    """A feed whose batches arrive one per poll, up to ``arriving``."""
+
+    def __init__(self, applied, arriving):
+        self.last_seqs, self._arriving = applied, list(arriving)
+
+    def poll(self, timeout_ms=0):
+        if self._arriving:
+            self.last_seqs = self._arriving.pop(0)
+        return 1
+
+
+def test_settle_applies_the_replicas_events_up_to_its_next_seq(monkeypatch):
+    import hybridcache.router.fleet as fleet_module
+
+    fleet = Fleet(["http://127.0.0.1:9"], "restorable")
+    replica = fleet.replicas[0]
+    monkeypatch.setattr(fleet_module, "read_next_seqs", lambda url, timeout: (5, 3))
+    replica.feed = _Feed((3, 1), [(4, 1), (4, 2)])
+    assert fleet.settle(replica) and replica.feed.last_seqs == (4, 2)
+    replica.feed = _Feed((3, 1), [])  # the events never come: bounded, and says so
+    assert not fleet.settle(replica, timeout_s=0.01)
+    monkeypatch.setattr(fleet_module, "read_next_seqs", lambda url, timeout: (0, None))  # nothing published yet
+    replica.feed = _Feed((None, None), [])
+    assert fleet.settle(replica)
+    monkeypatch.setattr(fleet_module, "read_next_seqs", lambda url, timeout: None)  # a replica that does not say
+    assert not fleet.settle(replica)

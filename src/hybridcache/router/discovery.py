@@ -2,8 +2,9 @@
 
 Owns nothing. ``GET /kv_events`` describes the streams (``{"block_size", "kv": {"endpoint",
 "replay_endpoint", "topic"}, "state": {...} | null, "adapters": [...]}``, as
-``Engine.events.describe`` gives it and ``hybridcache serve`` adds the adapter names); an endpoint bound on every interface (``*``, ``0.0.0.0``, ``::``) is reached at the
-replica's host. ``GET /metrics`` gives the load: ``vllm:num_requests_running`` plus
+``Engine.events.describe`` gives it and ``hybridcache serve`` adds the adapter names and
+``next_seq``, each stream's seq once what it queued is sent); an endpoint bound on every
+interface (``*``, ``0.0.0.0``, ``::``) is reached at the replica's host. ``GET /metrics`` gives the load: ``vllm:num_requests_running`` plus
 ``vllm:num_requests_waiting``. Every call is bounded by ``timeout_s`` and raises
 ``EventStreamError`` (description) or returns None (load) when the replica does not answer.
 """
@@ -43,6 +44,20 @@ def read_streams(url: str, timeout_s: float) -> ReplicaStreams:
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise EventStreamError(f"{url}/kv_events gave no stream description: {error}") from None
     return ReplicaStreams(block_size, kv, state, adapters)
+
+
+def read_next_seqs(url: str, timeout_s: float) -> tuple[int | None, int | None] | None:
+    """The KV and checkpoint streams' ``next_seq`` (None for a stream the replica lacks), or
+    None when the replica does not say."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/kv_events", timeout=timeout_s) as response:
+            seqs = json.loads(response.read())["next_seq"]
+        kv, state = seqs.get("kv"), seqs.get("state")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if not all(seq is None or (isinstance(seq, int) and not isinstance(seq, bool)) for seq in (kv, state)):
+        return None
+    return kv, state
 
 
 def _stream(described: dict, host: str) -> StreamInfo:

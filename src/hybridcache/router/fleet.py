@@ -19,13 +19,15 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from hybridcache.errors import EventStreamError, InvalidArgumentError
-from hybridcache.router.discovery import read_load, read_streams
+from hybridcache.router.discovery import read_load, read_next_seqs, read_streams
 from hybridcache.router.feed import ReplicaFeed
 from hybridcache.router.policy import Decision, choose
 from hybridcache.router.replica_index import Depths, ReplicaIndex
 from hybridcache.router.request_key import RequestKey
 
 _POLL_MS = 10
+_SETTLE_S = 0.2  # the most an answer's end waits for its replica's events
+_SETTLE_POLL_S = 0.001
 
 
 @dataclass(eq=False)
@@ -76,6 +78,11 @@ def _status(replica: Replica) -> ReplicaStatus:
     if feed is None:
         return ReplicaStatus(replica.url, replica.healthy, replica.load, 0, (None, None))
     return ReplicaStatus(replica.url, replica.healthy, replica.load, feed.undecodable, feed.last_seqs)
+
+
+def _applied(applied: tuple[int | None, int | None], expected: tuple[int | None, int | None]) -> bool:
+    """Whether each stream's applied seq reached ``next_seq - 1`` (a stream with nothing sent is)."""
+    return all(not wanted or (seen is not None and seen >= wanted - 1) for seen, wanted in zip(applied, expected))
 
 
 class Fleet:
@@ -161,6 +168,26 @@ class Fleet:
         self.answering(relay)
         with self._lock:
             relay.replica.in_flight -= 1
+
+    def settle(self, replica: Replica, timeout_s: float = _SETTLE_S) -> bool:
+        """Apply every batch ``replica`` published so far (its ``next_seq``), waiting at most
+        ``timeout_s``; True once applied. Called as a relayed answer ends, before its last
+        bytes reach the client: the client's next turn is then routed with the events of the
+        step that finished this one (they travel on another socket, and could arrive after the
+        turn did). False when the replica does not say or they do not arrive in time."""
+        expected = read_next_seqs(replica.url, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while expected is not None:
+            with self._lock:
+                if replica.feed is None:
+                    return False
+                replica.feed.poll(0)
+                if _applied(replica.feed.last_seqs, expected):
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(_SETTLE_POLL_S)
+        return False
 
     def mark_dead(self, replica: Replica) -> None:
         """A connection to ``replica`` failed: stop routing to it until it answers again."""

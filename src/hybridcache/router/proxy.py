@@ -8,6 +8,9 @@ routed by load and round robin), scored on every healthy replica, and forwarded 
 one; the answer (a JSON body, or an event stream relayed chunk by chunk as it arrives) goes
 back unchanged. A connection that fails before the first byte of the answer marks the replica
 dead and is retried once on the next choice; after the first byte a failure ends the answer.
+Before the end of an answer to a request routed by its cache reaches the client (the body, or
+the stream's ``[DONE]``), the router applies the replica's events up to its ``next_seq``
+(bounded, ``Fleet.settle``), so a turn that follows at once is routed with them.
 ``GET /metrics`` gives the router's own counters, ``GET /health`` its liveness, and other
 ``GET``s (``/v1/models``) go to any healthy replica.
 """
@@ -28,6 +31,7 @@ ROUTED_PATHS = ("/v1/completions", "/v1/chat/completions")
 _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}
 _MAX_BODY = 64 * 1024 * 1024
 _CHUNK = 64 * 1024
+_STREAM_END = b"data: [DONE]"
 
 
 class RouterServer:
@@ -198,6 +202,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self.send_header(name, value)
         if length is not None:
             data = response.read()
+            self._settle(relay, predicted)
             self._check_prediction(data, predicted)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
@@ -211,11 +216,19 @@ class _Handler(BaseHTTPRequestHandler):
             if not chunk:
                 break
             self.router.fleet.answering(relay)
+            if _STREAM_END in chunk:
+                self._settle(relay, predicted)
             self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
             self.wfile.flush()
             tail = (tail + chunk)[-_CHUNK:]
         self._check_prediction(_last_usage_event(tail), predicted)
         self.wfile.write(b"0\r\n\r\n")
+
+    def _settle(self, relay: Relay, predicted: int | None) -> None:
+        """Before the client sees the answer end: a request routed by its cache waits (bounded)
+        for its replica's events, so the conversation's next turn finds this turn's checkpoint."""
+        if predicted is not None:
+            self.router.fleet.settle(relay.replica)
 
     def _check_prediction(self, data: bytes | None, predicted: int | None) -> None:
         if predicted is None or not data:
