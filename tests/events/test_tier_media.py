@@ -18,12 +18,12 @@ from hybridcache.events.schema import (
     decode_kv_batch,
     decode_state_batch,
 )
-from hybridcache.events.subscriber import RESET, StreamSubscriber
 from hybridcache.events.tier_announcer import TierAnnouncer, TierPublish
 from hybridcache.sequence import Sequence
 from hybridcache.tiers.backends.disk import DiskStore
 from hybridcache.tiers.backends.host import HostMemoryStore
 from hybridcache.tiers.keys import KeyChain
+from tests.engine.test_kv_events import _events  # every event a publisher's replay buffer holds
 from hybridcache.tiers.tiered import TieredStore
 
 LOOPBACK = "tcp://127.0.0.1:*"
@@ -42,17 +42,6 @@ def _engine(tmp_path, host_objects: int, disk_objects: int) -> Engine:
     tiers = TieredStore(host=HostMemoryStore(host_objects, charge=_one_per_object),
                         disk=DiskStore(tmp_path, disk_objects, charge=_one_per_object))
     return Engine(config, tiers=tiers)
-
-
-def _events(publisher, decode) -> list:
-    assert publisher.flush()
-    subscriber = StreamSubscriber(publisher.endpoint, publisher.replay_endpoint)
-    try:
-        delivered = subscriber.catch_up()
-    finally:
-        subscriber.close()
-    assert RESET not in delivered
-    return [event for item in delivered for event in decode(item.payload).events]
 
 
 def _held(kv_events, state_events, medium: str) -> tuple[set[int], set[int]]:
