@@ -12,12 +12,20 @@ tokens, so every one is an aligned checkpoint hit at ``context`` (matched, resto
 suffix block allocated and attached, runtime state taken). Between rounds the requests end
 (restore pins released, blocks freed; the trie keeps its cache).
 
+Also timed, each round: the requests' arrival (``add_sequence`` of the batch, where lmdeploy
+copies each prompt into its sequence and the adapter builds its shadow: ``ingest``), arrival
+and step together (``total``), and the step less the time spent inside the trie's own calls
+(``floor``: the scheduler's own work, what the step would cost with a trie that cost nothing;
+both tries are counted the same way). ``bound_p50`` / ``bound_p99`` on lmdeploy's record: its
+step over its floor, the most any trie could gain on lmdeploy's Scheduler.
+
 Needs lmdeploy 0.16.0 importable (``make lmdeploy-env``; run with ``.venv-lmdeploy/bin/python``).
 """
 
 from __future__ import annotations
 
 import importlib
+import time
 
 import numpy as np
 
@@ -80,15 +88,51 @@ def _cache_prompts(scheduler, prompts: list[np.ndarray], torch) -> None:
         session.remove_sequence(seq)
 
 
-def _one_round(scheduler, requests: list[np.ndarray], context: int, torch) -> float:
+class _TrieClock:
+    """Wall time spent inside a scheduler's trie: its calls and its ``state_checkpoints``' calls,
+    each counted once however they nest (instance attributes wrap the bound methods)."""
+
+    _TRIE_CALLS = ("match", "allocate", "evict", "cache_routed_experts", "cache_routed_experts_for_seq")
+
+    def __init__(self, trie) -> None:
+        self.elapsed_ns = 0
+        self._depth = 0
+        for name in self._TRIE_CALLS:
+            setattr(trie, name, self._counted(getattr(trie, name)))
+        checkpoints = trie.state_checkpoints
+        for name in [n for n in dir(checkpoints) if not n.startswith("_") and callable(getattr(checkpoints, n))]:
+            setattr(checkpoints, name, self._counted(getattr(checkpoints, name)))
+
+    def _counted(self, call):
+        def counted(*args, **kwargs):
+            self._depth += 1
+            started = time.perf_counter_ns()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                self._depth -= 1
+                if not self._depth:
+                    self.elapsed_ns += time.perf_counter_ns() - started
+
+        return counted
+
+    def take_ms(self) -> float:
+        elapsed, self.elapsed_ns = self.elapsed_ns, 0
+        return elapsed / 1e6
+
+
+def _one_round(scheduler, clock: _TrieClock, requests: list, context: int) -> tuple[float, float, float]:
+    """(arrival ms, step ms, step ms inside the trie) of one round of ``requests`` (tensors)."""
     session = scheduler.add_session(len(scheduler.sessions) + 1)
-    seqs = [session.add_sequence(torch.from_numpy(tokens.astype(np.int64))) for tokens in requests]
-    output, elapsed_ms = _timed(lambda: scheduler.schedule(is_prefill=True))
+    seqs, arrival_ms = _timed(lambda: [session.add_sequence(tokens) for tokens in requests])
+    clock.take_ms()
+    output, step_ms = _timed(lambda: scheduler.schedule(is_prefill=True))
+    trie_ms = clock.take_ms()
     if len(output.running) != len(seqs) or any(seq.num_history_ids != context for seq in seqs):
         raise RuntimeError("a request was not admitted with its aligned hit")
     scheduler.block_trie.state_checkpoints.unpin_restores(output.running)
     scheduler.end_session(session.session_id)
-    return elapsed_ms
+    return arrival_ms, step_ms, trie_ms
 
 
 def bench_lmdeploy_schedule(case: Case, progress=lambda: None) -> list[dict]:
@@ -99,18 +143,28 @@ def bench_lmdeploy_schedule(case: Case, progress=lambda: None) -> list[dict]:
     for scheduler in schedulers.values():
         _cache_prompts(scheduler, prompts, torch)
         progress()
-    samples: dict[str, list[float]] = {name: [] for name in IMPLEMENTATIONS}
+    clocks = {name: _TrieClock(scheduler.block_trie) for name, scheduler in schedulers.items()}
+    samples: dict[str, list[tuple[float, float, float]]] = {name: [] for name in IMPLEMENTATIONS}
     for round_index in range(case.rounds):
-        requests = _with_suffix(prompts, round_index + 1)
+        requests = [torch.from_numpy(tokens.astype(np.int64)) for tokens in _with_suffix(prompts, round_index + 1)]
         for name, scheduler in schedulers.items():
-            elapsed = _one_round(scheduler, requests, case.context, torch)
+            timings = _one_round(scheduler, clocks[name], requests, case.context)
             if round_index >= case.warmups:
-                samples[name].append(elapsed)
+                samples[name].append(timings)
         progress()
-    records = []
-    for name in IMPLEMENTATIONS:
-        record = dict(scenario="lmdeploy-schedule", impl=name, batch=case.batch, context=case.context, block_size=case.block_size)
-        record.update(_percentiles(samples[name]), samples_ms=samples[name])
-        record["per_request_us"] = record["p50_ms"] * 1000 / case.batch
-        records.append(record)
+    records = [_record(name, case, samples[name]) for name in IMPLEMENTATIONS]
+    reference = records[0]
+    reference["bound_p50"] = reference["p50_ms"] / reference["floor_p50_ms"]
+    reference["bound_p99"] = reference["p99_ms"] / reference["floor_p99_ms"]
     return records
+
+
+def _record(name: str, case: Case, timings: list[tuple[float, float, float]]) -> dict:
+    arrival, step, inside = (np.array(column) for column in zip(*timings))
+    record = dict(scenario="lmdeploy-schedule", impl=name, batch=case.batch, context=case.context, block_size=case.block_size)
+    record.update(_percentiles(step.tolist()), samples_ms=step.tolist())
+    record["per_request_us"] = record["p50_ms"] * 1000 / case.batch
+    for label, values in (("ingest", arrival), ("total", arrival + step), ("floor", step - inside), ("trie", inside)):
+        record[f"{label}_p50_ms"], record[f"{label}_p99_ms"] = _percentiles(values.tolist()).values()
+    record["arrival_samples_ms"], record["trie_samples_ms"] = arrival.tolist(), inside.tolist()
+    return record

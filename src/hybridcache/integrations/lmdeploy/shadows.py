@@ -1,7 +1,8 @@
 """Shadow sequences: one hybridcache ``Sequence`` per lmdeploy ``SchedulerSequence``.
 
 Owns: the shadows (kept on the lmdeploy sequence, so they live and die with it), the open
-match transaction of each, and the registry of live lmdeploy sequences the trie has seen.
+match transaction of each, what each last verified of its lmdeploy sequence's tokens, and the
+registry of live lmdeploy sequences the trie has seen.
 
 A shadow mirrors what the cache reads of its lmdeploy sequence: the tokens lmdeploy may
 cache (``history_cache[:num_valid_ids]``), the computed step (``num_history_ids``), the
@@ -10,6 +11,12 @@ the block table (``logical_blocks``). The shadow's table entries are the lmdeplo
 sequence's own allocator references (the trie runs with one reference per block per holder),
 so when lmdeploy frees a sequence's blocks itself (rollback of a refused admission, finish,
 eviction) the shadow forgets its table without dropping references, and starts over.
+
+A shadow is built (or extended) when its sequence starts waiting for admission (``prepare``,
+called from ``arrivals``), as lmdeploy copies the prompt into the sequence itself, so the
+scheduler step reads no prompt it has not seen. ``prepare`` touches no trie state; the first
+sync after it trusts the tokens it verified while lmdeploy's token buffer is the same object
+of the same length (``TokenStamp``), and every later sync compares the uncomputed tail.
 """
 
 from __future__ import annotations
@@ -25,16 +32,42 @@ from hybridcache.types import NO_NODE, MultimodalSpan
 _ATTRIBUTE = "_hybridcache_shadow"
 
 
+class TokenStamp:
+    """What identifies lmdeploy's token buffer as ``prepare`` verified it: the history object,
+    the array behind it (lmdeploy reallocates it to grow) and the counts. Held by reference,
+    so no freed object's id can be mistaken for it."""
+
+    __slots__ = ("history", "buffer", "length", "num_valid", "num_history")
+
+    def __init__(self, lmd_seq: object) -> None:
+        self.history = lmd_seq.history_cache
+        self.buffer = self.history.get_real().base
+        self.length = len(self.history)
+        self.num_valid = int(lmd_seq.num_valid_ids)
+        self.num_history = int(lmd_seq.num_history_ids)
+
+    def holds_for(self, lmd_seq: object, num_valid: int) -> bool:
+        history = lmd_seq.history_cache
+        return (
+            history is self.history
+            and history.get_real().base is self.buffer
+            and len(history) == self.length
+            and num_valid == self.num_valid
+            and int(lmd_seq.num_history_ids) == self.num_history
+        )
+
+
 class Shadow:
     """The hybridcache side of one lmdeploy sequence."""
 
-    __slots__ = ("seq", "txn", "num_spans", "adapter_name")
+    __slots__ = ("seq", "txn", "num_spans", "adapter_name", "verified")
 
     def __init__(self, seq: Sequence, num_spans: int, adapter_name: str | None) -> None:
         self.seq = seq
         self.txn: MatchTxn | None = None
         self.num_spans = num_spans
         self.adapter_name = adapter_name
+        self.verified: TokenStamp | None = None  # set by ``prepare``, spent by the next sync
 
 
 def _spans(lmd_seq: object) -> tuple[MultimodalSpan, ...]:
@@ -64,6 +97,19 @@ class ShadowBook:
         shadow = getattr(lmd_seq, _ATTRIBUTE, None)
         return shadow if isinstance(shadow, Shadow) and shadow.seq.prefix_state.trie.owner in (-1, self.trie.trie_id) else None
 
+    def prepare(self, lmd_seq: object) -> None:
+        """Build or extend the shadow's tokens as the lmdeploy sequence starts waiting; no trie
+        state changes (a shadow whose tokens lmdeploy rewrote is left to the next sync)."""
+        shadow = self.existing(lmd_seq)
+        num_valid = int(lmd_seq.num_valid_ids)
+        if shadow is None:
+            shadow = self._new_shadow(lmd_seq, num_valid)
+        elif self._same_identity(shadow, lmd_seq, num_valid):
+            self._append_tokens(shadow.seq, lmd_seq, num_valid)
+        else:
+            return
+        shadow.verified = TokenStamp(lmd_seq)
+
     def synced(self, lmd_seq: object, *, with_table: bool = True) -> Shadow:
         """The shadow, brought up to the lmdeploy sequence's tokens, step and table."""
         shadow = self.existing(lmd_seq)
@@ -73,9 +119,9 @@ class ShadowBook:
             shadow = None
         if shadow is None:
             shadow = self._new_shadow(lmd_seq, num_valid)
+        shadow.verified = None
         seq = shadow.seq
-        if seq.num_tokens < num_valid:
-            seq.append_tokens(np.asarray(lmd_seq.history_cache[seq.num_tokens : num_valid]))
+        self._append_tokens(seq, lmd_seq, num_valid)
         if self._lmdeploy_released(shadow, lmd_seq):
             self.forget(shadow)
         if with_table:
@@ -100,14 +146,22 @@ class ShadowBook:
         return shadow
 
     @staticmethod
+    def _append_tokens(seq: Sequence, lmd_seq: object, num_valid: int) -> None:
+        if seq.num_tokens < num_valid:
+            seq.append_tokens(np.asarray(lmd_seq.history_cache[seq.num_tokens : num_valid]))
+
+    @staticmethod
     def _same_identity(shadow: Shadow, lmd_seq: object, num_valid: int) -> bool:
         """Tokens known to both agree, and the adapter and spans are unchanged. Only the
-        shadow's uncomputed tail is compared: lmdeploy never rewrites computed history."""
+        shadow's uncomputed tail is compared (lmdeploy never rewrites computed history), and
+        not even that while lmdeploy's buffer is as ``prepare`` verified it."""
         seq = shadow.seq
         if seq.num_tokens > num_valid or shadow.adapter_name != lmd_seq.adapter_name:
             return False
         if len(lmd_seq.prefix_cache.multimodal_spans) != shadow.num_spans:
             return False
+        if shadow.verified is not None and shadow.verified.holds_for(lmd_seq, num_valid):
+            return True
         start = min(seq.num_computed, int(lmd_seq.num_history_ids))
         if start >= seq.num_tokens:
             return True

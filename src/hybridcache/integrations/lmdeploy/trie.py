@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hybridcache.errors import InvalidTypeError
+from hybridcache.errors import HybridCacheError, InvalidTypeError
 from hybridcache.integrations.lmdeploy.checkpoints import StateCheckpoints
 from hybridcache.integrations.lmdeploy.pools import AllocatorBlocks, StateManagerSlots
 from hybridcache.integrations.lmdeploy.shadows import Shadow, ShadowBook
@@ -90,6 +90,18 @@ class LmdeployBlockTrie:
         self._views = ViewBook(self.trie, lambda: (self._shadows.expert_shape, self._shadows.expert_dtype))
         self.state_checkpoints = StateCheckpoints(self.trie, self._shadows, self._views)
         self.leaves = Leaves(self.trie, self._views)
+
+    # --- arrival -------------------------------------------------------------------------------
+
+    def sequence_waiting(self, seq: object) -> None:
+        """``seq`` starts waiting for admission (``arrivals``): build or extend its shadow now,
+        outside the scheduler step, as lmdeploy materializes the prompt itself at arrival.
+        Changes no trie state; tokens the cache refuses are left for the match to refuse."""
+        if self.enabled:
+            try:
+                self._shadows.prepare(seq)
+            except HybridCacheError:
+                pass
 
     # --- match ---------------------------------------------------------------------------------
 
