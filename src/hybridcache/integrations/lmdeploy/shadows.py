@@ -30,6 +30,7 @@ from hybridcache.sequence import Sequence
 from hybridcache.types import NO_NODE, MultimodalSpan
 
 _ATTRIBUTE = "_hybridcache_shadow"
+_LIST_COMPARE_TOKENS = 64  # below this, comparing Python lists beats NumPy's call overhead
 
 
 class TokenStamp:
@@ -162,10 +163,13 @@ class ShadowBook:
             return False
         if shadow.verified is not None and shadow.verified.holds_for(lmd_seq, num_valid):
             return True
-        start = min(seq.num_computed, int(lmd_seq.num_history_ids))
-        if start >= seq.num_tokens:
+        start, end = min(seq.num_computed, int(lmd_seq.num_history_ids)), seq.num_tokens
+        if start >= end:
             return True
-        return bool(np.array_equal(seq.token_view(start, seq.num_tokens), np.asarray(lmd_seq.history_cache[start : seq.num_tokens])))
+        ours, theirs = seq.token_view(start, end), lmd_seq.history_cache[start:end]
+        if end - start <= _LIST_COMPARE_TOKENS:  # a decode step's or a suffix's few tokens
+            return ours.tolist() == theirs.tolist()
+        return bool(np.array_equal(ours, theirs))
 
     def _lmdeploy_released(self, shadow: Shadow, lmd_seq: object) -> bool:
         """lmdeploy freed the sequence's blocks or reset its cursor since the shadow last saw it."""

@@ -205,7 +205,7 @@ class LmdeployBlockTrie:
             for index in (np.flatnonzero(current != table[first:have]) + first).tolist():
                 blocks[index] = int(table[index])
         if table.size > have:
-            blocks.append(table[have:].astype(np.int64))
+            blocks.append(table[have:])  # lmdeploy's int64 table converts as it copies
 
     # --- eviction and routed experts -----------------------------------------------------------
 
