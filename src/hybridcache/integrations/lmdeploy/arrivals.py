@@ -1,8 +1,9 @@
 """Arrivals: lmdeploy's ``SequenceManager``, announcing to the scheduler's trie each sequence
-that starts waiting for admission.
+that starts waiting for admission, and each sequence lmdeploy removes.
 
 Owns nothing: the subclass keeps lmdeploy's maps unchanged and only, after lmdeploy's own
-bookkeeping, hands the sequence to ``LmdeployBlockTrie.sequence_waiting``. lmdeploy's
+bookkeeping, hands the sequence to ``LmdeployBlockTrie.sequence_waiting`` or
+``sequence_removed`` (lmdeploy removes a sequence only after freeing its blocks and state). lmdeploy's
 ``Scheduler`` builds its manager by the name ``SequenceManager`` in its module, so ``install``
 rebinds that name as it rebinds ``BlockTrie``. A sequence waits when it arrives
 (``add_sequence``), when a stopped one gets a new turn and when a running one is evicted
@@ -26,10 +27,21 @@ class _Announcing:
         if getattr(new_status, "name", None) == "WAITING":
             _announce(seq)
 
+    def remove_sequence(self, seq: object) -> None:
+        super().remove_sequence(seq)
+        trie = _trie_of(seq)
+        if trie is not None:
+            trie.sequence_removed(seq)
+
+
+def _trie_of(seq: object) -> LmdeployBlockTrie | None:
+    trie = getattr(getattr(seq.session, "scheduler", None), "block_trie", None)
+    return trie if isinstance(trie, LmdeployBlockTrie) else None
+
 
 def _announce(seq: object) -> None:
-    trie = getattr(getattr(seq.session, "scheduler", None), "block_trie", None)
-    if isinstance(trie, LmdeployBlockTrie):
+    trie = _trie_of(seq)
+    if trie is not None:
         trie.sequence_waiting(seq)
 
 

@@ -195,6 +195,17 @@ class ShadowBook:
         if seq.prefix_state.trie.owner == self.trie.trie_id:
             self.trie.free_sequence(seq)
 
+    def release(self, lmd_seq: object) -> None:
+        """lmdeploy removed the sequence after freeing its blocks and state: forget the shadow
+        and drop it, unless it still holds a producer pin (lmdeploy releases that later, at its
+        output boundary, through this very shadow)."""
+        shadow = self.existing(lmd_seq)
+        if shadow is None or shadow.seq.prefix_state.checkpoints.producer_pin is not None:
+            return
+        self.forget(shadow)
+        delattr(lmd_seq, _ATTRIBUTE)
+        self._live.pop(id(lmd_seq), None)
+
     def sync_table(self, shadow: Shadow, lmd_seq: object) -> None:
         """Blocks lmdeploy's block manager appended beyond the shadow's table (not yet
         attached: ``allocate`` attaches them)."""

@@ -103,6 +103,11 @@ class LmdeployBlockTrie:
             except HybridCacheError:
                 pass
 
+    def sequence_removed(self, seq: object) -> None:
+        """lmdeploy removed ``seq`` (its blocks and state already freed): its shadow goes now,
+        so its token buffer serves the next arrival instead of waiting for a garbage collection."""
+        self._shadows.release(seq)
+
     # --- match ---------------------------------------------------------------------------------
 
     def match(self, seq: object) -> None:
