@@ -75,3 +75,34 @@ def test_an_unchanged_prompt_hits_what_it_arrived_with():
     observed = _serve(twins, "b", 1, prompt + [5])
     assert observed["seqs"]["b"]["step"] > 0 and observed["hits"] == observed["seqs"]["b"]["step"]
     assert np.array_equal(_shadow_tokens(twins.subject, "b")[: len(prompt)], prompt)
+
+
+def test_a_removed_sequence_drops_its_shadow_at_once():
+    twins = Twins(ssm=True, num_gpu_blocks=32)
+    _serve(twins, "a", 0, [1] * (2 * BLOCK) + [3])
+    seq = twins.seq("a")
+    after = twins.step(lambda w: w.finish("a"))
+    assert twins.subject.scheduler.block_trie._shadows.existing(seq) is None
+    assert after["checkpoint_states"] == 1  # the published checkpoint stays cached
+
+
+def test_a_sequence_removed_under_a_producer_pin_keeps_its_shadow_until_the_unpin():
+    twins = Twins(ssm=True, num_gpu_blocks=32)
+    twins.step(lambda w: w.add("a", 0, [1] * (2 * BLOCK) + [3]))
+    twins.step(lambda w: w.schedule())
+    removed = {}
+
+    def publish_then_remove(world):  # the forward's save is published, then the request ends
+        seq = world.seqs["a"]
+        checkpoints = world.scheduler.block_trie.state_checkpoints
+        assert checkpoints.reserve_save(seq) >= 0
+        checkpoints.publish_saves([seq], pin_saves=True)
+        checkpoints.unpin_restores([seq])
+        removed[world] = seq
+        world.finish("a")
+
+    twins.step(publish_then_remove)
+    assert twins.subject.scheduler.block_trie._shadows.existing(removed[twins.subject]) is not None
+    after = twins.step(lambda w: w.scheduler.block_trie.state_checkpoints.unpin_saves([removed[w]]))
+    assert after["checkpoint_states"] == 1
+    assert removed[twins.subject].prefix_cache.producer_save_pin.slot == -1
