@@ -11,3 +11,6 @@ def test_both_tries_admit_every_request_with_its_aligned_hit():
     for record in records:
         assert record["scenario"] == "lmdeploy-schedule" and len(record["samples_ms"]) == 2
         assert record["p50_ms"] > 0 and record["per_request_us"] > 0
+        assert record["ingest_p50_ms"] > 0 and record["total_p50_ms"] > record["p50_ms"]
+        assert 0 < record["floor_p50_ms"] < record["p50_ms"] and record["trie_p50_ms"] > 0
+    assert records[0]["bound_p50"] > 1 and records[0]["bound_p99"] > 1  # lmdeploy's step over its floor
