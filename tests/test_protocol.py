@@ -35,11 +35,11 @@ def serve(cache: CacheProtocol, tokens: list[int]) -> Sequence:
     cache.prepare(seq)
     admission = cache.admit(seq, len(tokens))
     assert admission.admitted
-    save = cache.reserve_save(seq, seq.num_tokens)
+    save = cache.reserve_save(seq, seq.num_tokens).record
     cache.forward_queued(seq)
     seq.set_computed(admission.end)
-    cache.forward_done(seq, admission.start)
-    assert save is None or save.is_published
+    landed = cache.forward_done(seq, admission.start)
+    assert landed.save is save and (save is None or save.is_published)
     cache.free(seq, admission.runtime_slot)
     return seq
 
@@ -95,7 +95,7 @@ def test_a_failed_forward_leaves_nothing_matchable():
     seq = Sequence(prompt)
     cache.prepare(seq)
     admission = cache.admit(seq, len(prompt))
-    save = cache.reserve_save(seq, seq.num_tokens)
+    save = cache.reserve_save(seq, seq.num_tokens).record
     cache.forward_queued(seq)
     cache.forward_failed(seq)
     cache.free(seq, admission.runtime_slot)

@@ -20,9 +20,10 @@ def free_counts(cache) -> tuple[int, int]:
 def test_an_adopted_prefix_is_hit_by_the_next_request():
     cache = protocol()
     written = []
-    gained = cache.adopt(Sequence(PROMPT[: 3 * B]), 3 * B, lambda adoption: written.append(adoption) or True)
+    adopted = cache.adopt(Sequence(PROMPT[: 3 * B]), 3 * B, lambda adoption: written.append(adoption) or True)
     (adoption,) = written
-    assert gained == 3 * B and (adoption.start, adoption.end) == (0, 3 * B)
+    assert adopted.gained == 3 * B and (adoption.start, adoption.end) == (0, 3 * B)
+    assert adopted.published and adopted.checkpoint.step == 3 * B and adopted.checkpoint.slot == adoption.slot
     assert set(adoption.block_table) == adoption.writable and len(adoption.block_table) == 3
     follow = Sequence(PROMPT)
     assert cache.cached_prefix(follow) == (3 * B, 3 * B)
@@ -37,9 +38,9 @@ def test_adoption_beyond_a_local_hit_writes_only_what_the_cache_lacks():
     cache = protocol()
     serve(cache, PROMPT[: 2 * B])  # a checkpoint at 2B and its KV
     written = []
-    gained = cache.adopt(Sequence(PROMPT[: 4 * B]), 4 * B, lambda adoption: written.append(adoption) or True)
+    adopted = cache.adopt(Sequence(PROMPT[: 4 * B]), 4 * B, lambda adoption: written.append(adoption) or True)
     (adoption,) = written
-    assert gained == 2 * B and adoption.start == 2 * B
+    assert adopted.gained == 2 * B and adoption.start == 2 * B
     shared = [block for block in adoption.block_table[:2] if block not in adoption.writable]
     assert len(shared) == 2  # the cached blocks of [0, 2B) are borrowed, never written
     assert cache.cached_prefix(Sequence(PROMPT))[0] == 4 * B
@@ -50,7 +51,7 @@ def test_nothing_is_adopted_when_the_cache_already_reaches_the_step():
     cache = protocol()
     serve(cache, PROMPT[: 3 * B])
     calls = []
-    assert cache.adopt(Sequence(PROMPT[: 3 * B]), 3 * B, lambda adoption: calls.append(adoption) or True) == 0
+    assert cache.adopt(Sequence(PROMPT[: 3 * B]), 3 * B, lambda adoption: calls.append(adoption) or True).gained == 0
     assert not calls
     cache.check_invariants()
 
@@ -58,7 +59,9 @@ def test_nothing_is_adopted_when_the_cache_already_reaches_the_step():
 def test_a_failed_write_leaves_nothing_matchable_and_nothing_held():
     cache = protocol()
     before = free_counts(cache)
-    assert cache.adopt(Sequence(PROMPT[: 3 * B]), 3 * B, lambda adoption: False) == 0
+    adopted = cache.adopt(Sequence(PROMPT[: 3 * B]), 3 * B, lambda adoption: False)
+    assert adopted.gained == 0 and not adopted.published
+    assert adopted.released.abandoned == 1  # the save published for the write, released with it
     assert cache.cached_prefix(Sequence(PROMPT)) == (0, 0)
     assert free_counts(cache) == before
     cache.check_invariants()
@@ -123,14 +126,14 @@ def test_check_invariants_catches_a_pinned_save_whose_sequence_is_gone():
 
 def test_attention_only_caches_adopt_nothing():
     cache = protocol(hybrid=False)
-    assert cache.adopt(Sequence(PROMPT[: 2 * B]), 2 * B, lambda adoption: True) == 0
+    assert cache.adopt(Sequence(PROMPT[: 2 * B]), 2 * B, lambda adoption: True).gained == 0
     cache.check_invariants()
 
 
 def test_pools_too_small_refuse_the_adoption_without_change():
     cache = protocol(blocks=2)
     before = free_counts(cache)
-    assert cache.adopt(Sequence(PROMPT[: 3 * B]), 3 * B, lambda adoption: True) == 0
+    assert cache.adopt(Sequence(PROMPT[: 3 * B]), 3 * B, lambda adoption: True).gained == 0
     assert free_counts(cache) == before
     cache.check_invariants()
 

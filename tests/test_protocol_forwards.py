@@ -3,6 +3,8 @@ same records as the one-by-one boundaries, over random schedules under pool pres
 
 from __future__ import annotations
 
+from dataclasses import astuple
+
 import numpy as np
 import pytest
 
@@ -29,14 +31,16 @@ def one_by_one(cache: CacheProtocol, seq: Sequence, ends: list[int], saves: set[
             if not cache.extend(seq, end):
                 break
             cache.check_invariants([seq])
-        record = cache.reserve_save(seq, end) if end in saves else None
+        record = cache.reserve_save(seq, end).record if end in saves else None
         cache.check_invariants([seq])
         cache.forward_queued(seq)
-        published.append(record is not None and record.is_published)
+        queued_published = record is not None and record.is_published
         cache.check_invariants([seq])
         start = seq.num_computed
         seq.set_computed(end)
-        cache.forward_done(seq, start)
+        landed = cache.forward_done(seq, start)
+        assert landed.published == queued_published and landed.save is (record if queued_published else None)
+        published.append(landed.published)
         cache.check_invariants([seq])
     return published
 
@@ -48,8 +52,11 @@ def batched(cache: CacheProtocol, seq: Sequence, ends: list[int], saves: set[int
         cache.check_invariants([seq])  # every reserve leaves the structures whole mid-call
         seen.append((record.step, last_published))
 
+    before = astuple(cache.released_checkpoints())
     run = cache.run_forwards(seq, ends, saves, on_save)
     cache.check_invariants([seq])
+    after = astuple(cache.released_checkpoints())
+    assert astuple(run.released) == tuple(b - a for a, b in zip(before, after))  # the run reports every release
     reserved = [step for step, _ in seen]
     assert reserved == sorted(reserved) and set(reserved) <= saves
     assert all(last < step for step, last in seen)
@@ -62,7 +69,7 @@ def fingerprint(cache: CacheProtocol, seqs: list[Sequence]) -> tuple:
         for r in cache.checkpoints.live_records()
     )
     stats = cache.stats()
-    return records, stats, [(s.block_table.tolist(), s.num_computed) for s in seqs]
+    return records, stats, cache.released_checkpoints(), [(s.block_table.tolist(), s.num_computed) for s in seqs]
 
 
 def schedule(rng: np.random.Generator, prompt_length: int, start: int) -> tuple[list[int], set[int]]:
@@ -108,6 +115,9 @@ def test_batched_forwards_make_the_same_decisions_and_records_as_one_by_one(seed
         results[path] = [serve(cache, tokens, int(rng.integers(1, 30)), rng, path) for tokens in trace]
     assert results[batched] == results[one_by_one]
     assert fingerprint(caches[batched], []) == fingerprint(caches[one_by_one], [])
+    released = caches[batched].released_checkpoints()
+    # the trie's eviction counter is exactly the releases under state-slot and KV pressure
+    assert caches[batched].stats()["evicted_checkpoints"] == released.state_slots + released.kv_blocks
     served = [r for r in results[batched] if len(r) > 1]
     assert any(any(r[4]) for r in served)  # saves were published
     if blocks == 8:  # and runs stopped where a forward's blocks could not be had

@@ -10,29 +10,15 @@ for one reference per block per holder (``borrow_paths=False``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
 from hybridcache.config import CacheConfig
 from hybridcache.errors import InvalidArgumentError, InvalidTypeError
 from hybridcache.memory.block_pool import BlockPool
 from hybridcache.memory.protocols import KVBlockAllocator, StateSlotAllocator
 from hybridcache.memory.state_pool import StatePool
-from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord
+from hybridcache.prefix_cache.eviction_view import EvictionScores
 from hybridcache.prefix_cache.identity import BlockKeyer
 from hybridcache.prefix_cache.trie import BlockTrie
-
-
-@runtime_checkable
-class EvictionScores(Protocol):
-    """What an eviction policy gives the trie: a score per KV leaf slot and per checkpoint
-    record (lowest goes first; see ``prefix_cache.lru``), and a hook that sees the built trie.
-    ``hybridcache.policies`` has the project's policies."""
-
-    def kv_score(self, slot: int) -> object: ...
-
-    def checkpoint_score(self, record: CheckpointRecord) -> object: ...
-
-    def bind(self, trie: BlockTrie) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -51,14 +37,13 @@ def build_cache(
     pools: tuple[KVBlockAllocator, StateSlotAllocator] | None = None,
     borrow_paths: bool = True,
 ) -> CacheComponents:
-    """``eviction``: an eviction policy state, or None for the library's recency order.
+    """``eviction``: an eviction policy state (``EvictionScores``; the trie reads it and binds
+    it), or None for the library's recency order.
     ``pools``: the engine's own (KV allocator, state allocator) instead of new ``BlockPool``
     and ``StatePool``; the KV allocator must hold ``config.num_kv_blocks`` blocks.
     ``borrow_paths``: see ``BlockTrie``."""
     if not isinstance(config, CacheConfig):
         raise InvalidTypeError("config must be a CacheConfig")
-    if eviction is not None and not isinstance(eviction, EvictionScores):
-        raise InvalidTypeError("eviction must be an eviction policy state (kv_score, checkpoint_score, bind)")
     pool, states = _pools(config, pools)
     keyer = BlockKeyer.deterministic(config.block_size) if config.deterministic_keys else None
     trie = BlockTrie(
@@ -70,11 +55,8 @@ def build_cache(
         max_checkpoints_per_anchor=config.max_checkpoints_per_anchor,
         track_pending=track_pending,
         borrow_paths=borrow_paths,
-        kv_score=None if eviction is None else eviction.kv_score,
-        checkpoint_score=None if eviction is None else eviction.checkpoint_score,
+        eviction=eviction,
     )
-    if eviction is not None:
-        eviction.bind(trie)
     return CacheComponents(pool, states, trie, eviction)
 
 

@@ -24,16 +24,19 @@ records, without a Python round trip per save.
 another replica's store) cached here, through the same four steps with the caller's ``write``
 in place of a forward.
 
+Every call says what it did in a frozen value (``protocol_values``): the admission, the
+reserved record, the save a landed forward made usable, what an adoption gained and published,
+and the checkpoints each released on the way, by cause. ``branch_point``, ``cached_prefix``,
+``stats`` and ``released_checkpoints`` answer the rest, so a caller never reads the trie.
+
 Check, then mutate: every reason ``admit`` can refuse for is checked before its first
 allocation, so a refusal only rolls back the tentative match, which is exact.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Collection
 from collections.abc import Sequence as SequenceLike
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -48,62 +51,10 @@ from hybridcache.errors import (
 )
 from hybridcache.prefix_cache.change_log import CacheChanges
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord
+from hybridcache.prefix_cache.checkpoint_store import NO_RELEASE_COUNTS, NO_RELEASES, CheckpointReleases
+from hybridcache.protocol_values import Admission, Adopted, Adoption, ForwardLanded, ForwardRun, Refusal, SaveReservation
 from hybridcache.sequence import Sequence
 from hybridcache.types import NO_SAVE, NO_SLOT, as_int, ceil_div, is_int
-
-
-class Refusal(enum.Enum):
-    NOTHING_TO_RUN = "nothing_to_run"  # the token budget, or the sequence, leaves no token to compute
-    NO_STATE_SLOT = "no_state_slot"  # no runtime state slot, even after evicting a checkpoint
-    NO_KV_BLOCKS = "no_kv_blocks"  # too few KV blocks for the first chunk, even after eviction
-    RESTORE_GONE = "restore_gone"  # the selected checkpoint vanished twice between match and pin
-
-
-@dataclass(frozen=True)
-class Adoption:
-    """What an ``adopt`` caller writes: KV for positions ``[start, end)`` into the blocks of
-    ``block_table`` it may write (``writable``; every other block of that range already holds
-    exactly that KV), and the recurrent state after ``end`` tokens into state slot ``slot``."""
-
-    start: int
-    end: int
-    block_table: tuple[int, ...]
-    writable: frozenset[int]
-    slot: int
-
-
-@dataclass(frozen=True)
-class Admission:
-    """What ``admit`` did: the first chunk ``[start, end)``, the runtime slot and the restore
-    source (None: start from a zeroed state), or why it changed nothing."""
-
-    start: int = 0
-    end: int = 0
-    runtime_slot: int = NO_SLOT
-    restore: CheckpointRecord | None = None
-    hit_tokens: int = 0
-    refused: Refusal | None = None
-    miss_reason: str | None = None  # why the match restored less than the cache holds (MissReason value)
-
-    @property
-    def admitted(self) -> bool:
-        return self.refused is None
-
-
-@dataclass
-class ForwardRun:
-    """What ``run_forwards`` did: per forward run, whether its save was published (False when
-    it had none); the checkpoints released to free a state slot for a save (beyond the trie's
-    own eviction count) and those released when a forward landed (an anchor over its cap)."""
-
-    published: list[bool]
-    released_for_saves: int = 0
-    released_when_done: int = 0
-
-    @property
-    def completed(self) -> int:
-        """Forwards run; fewer than asked when one's blocks could not be had."""
-        return len(self.published)
 
 
 class CacheProtocol:
@@ -241,18 +192,28 @@ class CacheProtocol:
 
     # --- forward boundaries ----------------------------------------------------------------
 
-    def reserve_save(self, seq: Sequence, step: int) -> CheckpointRecord | None:
+    def reserve_save(self, seq: Sequence, step: int) -> SaveReservation:
         """Before a forward is queued: reserve a checkpoint of the state after ``step`` tokens
-        (None when none can be had now; a hybrid trie only)."""
+        (its ``record`` None when none can be had now; a hybrid trie only), and say what was
+        released for it."""
+        before = self.checkpoints.release_counts()
+        return SaveReservation(self._reserve(seq, step), self._released_since(before))
+
+    def reserve_decode_save(self, seq: Sequence, interval: int) -> SaveReservation:
+        """Before a decode forward: the periodic decode checkpoint, at multiples of ``interval``."""
+        before = self.checkpoints.release_counts()
+        reserved = self.trie.enabled and self.checkpoints.reserve_decode_save(seq, interval) != NO_SAVE
+        record = seq.prefix_state.checkpoints.pending_save if reserved else None
+        return SaveReservation(record, self._released_since(before))
+
+    def _reserve(self, seq: Sequence, step: int) -> CheckpointRecord | None:
         if not self.trie.enabled or self.checkpoints.reserve_save(seq, step) == NO_SAVE:
             return None
         return seq.prefix_state.checkpoints.pending_save
 
-    def reserve_decode_save(self, seq: Sequence, interval: int) -> CheckpointRecord | None:
-        """Before a decode forward: the periodic decode checkpoint, at multiples of ``interval``."""
-        if not self.trie.enabled or self.checkpoints.reserve_decode_save(seq, interval) == NO_SAVE:
-            return None
-        return seq.prefix_state.checkpoints.pending_save
+    def _released_since(self, before: tuple[int, ...]) -> CheckpointReleases:
+        after = self.checkpoints.release_counts()
+        return NO_RELEASES if after == before else CheckpointReleases.between(before, after)
 
     def run_forwards(
         self,
@@ -269,30 +230,23 @@ class CacheProtocol:
         save, with the step of the last save this call published (0: none yet). Stops before a
         forward whose blocks cannot be had (nothing of it taken)."""
         ends = self._validated_ends(seq, ends)
-        run = ForwardRun([])
+        before = self.checkpoints.release_counts()
+        published: list[bool] = []
         last_published = 0
         for index, end in enumerate(ends):
             if index:
                 self.swap_computed_duplicates(seq)
                 if not self.extend(seq, end):
                     break
-            record = None
-            if end in saves:
-                before = self.checkpoints_live_or_evicted()
-                record = self.reserve_save(seq, end)
-                run.released_for_saves += before - self.checkpoints_live_or_evicted() + (record is not None)
-                if record is not None and on_save is not None:
-                    on_save(record, last_published)
+            record = self._reserve(seq, end) if end in saves else None
+            if record is not None and on_save is not None:
+                on_save(record, last_published)
             self.forward_queued(seq)
-            published = record is not None and record.is_published
-            before = self.states.num_checkpoint
             start = seq.num_computed
             seq.set_computed(end)
-            self.forward_done(seq, start)
-            run.released_when_done += before - self.states.num_checkpoint
-            run.published.append(published)
-            last_published = end if published else last_published
-        return run
+            published.append(self._land(seq, start) is not None)
+            last_published = end if published[-1] else last_published
+        return ForwardRun(published, self._released_since(before))
 
     def _validated_ends(self, seq: Sequence, ends: SequenceLike[int]) -> list[int]:
         if not isinstance(seq, Sequence):
@@ -307,11 +261,6 @@ class CacheProtocol:
             raise InvalidStepError("the first forward's blocks are not held: admit or extend first")
         return ends
 
-    def checkpoints_live_or_evicted(self) -> int:
-        """Live checkpoints plus those the trie's statistics count as evicted: a drop in it is a
-        release the trie does not count (one for a state slot, say)."""
-        return self.states.num_checkpoint + self.trie.stats.evicted_checkpoints
-
     def writable_blocks(self, seq: Sequence, start: int, end: int) -> frozenset[int]:
         """Blocks the forward carrying ``seq`` may write for positions ``[start, end)`` (the
         shared-write guard): never a block another holder shares."""
@@ -325,15 +274,25 @@ class CacheProtocol:
             self.trie.stats.written_checkpoints += 1
         self.checkpoints.unpin_restore(seq)
 
-    def forward_done(self, seq: Sequence, start: int, expert_rows: np.ndarray | None = None) -> None:
+    def forward_done(self, seq: Sequence, start: int, expert_rows: np.ndarray | None = None) -> ForwardLanded:
         """The forward's output is in and ``seq`` computed ``[start, end)`` (its step already set
         by the caller): the save becomes usable, its pending nodes matchable, and its
-        routed-expert rows (when it records them) join the cached blocks."""
+        routed-expert rows (when it records them) join the cached blocks. Says which save is
+        now usable and what was released as it landed."""
+        before = self.checkpoints.release_counts()
+        save = self._land(seq, start, expert_rows)
+        return ForwardLanded(save, self._released_since(before))
+
+    def _land(self, seq: Sequence, start: int, expert_rows: np.ndarray | None = None) -> CheckpointRecord | None:
+        if not isinstance(seq, Sequence):
+            raise InvalidTypeError(f"expected a Sequence, got {type(seq).__name__}")
+        save = seq.prefix_state.checkpoints.producer_pin
         self.checkpoints.unpin_save(seq)
         if expert_rows is not None and seq.want_routed_experts and seq.num_routed_experts == start:
             seq.append_routed_experts(expert_rows)
         self.trie.mark_computed(seq, start)
         self.trie.cache_routed_experts(seq)
+        return save if save is not None and save.is_published else None
 
     def forward_failed(self, seq: Sequence) -> None:
         """The forward carrying ``seq`` failed: drop its save and detach what it attached for
@@ -343,31 +302,37 @@ class CacheProtocol:
 
     # --- prefixes computed elsewhere ---------------------------------------------------------
 
-    def adopt(self, seq: Sequence, step: int, write: Callable[[Adoption], bool]) -> int:
+    def adopt(self, seq: Sequence, step: int, write: Callable[[Adoption], bool]) -> Adopted:
         """Cache ``seq``'s first ``step`` tokens, their KV and a checkpoint at ``step``, from
         data the caller already has (a verified lower-tier object): admit ``seq`` for
         ``[hit, step)``, reserve the save at ``step``, let ``write`` fill what the cache does
-        not hold yet, publish, free. Returns the tokens gained (``step`` - the local hit), 0
+        not hold yet, publish, free. Says the tokens gained (``step`` - the local hit), 0
         when nothing was gained: the cache already reaches ``step``, the pools cannot make room,
-        or ``write`` returned False (then nothing it touched stays matchable). A ``write`` that
-        raises is failed the same way before its error propagates (a non-hybridcache error as
-        ``AdoptionWriteError``). ``seq`` is the caller's scratch sequence of exactly those
-        tokens and is freed on return, whatever happens."""
+        or ``write`` returned False (then nothing it touched stays matchable); the checkpoint
+        published; what was released on the way. A ``write`` that raises is failed the same
+        way before its error propagates (a non-hybridcache error as ``AdoptionWriteError``).
+        ``seq`` is the caller's scratch sequence of exactly those tokens and is freed on
+        return, whatever happens."""
         step = as_int("step", step, 1)
         if step != seq.num_tokens or seq.num_computed or seq.num_blocks:
             raise InvalidStepError("adopt takes a fresh sequence of exactly the adopted tokens")
         if not callable(write):
             raise InvalidTypeError("write must be callable")
         if not self.is_hybrid or not self.enabled:
-            return 0
+            return Adopted(0)
+        before = self.checkpoints.release_counts()
+        gained, checkpoint = self._adopt(seq, step, write)
+        return Adopted(gained, checkpoint, self._released_since(before))
+
+    def _adopt(self, seq: Sequence, step: int, write: Callable[[Adoption], bool]) -> tuple[int, CheckpointRecord | None]:
         admitted = self.admit(seq, step)
         if not admitted.admitted:
             self.free(seq)
-            return 0
-        record = self.reserve_save(seq, step) if admitted.end == step else None
+            return 0, None
+        record = self._reserve(seq, step) if admitted.end == step else None
         if record is None:
             self.free(seq, admitted.runtime_slot)
-            return 0
+            return 0, None
         adoption = Adoption(
             admitted.start, step, tuple(seq.block_table), self.writable_blocks(seq, admitted.start, step), record.slot
         )
@@ -384,11 +349,11 @@ class CacheProtocol:
                 self.forward_failed(seq)
                 self.free(seq, admitted.runtime_slot)
         if not written:
-            return 0
+            return 0, None
         seq.set_computed(step)
-        self.forward_done(seq, admitted.start)
+        checkpoint = self._land(seq, admitted.start)
         self.free(seq, admitted.runtime_slot)
-        return step - admitted.start
+        return step - admitted.start, checkpoint
 
     # --- end -------------------------------------------------------------------------------
 
@@ -422,11 +387,17 @@ class CacheProtocol:
     # --- diagnostics -----------------------------------------------------------------------
 
     def stats(self) -> dict:
-        """Match and eviction counters, and what the pools have free."""
+        """Match and eviction counters, what the pools have free and the live checkpoints."""
         stats = self.trie.stats.as_dict()
         stats["free_blocks"] = self.pool.num_free
         stats["free_state_slots"] = self.states.num_free
+        stats["live_checkpoints"] = self.states.num_checkpoint
         return stats
+
+    def released_checkpoints(self) -> CheckpointReleases:
+        """Every checkpoint released since the cache was built, by cause (the trie's
+        ``evicted_checkpoints`` counts those under state-slot and KV pressure)."""
+        return CheckpointReleases.between(NO_RELEASE_COUNTS, self.checkpoints.release_counts())
 
     def check_invariants(self, sequences: list[Sequence] | tuple[Sequence, ...] = ()) -> None:
         """The trie's cross-owner invariants over ``sequences`` (every live one), and the pools'."""

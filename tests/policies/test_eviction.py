@@ -5,7 +5,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from hybridcache.errors import InvalidArgumentError, LifecycleError
+from hybridcache import CacheConfig
+from hybridcache.cache import build_cache
+from hybridcache.errors import InvalidArgumentError, InvalidTypeError, LifecycleError
 from hybridcache.policies import BRANCH, SPECULATIVE, AutoEviction, MarconiEviction, resolve_policy
 from hybridcache.policies.eviction import PROVEN_GRACE
 from hybridcache.policies.tuning import AlphaTuner
@@ -19,19 +21,18 @@ def record(step, stamp, record_id, hits=0):
     )
 
 
-class _Trie:
-    block_size = 32
-    is_hybrid = True
+class _View:
+    """An ``EvictionView`` stand-in: the narrow reads a policy scores with."""
 
-    def __init__(self):
-        self.pool = SimpleNamespace(clock=100)
-        self.state_pool = SimpleNamespace(num_slots=10)
+    block_size = 32
+    clock = 100
+    num_state_slots = 10
 
 
 @pytest.mark.parametrize("eviction", [MarconiEviction(alpha=1.0), AutoEviction()])
 def test_keeps_the_checkpoint_saving_more_flops_per_byte_at_equal_recency(eviction):
     state = eviction.new_state(PROFILE)
-    state.bind(_Trie())
+    state.bind(_View())
     short, long = record(4096, 50, 1), record(4096, 50, 2)
     state.note_save(short, 4064, SPECULATIVE)  # 32 tokens beyond its parent state
     state.note_save(long, 0, SPECULATIVE)  # 4,096 tokens beyond it
@@ -41,7 +42,7 @@ def test_keeps_the_checkpoint_saving_more_flops_per_byte_at_equal_recency(evicti
 
 def test_marconi_alpha_zero_is_recency():
     state = MarconiEviction(alpha=0.0).new_state(PROFILE)
-    state.bind(_Trie())
+    state.bind(_View())
     old, new = record(4096, 10, 1), record(64, 11, 2)
     state.note_save(old, 0, SPECULATIVE)
     state.note_save(new, 32, SPECULATIVE)
@@ -53,7 +54,7 @@ def test_marconi_alpha_zero_is_recency():
 
 def test_auto_hits_and_branch_evidence_buy_a_pool_turnover():
     state = AutoEviction().new_state(PROFILE)
-    state.bind(_Trie())
+    state.bind(_View())
     plain, branch, used = record(64, 1, 1), record(64, 2, 2), record(64, 3, 3, hits=1)
     for item in (plain, branch, used):
         state.note_save(item, 0, BRANCH if item is branch else SPECULATIVE)
@@ -63,9 +64,9 @@ def test_auto_hits_and_branch_evidence_buy_a_pool_turnover():
 
 def test_a_state_serves_one_cache_and_kinds_are_checked():
     state = AutoEviction().new_state(None)
-    state.bind(_Trie())
+    state.bind(_View())
     with pytest.raises(LifecycleError):
-        state.bind(_Trie())
+        state.bind(_View())
     with pytest.raises(InvalidArgumentError):
         state.note_save(record(8, 1, 1), 0, "whim")
 
@@ -82,14 +83,15 @@ def test_auto_evicts_kv_that_no_checkpoint_uses_first():
     assert hits[2] == 128
 
 
-class _LeafTrie(_Trie):
-    """Three leaves (slots 0, 1, 2) on blocks of the same index, stamps as given."""
+class _LeafView(_View):
+    """Three leaves (slots 0, 1, 2), stamps and records as given."""
+
+    num_kv_blocks = 100
 
     def __init__(self, stamps, records):
-        super().__init__()
-        self.pool = SimpleNamespace(clock=max(stamps), num_blocks=100, stamp_of=lambda block: stamps[block])
-        self.nodes = SimpleNamespace(block=list(range(len(stamps))))
-        self.checkpoints = SimpleNamespace(records_at=lambda slot: records[slot])
+        self.clock = max(stamps)
+        self.stamp = lambda slot: stamps[slot]
+        self.records_at = lambda slot: records[slot]
 
 
 def test_auto_grace_for_proven_leaves_is_bounded():
@@ -98,7 +100,7 @@ def test_auto_grace_for_proven_leaves_is_bounded():
     grace = PROVEN_GRACE * 100
     stamps = [500, 100, 100 + grace + 1]  # dead and recent, proven and old, unproven and newer
     state = AutoEviction().new_state(PROFILE)
-    state.bind(_LeafTrie(stamps, [(), (proven,), (unproven,)]))
+    state.bind(_LeafView(stamps, [(), (proven,), (unproven,)]))
     for item in (proven, unproven):
         state.note_save(item, 0, SPECULATIVE)
     dead, old_proven, newer = (state.kv_score(slot) for slot in range(3))
@@ -142,13 +144,18 @@ def test_leaf_lru_keeps_a_turn_end_state_with_its_leaf_under_kv_pressure(evictio
     assert hits[3] == (4 * 32 + 5 + 3 - 1 if turn_end_kept else 0)
 
 
-def test_leaf_lru_and_marconi_keep_states_with_their_leaves_when_bound():
-    trie = SimpleNamespace(mid_block_checkpoints_first=True)
-    resolve_policy("marconi", eviction="leaf-lru").eviction.new_state(None).bind(trie)
-    assert trie.mid_block_checkpoints_first is False
-    trie = SimpleNamespace(mid_block_checkpoints_first=True, pool=SimpleNamespace(clock=0))
-    MarconiEviction().new_state(None).bind(trie)
-    assert trie.mid_block_checkpoints_first is False
-    assert resolve_policy("reference").eviction.new_state(None) is None  # the library's order
+@pytest.mark.parametrize("eviction, with_leaves", [("leaf-lru", True), ("marconi", True), ("auto", False)])
+def test_the_trie_reads_whether_states_go_with_their_leaves_when_it_is_built(eviction, with_leaves):
+    state = resolve_policy("marconi", eviction=eviction).eviction.new_state(None)
+    config = CacheConfig(block_size=8, num_kv_blocks=16, num_state_slots=6, checkpoint_budget=4, hybrid=True)
+    components = build_cache(config, eviction=state)
+    assert components.trie.states_with_leaves is with_leaves and components.eviction is state
+    with pytest.raises(LifecycleError):  # the trie bound it: a state serves one cache
+        build_cache(config, eviction=state)
+    assert build_cache(config).trie.states_with_leaves is False  # the library's order
+    assert resolve_policy("reference").eviction.new_state(None) is None
     with pytest.raises(InvalidArgumentError):
         resolve_policy("marconi", eviction="leaf-lru:2")
+    with pytest.raises(InvalidTypeError):
+        build_cache(config, eviction=SimpleNamespace(kv_score=None, checkpoint_score=None, bind=None))
+    components.trie.check_invariants([])

@@ -17,6 +17,7 @@ from hybridcache.errors import (
     PinUnderflowError,
 )
 from hybridcache.memory.state_pool import SlotRole
+from hybridcache.policies.eviction import LeafLRUState
 from hybridcache.prefix_cache.checkpoint_index import Verdict, VerifyStatus
 from hybridcache.prefix_cache.checkpoint_lifecycle import NO_SAVE
 from hybridcache.prefix_cache.checkpoint_record import CheckpointState
@@ -741,10 +742,10 @@ def test_kv_eviction_takes_frozen_blocks_first():
 
 
 def test_kv_eviction_with_states_kept_by_their_leaves_takes_the_lru_leaf_and_its_frozen_block():
-    """Without ``mid_block_checkpoints_first`` a mid-block checkpoint goes with its anchor
-    leaf, not ahead of it."""
-    pool, states, trie = make_hybrid()
-    trie.mid_block_checkpoints_first = False
+    """Where the eviction policy keeps states with their leaves a mid-block checkpoint goes
+    with its anchor leaf, not ahead of it."""
+    pool, states, trie = make_hybrid(eviction=LeafLRUState())
+    assert trie.states_with_leaves
     _, partial = produce(trie, tokens(40), 40)
     _, newer = produce(trie, tokens(40, start=100), 40)
     free_blocks = pool.num_free
@@ -756,8 +757,7 @@ def test_kv_eviction_with_states_kept_by_their_leaves_takes_the_lru_leaf_and_its
 
 
 def test_kv_eviction_with_states_kept_by_their_leaves_takes_frozen_blocks_when_no_leaf_can_go():
-    pool, states, trie = make_hybrid()
-    trie.mid_block_checkpoints_first = False
+    pool, states, trie = make_hybrid(eviction=LeafLRUState())
     producer, partial = produce(trie, tokens(40), 40, free=False)  # the producer holds every block
     leaf = leaves(trie)
     assert trie.free_kv_blocks(1) == 1
@@ -771,8 +771,7 @@ def test_mid_block_save_with_no_free_block_evicts_a_leaf_only_where_states_go_wi
     """With no free block, a mid-block save is refused by default (its block would come from
     another mid-block state); where states go with their leaves it evicts the LRU leaf, never
     the saving sequence's own path."""
-    pool, states, trie = make_hybrid(num_blocks=5)
-    trie.mid_block_checkpoints_first = mid_block_first
+    pool, states, trie = make_hybrid(num_blocks=5, eviction=None if mid_block_first else LeafLRUState())
     _, other = produce(trie, tokens(20, start=500), 20)  # one block and one frozen block, trie only
     seq = Sequence(tokens(40))
     admit(trie, seq)

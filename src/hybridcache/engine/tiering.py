@@ -175,7 +175,7 @@ class EngineTiers:
             cache_salt=seq.namespace.cache_salt,
             multimodal=seq.spans_overlapping(0, restore.step),
         )
-        gained = self.cache.adopt(scratch, restore.step, lambda adoption: self._write(adoption, restore))
+        gained = self.cache.adopt(scratch, restore.step, lambda adoption: self._write(adoption, restore)).gained
         if not gained:
             self.counters["adoptions_refused"] += 1
             return TierRestore(0, TIER_REJECTED)

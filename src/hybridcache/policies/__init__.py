@@ -1,8 +1,9 @@
 """Checkpoint admission and eviction policies, shared by the engine's scheduler and the replay.
 
 Owns no state itself: ``admission`` policies are frozen descriptions (where to checkpoint a
-turn), ``eviction`` policies make a per-cache state whose score functions order the library's
-eviction heaps, ``registry`` maps names to them, ``tuning`` autotunes Marconi's weight.
+turn; their union is ``AdmissionPolicy``), ``eviction`` policies make a per-cache state whose
+score functions order the library's eviction heaps (the trie reads it when it is built and binds
+it to an ``EvictionView``), ``registry`` maps names to them, ``tuning`` autotunes Marconi's weight.
 """
 
 from hybridcache.policies.admission import (

@@ -187,4 +187,4 @@ class AutoAdmission:
         return mean_prompt / (math.ceil(mean_prompt / self.grid) + 1)
 
 
-Admission = ReferenceAdmission | IntervalAdmission | MarconiAdmission | AutoAdmission
+AdmissionPolicy = ReferenceAdmission | IntervalAdmission | MarconiAdmission | AutoAdmission

@@ -9,18 +9,22 @@ like when it was last touched (memoized per touch), so it only changes when the 
 again, and the scale constants below are refreshed only when the memo is compacted (every
 Theta(n) touches), after which stale entries are re-filed lazily as they surface.
 
-Owns (``MarconiEviction``, ``AutoEviction``): the cache it is bound to (``bind``), a memo of
+A policy state sees its cache only through the ``prefix_cache.eviction_view.EvictionView``
+the trie binds it to (stamps, depths, the records on a slot, the clock, the pool sizes), never
+the trie's node arrays or lifecycles.
+
+Owns (``MarconiEviction``, ``AutoEviction``): the view it is bound to (``bind``), a memo of
 each live record's score at its last touch, what the producer said about each record
 (``note_save``: the step of the state it was computed from, why it was saved), and the
-scale constants. ``LeafLRUState`` owns only the cache it is bound to; ``LRUEviction`` owns
+scale constants. ``LeafLRUState`` owns only the view it is bound to; ``LRUEviction`` owns
 nothing.
 
 Under KV pressure the library drops mid-block checkpoints (one frozen block each) ahead of
-any leaf (``BlockTrie.mid_block_checkpoints_first``), which suits admissions that write
-mid-block states beside aligned ones. ``leaf-lru`` and ``marconi`` turn it off when they
-bind: a state then goes with its anchor leaf, least recently used first, as in Marconi's
-radix tree, where a leaf node's state is evicted with its edge and every state is a branch
-point or a turn end some hit needs.
+any leaf, which suits admissions that write mid-block states beside aligned ones. ``leaf-lru``
+and ``marconi`` say ``states_with_leaves``, which the trie reads when it is built: a state
+then goes with its anchor leaf, least recently used first, as in Marconi's radix tree, where a
+leaf node's state is evicted with its edge and every state is a branch point or a turn end
+some hit needs.
 
 ``marconi`` (Marconi, MLSys'25): score = recency + alpha * FLOP efficiency, each min-max
 normalized over the candidates; FLOP efficiency = FLOPs the item saves relative to its parent
@@ -48,6 +52,7 @@ from dataclasses import dataclass
 from hybridcache.errors import InvalidArgumentError, LifecycleError
 from hybridcache.policies.admission import BRANCH, KINDS, SPECULATIVE
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord, CheckpointState
+from hybridcache.prefix_cache.eviction_view import EvictionView
 from hybridcache.profiles import ModelProfile
 
 # Clock ticks per KV block a proven checkpoint's leaf is counted younger (auto): measured on
@@ -71,14 +76,15 @@ class LRUEviction:
 class LeafLRUState:
     """Recency, as the library scores by default, with states kept with their leaves."""
 
-    def __init__(self) -> None:
-        self._trie = None
+    states_with_leaves = True
 
-    def bind(self, trie) -> None:
-        if self._trie is not None:
+    def __init__(self) -> None:
+        self._view: EvictionView | None = None
+
+    def bind(self, view: EvictionView) -> None:
+        if self._view is not None:
             raise LifecycleError("an eviction policy state serves one cache")
-        self._trie = trie
-        trie.mid_block_checkpoints_first = False
+        self._view = view
 
     def note_save(self, record: CheckpointRecord, parent_step: int, kind: str) -> None:
         """Recency needs nothing from the producer; the kind is still checked."""
@@ -86,8 +92,7 @@ class LeafLRUState:
             raise InvalidArgumentError(f"kind must be one of {KINDS}, got {kind!r}")
 
     def kv_score(self, slot: int) -> int:
-        trie = self._trie
-        return trie.pool.stamp_of(int(trie.nodes.block[slot]))
+        return self._view.stamp(slot)
 
     def checkpoint_score(self, record: CheckpointRecord) -> int:
         return record.stamp
@@ -103,21 +108,23 @@ class _Saved:
 class _Scored:
     """Shared machinery of the value-aware policies: binding, producer notes, per-touch memo."""
 
+    states_with_leaves = False
+
     def __init__(self, profile: ModelProfile | None) -> None:
         if profile is not None and not isinstance(profile, ModelProfile):
             raise InvalidArgumentError("profile must be a ModelProfile or None")
         self.profile = profile
-        self._trie = None
+        self._view: EvictionView | None = None
         self._notes: dict[int, _Saved] = {}
         self._memo: dict[int, tuple[int, float, CheckpointRecord]] = {}
         self._limit = 64
         self._clock = 0  # the newest record id seen: the record clock
 
-    def bind(self, trie) -> None:
-        """Attach to the trie whose heaps call the scores (after it is built with them)."""
-        if self._trie is not None:
+    def bind(self, view: EvictionView) -> None:
+        """Attach to the view of the trie whose heaps call the scores (once it is built)."""
+        if self._view is not None:
             raise LifecycleError("an eviction policy state serves one cache")
-        self._trie = trie
+        self._view = view
 
     def note_save(self, record: CheckpointRecord, parent_step: int, kind: str) -> None:
         """The producer reserved ``record``, computed from the state at ``parent_step`` (its
@@ -176,6 +183,8 @@ class _Scored:
 class MarconiState(_Scored):
     """One cache's Marconi eviction: alpha, the normalization ranges, the memo."""
 
+    states_with_leaves = True  # a state goes with its leaf edge, as in Marconi
+
     def __init__(self, profile: ModelProfile | None, alpha: float) -> None:
         super().__init__(profile)
         self.alpha = float(alpha)
@@ -183,10 +192,6 @@ class MarconiState(_Scored):
         self._range_efficiency = 1.0
         self._kv_weight = 0.0
         self._max_depth = 2
-
-    def bind(self, trie) -> None:
-        super().bind(trie)
-        trie.mid_block_checkpoints_first = False  # a state goes with its leaf edge, as in Marconi
 
     def set_alpha(self, alpha: float) -> None:
         if not alpha >= 0:
@@ -208,31 +213,31 @@ class MarconiState(_Scored):
         return record.stamp + weight * self.efficiency(record)
 
     def _refresh(self, records: list[CheckpointRecord]) -> None:
-        if records and self._trie is not None:
+        if records and self._view is not None:
             efficiencies = [self.efficiency(record) for record in records]
             oldest = min(record.stamp for record in records)
-            self._range_recency = float(max(1, self._trie.pool.clock - oldest))
+            self._range_recency = float(max(1, self._view.clock - oldest))
             self._range_efficiency = max(efficiencies) - min(efficiencies) or 1.0
         self._refresh_kv()
 
     def _refresh_kv(self) -> None:
-        if self._trie is None:
+        if self._view is None:
             return
         spread = self.block_efficiency(self._max_depth) - self.block_efficiency(1)
         self._kv_weight = self.alpha * self._range_recency / spread if spread > 0 else 0.0
 
     def block_efficiency(self, depth: int) -> float:
         """FLOPs per KV byte of the block at ``depth`` (1-based): a leaf's edge."""
-        size = self._trie.block_size
+        size = self._view.block_size
         if self.profile is None:
             return float(depth)
         flops = self.profile.prefill_flops((depth - 1) * size, depth * size)
         return flops / (size * self.profile.kv_bytes_per_token)
 
     def kv_score(self, slot: int) -> float:
-        trie = self._trie
-        stamp = trie.pool.stamp_of(int(trie.nodes.block[slot]))
-        depth = int(trie.nodes.depth[slot])
+        view = self._view
+        stamp = view.stamp(slot)
+        depth = view.depth(slot)
         self._max_depth = max(self._max_depth, depth)  # the range is refreshed at compaction
         return stamp + self._kv_weight * self.block_efficiency(depth)
 
@@ -250,13 +255,13 @@ class AutoState(_Scored):
         or sits at a branch point where two sequences met) counted ``PROVEN_GRACE`` of a KV
         pool's worth of clock ticks younger. A grace, not a tier of its own: a proven leaf kept
         ahead of every unproven one forever fills the pool with stale paths on long traces."""
-        trie = self._trie
-        stamp = trie.pool.stamp_of(int(trie.nodes.block[slot]))
-        records = trie.checkpoints.records_at(slot) if trie.is_hybrid else ()
+        view = self._view
+        stamp = view.stamp(slot)
+        records = view.records_at(slot)
         if not records:
             return (0, stamp)
         proven = any(record.hits or self.kind_of(record) == BRANCH for record in records)
-        return (1, stamp + PROVEN_GRACE * trie.pool.num_blocks if proven else stamp)
+        return (1, stamp + PROVEN_GRACE * view.num_kv_blocks if proven else stamp)
 
     def efficiency(self, record: CheckpointRecord) -> float:
         """In [0, 1): the FLOPs the record saves over its parent state, squashed."""
@@ -270,7 +275,7 @@ class AutoState(_Scored):
         return self._reference_flops
 
     def _fresh_score(self, record: CheckpointRecord) -> float:
-        slots = max(1, self._trie.state_pool.num_slots - 2) if self._trie is not None else 1
+        slots = max(1, self._view.num_state_slots - 2) if self._view is not None else 1
         evidence = 1 if self.kind_of(record) == BRANCH else 0
         return self._clock + slots * (record.hits + evidence) + self.efficiency(record)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from hybridcache.errors import InvalidArgumentError
 from hybridcache.policies.admission import (
-    Admission,
+    AdmissionPolicy,
     AutoAdmission,
     IntervalAdmission,
     MarconiAdmission,
@@ -110,7 +110,7 @@ DEFAULT_POLICY = "auto"
 @dataclass(frozen=True)
 class Policy:
     name: str
-    admission: Admission
+    admission: AdmissionPolicy
     eviction: Eviction
 
 

@@ -36,13 +36,10 @@ from hybridcache.memory.protocols import KVBlockAllocator, StateSlotAllocator
 from hybridcache.memory.state_pool import SlotRole
 from hybridcache.prefix_cache.checkpoint_index import CheckpointIndex
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord, CheckpointState, anchor_step
-from hybridcache.prefix_cache.checkpoint_store import CheckpointStore
+from hybridcache.prefix_cache.checkpoint_store import CheckpointStore, ReleaseCause
 from hybridcache.prefix_cache.node import NodeTable
 from hybridcache.sequence import Sequence
 from hybridcache.types import NO_BLOCK, NO_SAVE, as_int
-
-
-
 
 
 class CheckpointLifecycle(CheckpointStore):
@@ -107,7 +104,7 @@ class CheckpointLifecycle(CheckpointStore):
             return NO_SAVE
         if partial and self._pool.num_free == 0 and not self._make_kv_room(seq):
             return NO_SAVE
-        if self._states.num_free_checkpoint == 0 and self.evict(1) == 0:
+        if self._states.num_free_checkpoint == 0 and self.evict(1, ReleaseCause.SAVE_SLOT) == 0:
             return NO_SAVE
         try:
             slot = self._states.allocate_checkpoint()
@@ -215,7 +212,7 @@ class CheckpointLifecycle(CheckpointStore):
         refs.pending_save = None
         if record is None or record.state is not CheckpointState.RESERVED:
             return False
-        self._release(record)
+        self._release(record, ReleaseCause.ABANDONED)
         return True
 
     def publish_save(self, seq: Sequence, *, pin: bool = False, in_flight: bool = False) -> bool:
@@ -239,7 +236,7 @@ class CheckpointLifecycle(CheckpointStore):
         refs.pending_save = None
         if not self._publishable(seq, record):
             if record.state is CheckpointState.RESERVED:
-                self._release(record)
+                self._release(record, ReleaseCause.ABANDONED)
             return False
         self.publish(record)
         if seq.want_routed_experts and record.is_partial and record.tail_experts is None:
@@ -326,7 +323,7 @@ class CheckpointLifecycle(CheckpointStore):
     def _release_replaced(self, record: CheckpointRecord | None) -> None:
         """Release a sequence's replaced decode checkpoint unless something still pins it."""
         if record is not None and record.is_published and record.pin_count == 0:
-            self.release(record)
+            self.release(record, ReleaseCause.REPLACED)
 
     def release_failed_save(self, seq: Sequence) -> None:
         """The forward that should have written the sequence's save failed: drop the pending
@@ -342,7 +339,7 @@ class CheckpointLifecycle(CheckpointStore):
                 refs.decode_checkpoint = refs.retiring_decode_checkpoint
             refs.retiring_decode_checkpoint = None
             if record.state is not CheckpointState.RELEASED and record.pin_count == 0:
-                self._release(record)
+                self._release(record, ReleaseCause.ABANDONED)
         self.release_reservation(seq)
 
     def _unpin(self, record: CheckpointRecord, *, producer: bool) -> None:

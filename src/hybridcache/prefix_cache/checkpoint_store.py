@@ -8,11 +8,15 @@ only ever leaves through ``_release`` here.
 
 An anchor holds up to ``max_per_anchor`` published records at different steps; when a newly
 published one makes it hold more, its least recently used unpinned records go.
+
+Every release is counted by its cause (``ReleaseCause``): ``release_counts`` is monotonic, so a
+caller tells what one call released, and why, by the difference (``CheckpointReleases.between``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import enum
+from dataclasses import dataclass, fields
 from typing import Callable
 
 import numpy as np
@@ -33,6 +37,46 @@ _HEAP_SLACK = 64  # stale entries tolerated beyond twice the live records before
 class Released:
     records: int
     frozen_blocks: int
+
+
+class ReleaseCause(enum.IntEnum):
+    """Why a record was released: the index of its count (``CheckpointReleases``' fields)."""
+
+    SAVE_SLOT = 0
+    STATE_SLOTS = 1
+    KV_BLOCKS = 2
+    ANCHOR_CAP = 3
+    REPLACED = 4
+    STALE = 5
+    ABANDONED = 6
+    REQUESTED = 7
+
+
+@dataclass(frozen=True)
+class CheckpointReleases:
+    """Checkpoint records released, by cause (the fields in ``ReleaseCause`` order)."""
+
+    save_slots: int = 0  # evicted (least valuable first) for the slot of a new save
+    state_slots: int = 0  # evicted the same way under state-slot pressure (an admission's runtime slot)
+    kv_blocks: int = 0  # evicted with their anchor leaf, or for their frozen block (KV pressure)
+    anchor_cap: int = 0  # beyond their anchor's cap when a newer save there became usable
+    replaced: int = 0  # a sequence's decode checkpoint, replaced by its next one
+    stale: int = 0  # found stale by a match
+    abandoned: int = 0  # a reservation or save whose forward was abandoned or failed
+    requested: int = 0  # released by an explicit ``release`` call
+
+    @classmethod
+    def between(cls, before: tuple[int, ...], after: tuple[int, ...]) -> CheckpointReleases:
+        """What was released between two ``release_counts``."""
+        return cls(*(later - earlier for earlier, later in zip(before, after)))
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, field.name) for field in fields(self))
+
+
+NO_RELEASES = CheckpointReleases()
+NO_RELEASE_COUNTS = (0,) * len(ReleaseCause)
 
 
 class CheckpointStore:
@@ -58,6 +102,11 @@ class CheckpointStore:
         self._lru = self._eviction_heap(score)  # published records (state-slot pressure)
         self._frozen_lru = self._eviction_heap(score)  # published partial records (KV pressure)
         self._num_live = 0
+        self._released = [0] * len(ReleaseCause)
+
+    def release_counts(self) -> tuple[int, ...]:
+        """Records released so far, by ``ReleaseCause`` (monotonic)."""
+        return tuple(self._released)
 
     def _add(self, record: CheckpointRecord) -> None:
         """A new reservation joins the live records of its anchor."""
@@ -109,19 +158,20 @@ class CheckpointStore:
         for record in sorted((r for r in published if r is not newest and r.pin_count == 0), key=lambda r: r.stamp):
             if surplus == 0:
                 break
-            self.release(record)
+            self.release(record, ReleaseCause.ANCHOR_CAP)
             surplus -= 1
 
-    def release(self, record: CheckpointRecord) -> None:
+    def release(self, record: CheckpointRecord, cause: ReleaseCause = ReleaseCause.REQUESTED) -> None:
         """Return a record's slot and frozen block. A pinned record raises; releasing twice
         raises."""
         if record.pin_count:
             raise PinnedError(f"cannot release pinned {record}")
         if record.state is CheckpointState.RELEASED:
             raise LifecycleError(f"{record} was already released")
-        self._release(record)
+        self._release(record, cause)
 
-    def _release(self, record: CheckpointRecord) -> None:
+    def _release(self, record: CheckpointRecord, cause: ReleaseCause) -> None:
+        self._released[cause] += 1
         if record.state is CheckpointState.PUBLISHED:
             self._index.remove(record)
             if self._nodes.changes is not None:
@@ -141,20 +191,20 @@ class CheckpointStore:
         records = list(self._by_anchor.get(anchor, ()))
         frozen = sum(record.frozen_block != NO_BLOCK for record in records)
         for record in records:
-            self._release(record)
+            self._release(record, ReleaseCause.KV_BLOCKS)
         return Released(records=len(records), frozen_blocks=frozen)
 
-    def evict(self, count: int) -> int:
+    def evict(self, count: int, cause: ReleaseCause = ReleaseCause.STATE_SLOTS) -> int:
         """Release up to ``count`` least recently used unpinned published records (state-slot
-        pressure). Returns how many were released."""
-        return self._evict_from(self._lru, count)
+        pressure; ``cause`` says whose). Returns how many were released."""
+        return self._evict_from(self._lru, count, cause)
 
     def evict_frozen(self, count: int) -> int:
         """Release up to ``count`` least recently used partial records (KV pressure); each one
         frees one frozen block. Returns how many were released."""
-        return self._evict_from(self._frozen_lru, count)
+        return self._evict_from(self._frozen_lru, count, ReleaseCause.KV_BLOCKS)
 
-    def _evict_from(self, heap: EvictionHeap[CheckpointRecord], count: int) -> int:
+    def _evict_from(self, heap: EvictionHeap[CheckpointRecord], count: int, cause: ReleaseCause) -> int:
         if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
             raise InvalidArgumentError("count must be a non-negative int")
         released = 0
@@ -167,7 +217,7 @@ class CheckpointStore:
             if record.pin_count:
                 set_aside.append(entry)
                 continue
-            self._release(record)
+            self._release(record, cause)
             released += 1
         heap.restore(set_aside)
         return released
@@ -194,7 +244,7 @@ class CheckpointStore:
                 return
             self._index.remove(record, key)
             if record.state is not CheckpointState.RELEASED:
-                self._release(record)
+                self._release(record, ReleaseCause.STALE)
 
     def _check_records(self) -> None:
         """Every live record owns one checkpoint slot (and at most one frozen block with a single

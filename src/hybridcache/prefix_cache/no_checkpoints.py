@@ -9,7 +9,7 @@ the checkpoint side unconditionally instead of asking which kind of trie they ho
 
 from __future__ import annotations
 
-from hybridcache.prefix_cache.checkpoint_store import Released
+from hybridcache.prefix_cache.checkpoint_store import NO_RELEASE_COUNTS, Released
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord
 from hybridcache.sequence import Sequence
 from hybridcache.types import NO_SAVE
@@ -20,6 +20,9 @@ _NOTHING_RELEASED = Released(records=0, frozen_blocks=0)
 class NoCheckpoints:
     index = None
     num_live = 0
+
+    def release_counts(self) -> tuple[int, ...]:
+        return NO_RELEASE_COUNTS
 
     def records_at(self, anchor: int) -> tuple[CheckpointRecord, ...]:
         return ()
@@ -69,7 +72,7 @@ class NoCheckpoints:
     def release_anchored(self, anchor: int) -> Released:
         return _NOTHING_RELEASED
 
-    def evict(self, count: int) -> int:
+    def evict(self, count: int, cause: object = None) -> int:
         return 0
 
     def evict_frozen(self, count: int) -> int:

@@ -2,15 +2,18 @@
 
 Owns: the composition of the prefix-cache components, chosen once here, the claim of a
 sequence (``prefix_state.trie.owner``: the trie whose node handles its cached facts refer to)
-and the order between the KV-pressure evictions (``mid_block_checkpoints_first``). Every
-public call validates its arguments, refuses another trie's sequence, and delegates:
+and the order between the KV-pressure evictions (``states_with_leaves``, read from the
+eviction policy when the trie is built). Every public call validates its arguments, refuses
+another trie's sequence, and delegates:
 
 * ``PathLookup`` (lookup.py): exact path verification;
 * ``BlockMatcher`` / ``CheckpointMatcher`` (matchers.py): prepare and match, one per kind;
 * ``MatchBook`` (match_txn.py): the match transaction, borrowed paths, commit and rollback;
 * ``Attacher`` (attach.py): allocate, pending nodes, private blocks, routed-expert enrichment;
 * ``KVLifecycle`` / ``CheckpointLifecycle`` (or ``NoCheckpoints``): references, pins, eviction;
-* invariants.py: the cross-owner checks.
+* invariants.py: the cross-owner checks;
+* an eviction policy (``EvictionScores``, eviction_view.py): the heaps' scores; it sees the
+  trie only through an ``EvictionView``.
 
 It never holds a reference to a sequence beyond one call, except inside a ``MatchTxn`` the
 caller holds.
@@ -27,6 +30,7 @@ from hybridcache.prefix_cache.attach import Attacher
 from hybridcache.prefix_cache.change_log import CacheChanges, ChangeLog
 from hybridcache.prefix_cache.checkpoint_index import CheckpointIndex
 from hybridcache.prefix_cache.checkpoint_lifecycle import CheckpointLifecycle
+from hybridcache.prefix_cache.eviction_view import EvictionScores, EvictionView
 from hybridcache.prefix_cache.identity import BlockKeyer
 from hybridcache.prefix_cache.invariants import check_trie
 from hybridcache.prefix_cache.kv_lifecycle import KVLifecycle
@@ -63,17 +67,15 @@ class BlockTrie:
         max_checkpoints_per_anchor: int = 4,
         track_pending: bool = False,
         borrow_paths: bool = True,
-        kv_score: Callable[[int], object] | None = None,
-        checkpoint_score: Callable[..., object] | None = None,
+        eviction: EvictionScores | None = None,
     ) -> None:
         """``state_pool`` makes the trie hybrid (every hit needs a published checkpoint);
-        ``kv_score(slot)`` orders KV leaf eviction (default: the block's recency stamp);
-        ``checkpoint_score(record)`` orders checkpoint eviction (default: its recency stamp);
         ``borrow_paths=False``: a match references every block it gives a sequence instead of
         pinning the path (each holder counts one reference per block, as engines whose block
-        manager owns the ids expect).
-        An eviction policy may also set ``mid_block_checkpoints_first`` when it binds (see
-        ``free_kv_blocks``)."""
+        manager owns the ids expect); ``eviction``: an eviction policy's state, read once here
+        (its scores order the eviction heaps, its ``states_with_leaves`` the KV-pressure order,
+        see ``free_kv_blocks``) and bound to this trie's ``EvictionView``; None: recency, and
+        mid-block states first."""
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 2 or block_size % 2:
             raise InvalidArgumentError(f"block_size must be an even int >= 2, got {block_size!r}")
         if not isinstance(pool, KVBlockAllocator):
@@ -84,6 +86,8 @@ class BlockTrie:
             raise InvalidArgumentError("keyer block size differs from the trie's")
         if state_pool is not None and not isinstance(state_pool, StateSlotAllocator):
             raise InvalidTypeError(f"state_pool must be a state slot allocator (StatePool or alike), got {type(state_pool).__name__}")
+        if eviction is not None and not isinstance(eviction, EvictionScores):
+            raise InvalidTypeError("eviction must be an eviction policy state (kv_score, checkpoint_score, states_with_leaves, bind)")
         self.trie_id = next(_TRIE_IDS)
         self.pool = pool
         self.block_size = block_size
@@ -95,14 +99,17 @@ class BlockTrie:
         self.tokens = TokenStore(block_size, self.nodes.capacity)
         self.experts = RoutedExpertStore(block_size)
         self.experts.ensure_capacity(self.nodes.capacity)
-        self.kv = KVLifecycle(self.nodes, pool, kv_score)
-        # KV pressure takes frozen blocks of mid-block checkpoints before leaves (see free_kv_blocks)
-        self.mid_block_checkpoints_first = True
+        self.kv = KVLifecycle(self.nodes, pool, None if eviction is None else eviction.kv_score)
+        # KV pressure takes frozen blocks of mid-block checkpoints before leaves unless the
+        # policy keeps states with their leaves (see free_kv_blocks)
+        self._states_with_leaves = eviction is not None and bool(eviction.states_with_leaves)
         self.stats = PrefixCacheStats()
         self.state_pool = state_pool
         self.lookup = PathLookup(self.nodes, self.tokens, self.keyer, block_size, self.track_pending)
-        self._compose_checkpoints(max_checkpoints_per_anchor, checkpoint_score)
+        self._compose_checkpoints(max_checkpoints_per_anchor, None if eviction is None else eviction.checkpoint_score)
         self.attacher = Attacher(self.lookup, pool, self.kv, self.experts, self.checkpoints, self.enabled)
+        if eviction is not None:
+            eviction.bind(EvictionView(self.nodes, (pool, state_pool), self.checkpoints, self.kv, self.keyer))
 
     def _compose_checkpoints(self, max_per_anchor: int, score: Callable | None = None) -> None:
         """The one place that decides the trie's kind: the checkpoint side and the matcher."""
@@ -127,6 +134,12 @@ class BlockTrie:
             self.matcher: BlockMatcher | CheckpointMatcher = BlockMatcher(self.lookup, self.book, self.experts)
         else:
             self.matcher = CheckpointMatcher(self.lookup, self.book, self.experts, self.checkpoints)
+
+    @property
+    def states_with_leaves(self) -> bool:
+        """Under KV pressure a mid-block state goes with its anchor leaf (the eviction policy's
+        choice), instead of ahead of every leaf."""
+        return self._states_with_leaves
 
     @property
     def is_hybrid(self) -> bool:
@@ -291,9 +304,9 @@ class BlockTrie:
         too, so possibly more than ``count``). A leaf anchoring a pinned checkpoint is never
         evicted. Returns the blocks freed.
 
-        With ``mid_block_checkpoints_first`` (the default) frozen blocks go first: a policy
-        that writes mid-block states beside aligned ones (a prompt end next to its last block
-        boundary, chunk ends) loses the least per freed block that way. Without it leaves go
+        By default frozen blocks go first: a policy that writes mid-block states beside aligned
+        ones (a prompt end next to its last block boundary, chunk ends) loses the least per
+        freed block that way. With ``states_with_leaves`` (the eviction policy's) leaves go
         first and a mid-block checkpoint goes with its anchor leaf, frozen blocks only when no
         leaf can go: where every state is one a hit needs (Marconi's branch points and turn
         ends), dropping it to keep its leaf would keep KV that no hybrid hit can resume from
@@ -306,10 +319,10 @@ class BlockTrie:
     def _free_block_for_frozen_copy(self, count: int, keep: int) -> int:
         """What a mid-block save with no free block may evict for its frozen copy: only where
         states go with their leaves (the LRU leaf gives it, as Marconi makes room for a state
-        it inserts). With ``mid_block_checkpoints_first`` the block would come from another
-        mid-block checkpoint, one such state traded for another, so the save is refused as
-        before (measured: more state churn and a lower hit rate with scarce state slots)."""
-        if self.mid_block_checkpoints_first:
+        it inserts). Otherwise the block would come from another mid-block checkpoint, one
+        such state traded for another, so the save is refused as before (measured: more state
+        churn and a lower hit rate with scarce state slots)."""
+        if not self._states_with_leaves:
             return 0
         return self._free_kv_blocks_keeping(count, keep)
 
@@ -323,7 +336,7 @@ class BlockTrie:
             return slot == keep or checkpoints.is_anchor_protected(slot)
 
         freed = 0
-        if self.mid_block_checkpoints_first:
+        if not self._states_with_leaves:
             freed = checkpoints.evict_frozen(count)
             self.stats.evicted_checkpoints += freed
         if freed < count:
@@ -335,7 +348,7 @@ class BlockTrie:
                 freed += released.frozen_blocks
                 self.stats.evicted_checkpoints += released.records
             self.stats.evicted_blocks += len(evicted)
-        if freed < count and not self.mid_block_checkpoints_first:
+        if freed < count and self._states_with_leaves:
             frozen = checkpoints.evict_frozen(count - freed)
             self.stats.evicted_checkpoints += frozen
             freed += frozen

@@ -1,14 +1,14 @@
-"""The one place the replay calls the cache library, through its engine-facing protocol.
+"""The one place the replay calls the cache library, through its engine-facing protocol only
+(``CacheProtocol`` and ``Sequence``; nothing of the trie or the pools is read here).
 
-Owns: the block pool, the state pool and the trie of one replay, the sequence of the turn being
-served, and counters of the checkpoint releases the trie's statistics do not see (a checkpoint
-evicted inside ``reserve_save`` to free a state slot; surplus records released when an anchor
-holds too many). Every call below is one the reference engine or its scheduler makes, in the
-same order, with the forward itself left out:
+Owns: the cache of one replay (a ``CacheProtocol`` over the components ``build_cache`` made,
+with the eviction policy state their heaps score with) and the sequence of the turn being
+served. Every call below is one the reference engine or its scheduler makes, in the same
+order, with the forward itself left out:
 
   __init__     CacheProtocol(build_cache(CacheConfig(hybrid=True), track_pending=True))
                                                                            (engine: __init__)
-  start_turn   Sequence(prompt) -> prepare                                 (engine: add_request)
+  start_turn   Sequence(prompt) -> prepare -> branch_point                 (engine: add_request)
   admit        admit                                                       (scheduler: _admit)
   grow         swap_computed_duplicates -> extend                          (scheduler: _continue)
   forward      run_forwards: per chunk, grow, reserve_save -> forward_queued   (engine: _prepare)
@@ -17,6 +17,8 @@ same order, with the forward itself left out:
   finish       free                                                        (scheduler: _release)
   probe        cached_prefix                              (a router scoring replicas; changes nothing)
   adopt        Sequence(prefix) -> adopt, writing nothing         (engine: EngineTiers.restore)
+
+  stats        stats, released_checkpoints (the releases by cause the protocol reports)
 
 One turn is served at a time (no batching), so nothing but the current turn is ever pinned.
 """
@@ -74,17 +76,13 @@ class CacheAdapter:
             checkpoint_budget=geometry.checkpoint_slots,
             hybrid=True,
         )
-        components = build_cache(config, track_pending=True, eviction=eviction)  # as the engine does
-        self.cache = CacheProtocol(components)
-        self.pool, self.states, self.trie = components.pool, components.states, components.trie
+        self.cache = CacheProtocol(build_cache(config, track_pending=True, eviction=eviction))  # as the engine does
         self.eviction = eviction
-        self.evicted_for_slots = 0
-        self.released_over_anchor_cap = 0
 
     def start_turn(self, prompt: np.ndarray) -> Turn:
         seq = Sequence(prompt)
         self.cache.prepare(seq)
-        return Turn(seq, branch=self.trie.cached_prefix_tokens(seq))
+        return Turn(seq, branch=self.cache.branch_point(seq))
 
     def probe(self, scratch: Sequence) -> tuple[int, int]:
         """What this cache holds for ``scratch`` (a sequence holding no blocks, which may have been
@@ -93,15 +91,12 @@ class CacheAdapter:
 
     def remeasure_branch(self, turn: Turn) -> None:
         """The turn's branch point after a prefix was adopted for it."""
-        turn.branch = self.trie.cached_prefix_tokens(turn.seq)
+        turn.branch = self.cache.branch_point(turn.seq)
 
     def adopt(self, prefix: np.ndarray, step: int) -> int:
         """Cache ``prefix`` (``step`` tokens) with a checkpoint at ``step``, restored from a tier:
         the replay has no tensors, so the write fills nothing and succeeds. The tokens gained."""
-        before = self.cache.checkpoints_live_or_evicted()
-        gained = self.cache.adopt(Sequence(prefix), step, lambda adoption: True)
-        self.evicted_for_slots += before - self.cache.checkpoints_live_or_evicted() + (gained > 0)
-        return gained
+        return self.cache.adopt(Sequence(prefix), step, lambda adoption: True).gained
 
     def admit(self, turn: Turn, chunk_tokens: int, stop_at=None) -> int | None:
         """Admit the turn for a first chunk of at most ``chunk_tokens``, ended earlier where
@@ -131,10 +126,7 @@ class CacheAdapter:
         def note_save(record, last_published: int) -> None:
             eviction.note_save(record, last_published or parent_step, saves[record.step])
 
-        run = self.cache.run_forwards(turn.seq, ends, saves, None if eviction is None else note_save)
-        self.evicted_for_slots += run.released_for_saves
-        self.released_over_anchor_cap += run.released_when_done
-        return run.published
+        return self.cache.run_forwards(turn.seq, ends, saves, None if eviction is None else note_save).published
 
     def append(self, turn: Turn, tokens: np.ndarray) -> None:
         turn.seq.append_tokens(tokens)
@@ -144,14 +136,13 @@ class CacheAdapter:
         turn.runtime_slot = NO_SLOT
 
     def stats(self) -> dict:
-        stats = self.trie.stats.as_dict()
-        stats["evicted_checkpoints_for_state_slots"] = self.evicted_for_slots
-        stats["released_checkpoints_over_anchor_cap"] = self.released_over_anchor_cap
-        stats["live_checkpoints"] = self.states.num_checkpoint
-        stats["free_kv_blocks"] = self.pool.num_free
+        """The cache's statistics, with the checkpoints released for a save's state slot and
+        over an anchor's cap, which its trie counters do not include."""
+        stats = self.cache.stats()
+        released = self.cache.released_checkpoints()
+        stats["evicted_checkpoints_for_state_slots"] = released.save_slots
+        stats["released_checkpoints_over_anchor_cap"] = released.anchor_cap
         return stats
 
     def check_invariants(self, live: list[Turn] = ()) -> None:
-        self.trie.check_invariants([turn.seq for turn in live])
-        self.states.check_invariants()
-        self.pool.check_invariants()
+        self.cache.check_invariants([turn.seq for turn in live])

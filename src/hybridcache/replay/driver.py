@@ -170,8 +170,8 @@ class _Tuning:
 
 
 def _evicted(adapter: CacheAdapter) -> bool:
-    stats = adapter.trie.stats
-    return bool(stats.evicted_blocks or stats.evicted_checkpoints or adapter.evicted_for_slots)
+    stats = adapter.stats()
+    return bool(stats["evicted_blocks"] or stats["evicted_checkpoints"] or stats["evicted_checkpoints_for_state_slots"])
 
 
 @dataclass

@@ -41,6 +41,7 @@ from hybridcache.errors import InvalidArgumentError, LifecycleError
 from hybridcache.policies import Policy
 from hybridcache.policies.admission import KINDS
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord, anchor_step
+from hybridcache.prefix_cache.eviction_view import EvictionView
 from hybridcache.prefix_cache.identity import BlockKeyer
 from hybridcache.profiles import ModelProfile
 from hybridcache.sequence import Sequence
@@ -201,24 +202,25 @@ class OracleEviction:
 class OracleState:
     """One cache's Belady order: next uses of its KV blocks (its keyer's keys) and checkpoints."""
 
+    states_with_leaves = True  # a state goes with its anchor leaf
+
     def __init__(self, foresight: Foresight) -> None:
         self.foresight = foresight
-        self._trie = None
+        self._view: EvictionView | None = None
         self._keys = np.zeros(0, np.uint64)
         self._times = np.zeros(0, np.int64)
         self._used_by: list[np.ndarray] = []
         self._positions: dict[int, Position] = {}
 
-    def bind(self, trie) -> None:
-        if self._trie is not None:
+    def bind(self, view: EvictionView) -> None:
+        if self._view is not None:
             raise LifecycleError("an eviction policy state serves one cache")
-        self._trie = trie
-        trie.mid_block_checkpoints_first = False  # a state goes with its anchor leaf
-        foresight, block = self.foresight, trie.block_size
+        self._view = view
+        foresight, block = self.foresight, view.block_size
         for q, request in enumerate(foresight.requests):
             blocks = int(foresight.resume[q]) // block
             prompt = request.prompt[: blocks * block]
-            self._used_by.append(trie.keyer.extend(Sequence(prompt)).copy() if blocks else np.zeros(0, np.uint64))
+            self._used_by.append(view.prefix_keys(prompt) if blocks else np.zeros(0, np.uint64))
         counts = [used.size for used in self._used_by]
         keys = np.concatenate(self._used_by) if self._used_by else np.zeros(0, np.uint64)
         times = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
@@ -243,8 +245,8 @@ class OracleState:
         return int(self._times[at]) if at < high else len(self.foresight.requests)
 
     def kv_score(self, slot: int) -> tuple[int, int]:
-        trie = self._trie
-        return -self._block_next_use(int(trie.nodes.key[slot])), trie.pool.stamp_of(int(trie.nodes.block[slot]))
+        view = self._view
+        return -self._block_next_use(view.key(slot)), view.stamp(slot)
 
     def checkpoint_score(self, record: CheckpointRecord) -> tuple[int, int]:
         position = self._positions.get(record.record_id)
@@ -253,20 +255,15 @@ class OracleState:
 
     def held_next_uses(self) -> tuple[list[int], int]:
         """The next use of every published checkpoint, and the checkpoint budget."""
-        trie = self._trie
-        held = [-self.checkpoint_score(r)[0] for r in trie.checkpoints.live_records() if r.is_published]
-        return held, trie.state_pool.checkpoint_budget
+        view = self._view
+        return [-self.checkpoint_score(r)[0] for r in view.published_records()], view.checkpoint_budget
 
     def passed(self, served: int) -> None:
         """Request ``served`` used its blocks: file the deepest cached one again when it is a leaf
         (its score dropped; ancestors are not candidates while it is attached)."""
-        nodes = self._trie.nodes
         used = self._used_by[served]
         for depth in range(used.size, 0, -1):
-            slots = [s for s in nodes.candidates(int(used[depth - 1])) if int(nodes.depth[s]) == depth]
-            if slots:
-                if nodes.num_children[slots[0]] == 0:
-                    self._trie.kv.offer_leaf(slots[0])
+            if self._view.rescore_leaf(int(used[depth - 1]), depth):
                 return
 
 

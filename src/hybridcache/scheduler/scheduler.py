@@ -287,9 +287,9 @@ class Scheduler:
         if chunk.produces_token and entry.finishing and kind is None:
             kind = "turn_end" if not isinstance(self.admission, IntervalAdmission) else None
         if kind is not None:
-            record = self.cache.reserve_save(seq, chunk.end)
+            record = self.cache.reserve_save(seq, chunk.end).record
         elif chunk.produces_token and self._decode_interval():
-            record = self.cache.reserve_decode_save(seq, self._decode_interval())
+            record = self.cache.reserve_decode_save(seq, self._decode_interval()).record
             kind = "speculative"
         else:
             record = None
