@@ -1,0 +1,185 @@
+"""What ``auto``'s checkpoints turn out to be worth on the traffic seen so far, learned online.
+
+Owns (``ReuseLearner``): a window of the most recently touched checkpoints of one cache, live or
+released (a released one is a *ghost*: metadata only, its state bytes are gone), indexed by the
+prefix key of their anchor block; which conversation turn each running request continues; and,
+per *class*, how often a record of that class was reused while in the window, how long after
+its last touch, and how often one left the window unused. A class is the kind of save
+(speculative grid, branch point, prompt end, turn end), its *lineage* (how many turns of its
+conversation in a row were resumed from the previous turn's state: a request resuming from a
+turn end or prompt end continues a conversation) and how often it was reused so far (0, 1, 2
+or more each).
+
+A reuse is a request that resumed from the record (a hit), or one that would have (a ghost hit):
+its prompt reaches a released record's position deeper than the state it resumed from. Counting
+ghost hits as reuses is what keeps the estimate honest: a kind of state the eviction drops too
+early would otherwise look worthless because it was dropped, and be dropped earlier still. The
+odds of a class are its reuses over its outcomes with two pseudo-outcomes at the odds of its
+kind (Laplace's rule over the kind: one half before any evidence), so a class seen rarely, such
+as a first hit, borrows from its kind, and nothing here is fitted to a trace. The window holds
+``window`` records (the eviction policy makes it twice the checkpoint pool, as ARC's directory
+holds its cache twice): evidence older than that is not counted, so the odds follow the traffic.
+
+Per request, ``admitted`` hashes the prompt's blocks once (vectorized) and looks each block key
+past the resume point up in a dict; per save, ``saved`` is O(1); a record leaves the window in
+O(1) (an ordered dict by last touch); ``odds`` and ``expected_interval`` are O(kinds).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from hybridcache.errors import InvalidArgumentError
+from hybridcache.policies.admission import KINDS, PROMPT_END, TURN_END
+from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord, CheckpointState, anchor_step
+from hybridcache.sequence import Sequence
+
+LEVELS = 3  # reuses so far, and turns of one conversation served in a row: 0, 1, 2 or more
+CONTINUED = (TURN_END, PROMPT_END)  # a request resuming from one of these continues a conversation
+
+
+@dataclass
+class _Entry:
+    record: CheckpointRecord
+    kind: str
+    anchor_key: int  # prefix key of the anchor block (0: a root anchor, never looked up)
+    lineage: int  # turns of its conversation served from the cache in a row before it was saved
+    touched: int  # the learner's clock (saves noted) at the last touch
+
+
+class ReuseLearner:
+    def __init__(self, block_size: int, window: int) -> None:
+        if block_size < 1 or window < 1:
+            raise InvalidArgumentError(f"block_size and window must be >= 1, got {block_size}, {window}")
+        self.block_size = block_size
+        self.window = window
+        self.clock = 0  # saves noted
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()  # record id -> entry, oldest touch first
+        self._by_anchor: dict[int, dict[int, _Entry]] = {}  # anchor key -> record id -> entry
+        self._lineage_of: dict[int, int] = {}  # producer sequence id -> lineage of what it saves
+        shape = (len(KINDS), LEVELS, LEVELS)  # kind, lineage, reuses so far
+        self.reused = np.zeros(shape, np.int64)
+        self.unused = np.zeros(shape, np.int64)
+        self.reuse_ages = np.zeros(shape, np.int64)  # summed clock ticks from last touch to reuse
+        self.ghost_hits = 0
+
+    def _class(self, entry: _Entry, hits: int) -> tuple[int, int, int]:
+        return KINDS.index(entry.kind), min(entry.lineage, LEVELS - 1), min(max(hits, 0), LEVELS - 1)
+
+    def odds(self, record: CheckpointRecord) -> float:
+        """The chance that ``record`` is reused again while in the window: its class's reuses
+        over its outcomes, with two pseudo-outcomes at the odds of its kind as a whole (which
+        in turn start at one half), so a class seen rarely borrows from its kind."""
+        entry = self._entries.get(record.record_id)
+        if entry is None:
+            return 0.5
+        index = self._class(entry, record.hits)
+        kind_reused, kind_unused = int(self.reused[index[0]].sum()), int(self.unused[index[0]].sum())
+        prior = (kind_reused + 1) / (kind_reused + kind_unused + 2)
+        reused, unused = int(self.reused[index]), int(self.unused[index])
+        return (reused + 2 * prior) / (reused + unused + 2)
+
+    def expected_interval(self, record: CheckpointRecord) -> float:
+        """Clock ticks from the last touch of ``record`` to its next reuse, as its class says:
+        the mean wait of the reuses seen (of its kind when its class has none; half the
+        window before any) over the odds of one, at most the window (beyond it the learner
+        has seen nothing come back)."""
+        entry = self._entries.get(record.record_id)
+        if entry is None:
+            return float(self.window)
+        index = self._class(entry, record.hits)
+        reused, ages = int(self.reused[index]), int(self.reuse_ages[index])
+        if not reused:
+            reused, ages = int(self.reused[index[0]].sum()), int(self.reuse_ages[index[0]].sum())
+        wait = ages / reused if reused else self.window / 2
+        return min(float(self.window), wait / self.odds(record))
+
+    def saved(self, record: CheckpointRecord, kind: str, anchor_key: int) -> None:
+        """A checkpoint was reserved for reason ``kind`` on an anchor whose prefix key is
+        ``anchor_key``: it enters the window (pushing the least recently touched out)."""
+        if kind not in KINDS:
+            raise InvalidArgumentError(f"kind must be one of {KINDS}, got {kind!r}")
+        if record.record_id in self._entries:
+            return
+        self.clock += 1
+        lineage = self._lineage_of.get(record.producer_id, 0)
+        entry = _Entry(record, kind, int(anchor_key) if record.step >= self.block_size else 0, lineage, self.clock)
+        self._entries[record.record_id] = entry
+        if entry.anchor_key:
+            self._by_anchor.setdefault(entry.anchor_key, {})[record.record_id] = entry
+        while len(self._entries) > self.window:
+            self._leave(next(iter(self._entries.values())))
+
+    def admitted(self, seq: Sequence, restore: CheckpointRecord | None, keyer) -> None:
+        """A request was admitted, resuming from ``restore`` (None: from nothing). Credits the
+        record it resumed from and the deepest ghost its prompt reaches beyond it, and notes
+        the lineage of what it will save."""
+        hit = 0 if restore is None else restore.step
+        entry = None if restore is None else self._entries.get(restore.record_id)
+        lineage = 0
+        if entry is not None:  # the trie counted this hit already
+            self._reused(entry, restore.hits - 1)
+            self._entries.move_to_end(restore.record_id)
+            entry.touched = self.clock
+            lineage = entry.lineage + 1 if entry.kind in CONTINUED else 0
+        ghost = self._deepest_ghost(seq, hit, keyer)
+        if ghost is not None:
+            self.ghost_hits += 1
+            self._reused(ghost, ghost.record.hits)
+            self._forget(ghost)  # the position is recomputed now; a new save there starts anew
+        if len(self._lineage_of) >= self.window:
+            self._lineage_of.clear()  # producers long gone; bounded
+        self._lineage_of[seq.seq_id] = lineage
+
+    def _deepest_ghost(self, seq: Sequence, hit: int, keyer) -> _Entry | None:
+        size, length = self.block_size, seq.num_tokens
+        first, last = max(hit // size, 1), (length - 1) // size  # anchor depths past the resume point
+        if last < first or not self._by_anchor:
+            return None
+        tokens = seq.tokens
+        probe = Sequence(tokens[: last * size], adapter=seq.namespace.adapter, cache_salt=seq.namespace.cache_salt)
+        keys = keyer.extend(probe)[first - 1 : last].tolist()
+        best = None
+        for key in set(keys).intersection(self._by_anchor):
+            for entry in self._by_anchor[key].values():
+                record = entry.record
+                if record.state is not CheckpointState.RELEASED or not hit < record.step < length:
+                    continue
+                if best is not None and record.step <= best.record.step:
+                    continue
+                start = anchor_step(record.step, size)
+                if np.array_equal(tokens[start : record.step], record.tail_tokens):
+                    best = entry
+        return best
+
+    def _reused(self, entry: _Entry, hits: int) -> None:
+        index = self._class(entry, hits)
+        self.reused[index] += 1
+        self.reuse_ages[index] += self.clock - entry.touched
+
+    def _leave(self, entry: _Entry) -> None:
+        self.unused[self._class(entry, entry.record.hits)] += 1
+        self._forget(entry)
+
+    def _forget(self, entry: _Entry) -> None:
+        record_id = entry.record.record_id
+        del self._entries[record_id]
+        bucket = self._by_anchor.get(entry.anchor_key)
+        if bucket is not None:
+            bucket.pop(record_id, None)
+            if not bucket:
+                del self._by_anchor[entry.anchor_key]
+
+    def check_invariants(self) -> None:
+        assert len(self._entries) <= self.window and len(self._lineage_of) <= self.window, "bounded"
+        indexed = {rid for bucket in self._by_anchor.values() for rid in bucket}
+        assert indexed == {rid for rid, e in self._entries.items() if e.anchor_key}, "anchor index = window"
+        assert all(bucket for bucket in self._by_anchor.values()), "no empty anchor bucket"
+        touched = [e.touched for e in self._entries.values()]
+        assert all(0 < t <= self.clock for t in touched) and touched == sorted(touched), "ordered by last touch"
+        assert all(e.record.record_id == rid and e.kind in KINDS and e.lineage >= 0 for rid, e in self._entries.items())
+        assert (self.reused >= 0).all() and (self.unused >= 0).all() and (self.reuse_ages >= 0).all()
+        assert self.ghost_hits <= int(self.reused.sum())

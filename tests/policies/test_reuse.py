@@ -1,0 +1,139 @@
+"""The online learner of ``auto`` (``policies.reuse``): what counts as a reuse, and decisions
+that flip when the traffic does."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from hybridcache.errors import InvalidArgumentError
+from hybridcache.policies import BRANCH, TURN_END, resolve_policy
+from hybridcache.policies.admission import KINDS
+from hybridcache.policies.reuse import ReuseLearner
+from hybridcache.prefix_cache.checkpoint_record import CheckpointState
+from hybridcache.prefix_cache.identity import BlockKeyer
+from hybridcache.replay import replay
+from hybridcache.sequence import Sequence
+from tests.replay._helpers import PROFILE, ExactnessCheck, budget, request
+
+BLOCK = 4
+
+
+def _record(record_id, step, tokens, hits=0, producer=0):
+    start = step - step % BLOCK
+    return SimpleNamespace(
+        record_id=record_id, step=step, hits=hits, producer_id=producer, state=CheckpointState.PUBLISHED,
+        tail_tokens=np.asarray(tokens[start:step], np.int32),
+    )
+
+
+def _anchor_key(keyer, tokens, step):
+    return int(keyer.extend(Sequence(tokens[: step - step % BLOCK]))[step // BLOCK - 1])
+
+
+def test_a_request_reaching_an_evicted_state_counts_as_its_reuse():
+    keyer = BlockKeyer.deterministic(BLOCK)
+    learner = ReuseLearner(BLOCK, window=3)
+    history = np.arange(100, 130, dtype=np.int32)
+    turn_end = _record(1, 18, history)  # mid-block: its tail tokens are compared too
+    learner.saved(turn_end, TURN_END, _anchor_key(keyer, history, 18))
+    learner.check_invariants()
+    turn_end.state = CheckpointState.RELEASED  # evicted: now a ghost
+    follow_up = Sequence(np.concatenate([history[:18], [7, 7, 7, 7, 7]]))
+    learner.admitted(follow_up, None, keyer)  # resumed from nothing, would have resumed at 18
+    learner.check_invariants()
+    assert learner.ghost_hits == 1 and learner.reused[KINDS.index(TURN_END), 0, 0] == 1
+    other = Sequence(np.concatenate([history[:16], [9, 9, 9, 9, 9, 9]]))  # differs in the tail
+    learner.admitted(other, None, keyer)
+    assert learner.ghost_hits == 1
+
+
+def test_a_hit_raises_its_class_and_the_window_forgets_what_never_came_back():
+    keyer = BlockKeyer.deterministic(BLOCK)
+    learner = ReuseLearner(BLOCK, window=2)
+    tokens = np.arange(40, dtype=np.int32)
+    branch = _record(1, 8, tokens)
+    learner.saved(branch, BRANCH, _anchor_key(keyer, tokens, 8))
+    branch.hits = 1  # the trie counts the hit before the learner hears of it
+    learner.admitted(Sequence(tokens[:20]), branch, keyer)
+    assert learner.reused[KINDS.index(BRANCH), 0, 0] == 1
+    assert learner.odds(branch) == pytest.approx(2 / 3)  # its class (one hit so far) has no evidence: its kind's
+    for number in (2, 3):
+        learner.saved(_record(number, 12, tokens), TURN_END, _anchor_key(keyer, tokens, 12))
+        learner.check_invariants()
+    assert learner.unused[KINDS.index(BRANCH), 0, 1] == 1  # pushed out of the window unused
+    assert learner.expected_interval(branch) == learner.window  # unknown to the learner now
+    with pytest.raises(InvalidArgumentError):
+        learner.saved(_record(4, 12, tokens), "whim", 0)
+    with pytest.raises(InvalidArgumentError):
+        ReuseLearner(BLOCK, window=0)
+
+
+def test_lineage_counts_turns_of_one_conversation_served_in_a_row():
+    keyer = BlockKeyer.deterministic(BLOCK)
+    learner = ReuseLearner(BLOCK, window=8)
+    tokens = np.arange(60, dtype=np.int32)
+    first = _record(1, 10, tokens)
+    learner.saved(first, TURN_END, _anchor_key(keyer, tokens, 10))
+    first.hits = 1
+    seq = Sequence(tokens[:30])
+    learner.admitted(seq, first, keyer)
+    second = _record(2, 29, tokens, producer=seq.seq_id)
+    learner.saved(second, TURN_END, _anchor_key(keyer, tokens, 29))
+    assert learner._entries[2].lineage == 1
+    learner.check_invariants()
+
+
+def _fresh(rng, length):
+    return rng.integers(0, 50_000, length)
+
+
+def _phase_shared_prompts(rng, first_index, count):
+    """One-off questions over three system prompts: only branch points pay."""
+    prompts = [_fresh(rng, 6 * 32) for _ in range(3)]
+    return [request(first_index + i, np.concatenate([prompts[i % 3], _fresh(rng, 40)])) for i in range(count)]
+
+
+def _phase_conversations(rng, first_index, sessions, turns):
+    """Interleaved conversations with nothing shared between them: only turn ends pay."""
+    requests, last = [], [None] * sessions
+    for turn in range(turns):
+        for session in range(sessions):
+            history = _fresh(rng, 3 * 32 + 5) if last[session] is None else last[session].tokens
+            made = request(first_index + len(requests), np.concatenate([history, _fresh(rng, 20)]), output_length=6)
+            requests.append(made)
+            last[session] = made
+    return requests
+
+
+class _LearnerCheck(ExactnessCheck):
+    def __call__(self, adapters, request_, turn) -> None:
+        super().__call__(adapters, request_, turn)
+        for adapter in adapters:
+            adapter.eviction.learner.check_invariants()
+        self.learner = adapters[0].eviction.learner
+
+
+@pytest.mark.parametrize("shared_first", [True, False])
+def test_auto_follows_the_traffic_from_branch_points_to_turn_ends_and_back(shared_first):
+    # four state slots: three system prompts' branch points fit, or four conversations' turn
+    # ends, not both. Whichever phase comes first (and fills the learner with its evidence),
+    # the states the other phase needs take the slots once ghost hits show their kind pays:
+    # each phase's late requests hit as deep as the phase allows
+    rng = np.random.default_rng(24)
+    if shared_first:
+        shared = _phase_shared_prompts(rng, 0, 45)
+        talks = _phase_conversations(rng, len(shared), sessions=4, turns=20)
+        requests = shared + talks
+    else:
+        talks = _phase_conversations(rng, 0, sessions=4, turns=20)
+        shared = _phase_shared_prompts(rng, len(talks), 45)
+        requests = talks + shared
+    check = _LearnerCheck(requests)
+    replay(requests, PROFILE, resolve_policy("auto"), budget(400, 4), observer=check)
+    hits = check.hits
+    assert all(hits[r.index] >= 6 * 32 for r in shared[-6:])  # every late question resumes past its system prompt
+    for r in talks[-8:]:  # the last two rounds of the conversations
+        before = requests[r.index - 4]  # the same session's previous turn
+        assert hits[r.index] == before.prompt_length + before.output_length - 1  # resumed at its turn end
+    assert check.learner.reused[KINDS.index(TURN_END)].sum() > 0 and check.learner.reused[KINDS.index(BRANCH)].sum() > 0
