@@ -8,7 +8,8 @@ import pytest
 from hybridcache import CacheConfig
 from hybridcache.cache import build_cache
 from hybridcache.errors import InvalidArgumentError, InvalidTypeError, LifecycleError
-from hybridcache.policies import BRANCH, SPECULATIVE, AutoEviction, MarconiEviction, resolve_policy
+from hybridcache.policies import BRANCH, SPECULATIVE, TURN_END, AutoEviction, MarconiEviction, resolve_policy
+from hybridcache.policies.admission import KINDS
 from hybridcache.policies.eviction import PROVEN_GRACE
 from hybridcache.policies.tuning import AlphaTuner
 from hybridcache.prefix_cache.checkpoint_record import CheckpointState
@@ -17,7 +18,8 @@ from tests.replay._helpers import PROFILE, budget, request, run
 
 def record(step, stamp, record_id, hits=0):
     return SimpleNamespace(
-        step=step, stamp=stamp, record_id=record_id, hits=hits, state=CheckpointState.PUBLISHED, is_published=True
+        step=step, stamp=stamp, record_id=record_id, hits=hits, state=CheckpointState.PUBLISHED, is_published=True,
+        anchor=0, producer_id=0, tail_tokens=np.zeros(0, np.int32),
     )
 
 
@@ -27,6 +29,9 @@ class _View:
     block_size = 32
     clock = 100
     num_state_slots = 10
+
+    def key(self, slot):
+        return slot + 1
 
 
 @pytest.mark.parametrize("eviction", [MarconiEviction(alpha=1.0), AutoEviction()])
@@ -52,14 +57,20 @@ def test_marconi_alpha_zero_is_recency():
         state.set_alpha(-1)
 
 
-def test_auto_hits_and_branch_evidence_buy_a_pool_turnover():
+def test_auto_scores_a_checkpoint_by_the_reuse_its_class_has_shown():
+    # a kind reused soon and often is expected back sooner than one never reused: at equal
+    # recency the first stays (higher score), whatever the kind is called
     state = AutoEviction().new_state(PROFILE)
     state.bind(_View())
-    plain, branch, used = record(64, 1, 1), record(64, 2, 2), record(64, 3, 3, hits=1)
-    for item in (plain, branch, used):
-        state.note_save(item, 0, BRANCH if item is branch else SPECULATIVE)
-    scores = [state.checkpoint_score(item) for item in (plain, branch, used)]
-    assert scores[0] + 8 <= scores[1] and scores[0] + 8 <= scores[2]
+    paying, idle = record(64, 1, 1), record(64, 2, 2)
+    state.note_save(paying, 0, TURN_END)
+    state.note_save(idle, 0, BRANCH)
+    learner = state.learner
+    learner.reused[KINDS.index(TURN_END), 0, 0] = 9  # as if nine turn ends had been reused ...
+    learner.reuse_ages[KINDS.index(TURN_END), 0, 0] = 9 * 4  # ... four saves after their last touch
+    learner.unused[KINDS.index(BRANCH), 0, 0] = 9  # and nine branch points left the window unused
+    assert learner.expected_interval(paying) < learner.expected_interval(idle) <= learner.window
+    assert state.checkpoint_score(paying) > state.checkpoint_score(idle)
 
 
 def test_a_state_serves_one_cache_and_kinds_are_checked():

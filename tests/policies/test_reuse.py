@@ -27,6 +27,10 @@ def _record(record_id, step, tokens, hits=0, producer=0):
     )
 
 
+def _keys(keyer):
+    return lambda tokens: keyer.extend(Sequence(tokens))
+
+
 def _anchor_key(keyer, tokens, step):
     return int(keyer.extend(Sequence(tokens[: step - step % BLOCK]))[step // BLOCK - 1])
 
@@ -40,11 +44,11 @@ def test_a_request_reaching_an_evicted_state_counts_as_its_reuse():
     learner.check_invariants()
     turn_end.state = CheckpointState.RELEASED  # evicted: now a ghost
     follow_up = Sequence(np.concatenate([history[:18], [7, 7, 7, 7, 7]]))
-    learner.admitted(follow_up, None, keyer)  # resumed from nothing, would have resumed at 18
+    learner.admitted(follow_up, None, _keys(keyer))  # resumed from nothing, would have resumed at 18
     learner.check_invariants()
     assert learner.ghost_hits == 1 and learner.reused[KINDS.index(TURN_END), 0, 0] == 1
     other = Sequence(np.concatenate([history[:16], [9, 9, 9, 9, 9, 9]]))  # differs in the tail
-    learner.admitted(other, None, keyer)
+    learner.admitted(other, None, _keys(keyer))
     assert learner.ghost_hits == 1
 
 
@@ -55,7 +59,7 @@ def test_a_hit_raises_its_class_and_the_window_forgets_what_never_came_back():
     branch = _record(1, 8, tokens)
     learner.saved(branch, BRANCH, _anchor_key(keyer, tokens, 8))
     branch.hits = 1  # the trie counts the hit before the learner hears of it
-    learner.admitted(Sequence(tokens[:20]), branch, keyer)
+    learner.admitted(Sequence(tokens[:20]), branch, _keys(keyer))
     assert learner.reused[KINDS.index(BRANCH), 0, 0] == 1
     assert learner.odds(branch) == pytest.approx(2 / 3)  # its class (one hit so far) has no evidence: its kind's
     for number in (2, 3):
@@ -77,7 +81,7 @@ def test_lineage_counts_turns_of_one_conversation_served_in_a_row():
     learner.saved(first, TURN_END, _anchor_key(keyer, tokens, 10))
     first.hits = 1
     seq = Sequence(tokens[:30])
-    learner.admitted(seq, first, keyer)
+    learner.admitted(seq, first, _keys(keyer))
     second = _record(2, 29, tokens, producer=seq.seq_id)
     learner.saved(second, TURN_END, _anchor_key(keyer, tokens, 29))
     assert learner._entries[2].lineage == 1

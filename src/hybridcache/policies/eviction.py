@@ -16,8 +16,9 @@ the trie's node arrays or lifecycles.
 Owns (``MarconiEviction``, ``AutoEviction``): the view it is bound to (``bind``), a memo of
 each live record's score at its last touch, what the producer said about each record
 (``note_save``: the step of the state it was computed from, why it was saved), and the
-scale constants. ``LeafLRUState`` owns only the view it is bound to; ``LRUEviction`` owns
-nothing.
+scale constants; ``AutoState`` also owns its reuse learner (``policies.reuse``), told of every
+admitted request (``note_admitted``). ``LeafLRUState`` owns only the view it is bound to;
+``LRUEviction`` owns nothing.
 
 Under KV pressure the library drops mid-block checkpoints (one frozen block each) ahead of
 any leaf, which suits admissions that write mid-block states beside aligned ones. ``leaf-lru``
@@ -38,11 +39,15 @@ no heap could keep it). ``alpha`` is set by the autotuner (``tuning``).
 ``auto``: KV leaves that anchor no checkpoint go first (KV beyond the deepest checkpoint of its
 path can serve no hybrid hit), least recently used first; then leaves anchoring checkpoints,
 least recently used first, a proven one's recency given a grace (``PROVEN_GRACE``).
-Checkpoints: a greedy-dual key on the record clock (records created so far):
-``clock at last touch + slots * (hits + evidence) + efficiency``, so each hit (and the evidence
-of a branch point, where two sequences met) buys one full turnover of the checkpoint pool, a
-speculative grid checkpoint that never served goes after one turnover, and at equal recency
-and hits the one saving more FLOPs per byte stays.
+Checkpoints are ordered by what the traffic has shown them to be worth, learned online
+(``policies.reuse``): the key is ``learner clock at last touch - expected interval to the next
+reuse + efficiency``, the interval being the mean wait of the reuses seen in the record's class
+(kind of save, turns of its conversation served in a row, reuses so far) over the odds that a
+record of that class is reused at all (hits and ghost hits, counted by the learner). So a kind
+that keeps coming back soon stays, one that stopped paying goes first, a state whose
+conversation has moved on (a turn end already resumed from) is dead weight, and at equal
+expectations the least recently used goes; efficiency (FLOPs saved per byte, squashed into
+[0, 1)) breaks ties.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from dataclasses import dataclass
 
 from hybridcache.errors import InvalidArgumentError, LifecycleError
 from hybridcache.policies.admission import BRANCH, KINDS, SPECULATIVE
+from hybridcache.policies.reuse import ReuseLearner
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord, CheckpointState
 from hybridcache.prefix_cache.eviction_view import EvictionView
 from hybridcache.profiles import ModelProfile
@@ -90,6 +96,9 @@ class LeafLRUState:
         """Recency needs nothing from the producer; the kind is still checked."""
         if kind not in KINDS:
             raise InvalidArgumentError(f"kind must be one of {KINDS}, got {kind!r}")
+
+    def note_admitted(self, seq, restore: CheckpointRecord | None) -> None:
+        """Recency learns nothing from a request."""
 
     def kv_score(self, slot: int) -> int:
         return self._view.stamp(slot)
@@ -136,6 +145,10 @@ class _Scored:
         self._notes[record.record_id] = _Saved(int(parent_step), kind, record)
         self._memo.pop(record.record_id, None)
         self._tick(record)
+
+    def note_admitted(self, seq, restore: CheckpointRecord | None) -> None:
+        """A request was admitted, resuming from ``restore`` (None: from nothing); only an
+        online policy learns from it."""
 
     def kind_of(self, record: CheckpointRecord) -> str:
         note = self._notes.get(record.record_id)
@@ -243,11 +256,28 @@ class MarconiState(_Scored):
 
 
 class AutoState(_Scored):
-    """One cache's auto eviction: the record clock and the memo."""
+    """One cache's auto eviction: its reuse learner (made at ``bind``, its window twice the
+    state pool, as ARC's directory holds its cache twice) and the memo."""
 
     def __init__(self, profile: ModelProfile | None) -> None:
         super().__init__(profile)
         self._reference_flops: float | None = None
+        self.learner: ReuseLearner | None = None
+
+    def bind(self, view: EvictionView) -> None:
+        super().bind(view)
+        self.learner = ReuseLearner(view.block_size, 2 * max(1, view.num_state_slots))
+
+    def note_save(self, record: CheckpointRecord, parent_step: int, kind: str) -> None:
+        super().note_save(record, parent_step, kind)
+        if self.learner is not None:
+            anchored = record.step >= self._view.block_size
+            self.learner.saved(record, kind, self._view.key(record.anchor) if anchored else 0)
+
+    def note_admitted(self, seq, restore: CheckpointRecord | None) -> None:
+        """A request was admitted, resuming from ``restore``: what the learner learns from."""
+        if self.learner is not None:
+            self.learner.admitted(seq, restore, self._view.prefix_keys)
 
     def kv_score(self, slot: int) -> tuple[int, float]:
         """(tier, recency): tier 0 = a leaf anchoring no checkpoint (no hit can use it), first
@@ -275,9 +305,9 @@ class AutoState(_Scored):
         return self._reference_flops
 
     def _fresh_score(self, record: CheckpointRecord) -> float:
-        slots = max(1, self._view.num_state_slots - 2) if self._view is not None else 1
-        evidence = 1 if self.kind_of(record) == BRANCH else 0
-        return self._clock + slots * (record.hits + evidence) + self.efficiency(record)
+        if self.learner is None:
+            return self._clock + self.efficiency(record)
+        return self.learner.clock - self.learner.expected_interval(record) + self.efficiency(record)
 
 
 @dataclass(frozen=True)
