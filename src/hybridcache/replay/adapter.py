@@ -108,6 +108,8 @@ class CacheAdapter:
         turn.runtime_slot, turn.hit_tokens = admitted.runtime_slot, admitted.hit_tokens
         if admitted.restore is not None:
             turn.restored_from, turn.restored_step = admitted.restore.producer_id, admitted.restore.step
+        if self.eviction is not None:  # an online policy learns from every request
+            self.eviction.note_admitted(turn.seq, admitted.restore)
         return admitted.end
 
     def grow(self, turn: Turn, end: int) -> bool:

@@ -238,6 +238,9 @@ class OracleState:
             raise InvalidArgumentError(f"kind must be one of {KINDS}, got {kind!r}")
         self._positions[record.record_id] = self.foresight.position_of(record.step)
 
+    def note_admitted(self, seq, restore: CheckpointRecord | None) -> None:
+        """The oracle knows every request already."""
+
     def _block_next_use(self, key: int) -> int:
         keys, now = self._keys, self.foresight.now
         low, high = np.searchsorted(keys, np.uint64(key), "left"), np.searchsorted(keys, np.uint64(key), "right")

@@ -237,6 +237,8 @@ class Scheduler:
         entry.last_save_step = admitted.start
         if entry.admissions == 0:
             entry.cached_tokens, entry.miss_reason = admitted.hit_tokens, admitted.miss_reason
+            if self.eviction is not None:  # an online policy learns from every new request
+                self.eviction.note_admitted(seq, admitted.restore)
         entry.admissions += 1
         entry.runtime_slot = admitted.runtime_slot
         entry.phase = Phase.RUNNING
