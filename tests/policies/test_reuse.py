@@ -127,10 +127,10 @@ def test_auto_follows_the_traffic_from_branch_points_to_turn_ends_and_back(share
     rng = np.random.default_rng(24)
     if shared_first:
         shared = _phase_shared_prompts(rng, 0, 45)
-        talks = _phase_conversations(rng, len(shared), sessions=4, turns=20)
+        talks = _phase_conversations(rng, len(shared), sessions=4, turns=28)
         requests = shared + talks
     else:
-        talks = _phase_conversations(rng, 0, sessions=4, turns=20)
+        talks = _phase_conversations(rng, 0, sessions=4, turns=28)
         shared = _phase_shared_prompts(rng, len(talks), 45)
         requests = talks + shared
     check = _LearnerCheck(requests)

@@ -256,8 +256,9 @@ class MarconiState(_Scored):
 
 
 class AutoState(_Scored):
-    """One cache's auto eviction: its reuse learner (made at ``bind``, its window twice the
-    state pool, as ARC's directory holds its cache twice) and the memo."""
+    """One cache's auto eviction: its reuse learner (made at ``bind``, its window four state
+    pools: long enough to see a conversation come back after its state was evicted, twice
+    ARC's directory) and the memo."""
 
     def __init__(self, profile: ModelProfile | None) -> None:
         super().__init__(profile)
@@ -266,7 +267,7 @@ class AutoState(_Scored):
 
     def bind(self, view: EvictionView) -> None:
         super().bind(view)
-        self.learner = ReuseLearner(view.block_size, 2 * max(1, view.num_state_slots))
+        self.learner = ReuseLearner(view.block_size, 4 * max(1, view.num_state_slots))
 
     def note_save(self, record: CheckpointRecord, parent_step: int, kind: str) -> None:
         super().note_save(record, parent_step, kind)

@@ -17,8 +17,9 @@ early would otherwise look worthless because it was dropped, and be dropped earl
 odds of a class are its reuses over its outcomes with two pseudo-outcomes at the odds of its
 kind (Laplace's rule over the kind: one half before any evidence), so a class seen rarely, such
 as a first hit, borrows from its kind, and nothing here is fitted to a trace. The window holds
-``window`` records (the eviction policy makes it twice the checkpoint pool, as ARC's directory
-holds its cache twice): evidence older than that is not counted, so the odds follow the traffic.
+``window`` records (the eviction policy makes it four checkpoint pools, twice what ARC's
+directory holds, so that a conversation coming back after its state was evicted is still
+seen): evidence older than that is not counted, so the odds follow the traffic.
 
 Per request, ``admitted`` hashes the prompt's blocks once (vectorized) and looks each block key
 past the resume point up in a dict; per save, ``saved`` is O(1); a record leaves the window in
