@@ -20,9 +20,10 @@ from hybridcache.engine.engine_config import EngineConfig
 from hybridcache.engine.requests import Request
 from hybridcache.sequence import Sequence
 from hybridcache.tiers import KeyChain, ObjectKey, ObjectKind
-from hybridcache.tiers.backends import Fault, FaultInjectingStore, ObjectStore
+from hybridcache.tiers.backends import ObjectStore
 from hybridcache.tiers.tiered import RestoreCost, TieredStore
 
+from .faults import Fault, FaultInjectingStore
 from .replica_wire import StoreSpec, receive, send
 
 CHECKPOINT_EXIT_CODE = 87  # what a worker killed before a checkpoint put exits with
@@ -52,7 +53,7 @@ class ServeReport:
     outputs: tuple[tuple[int, ...], ...]
     cached_tokens: tuple[int, ...]
     errors: tuple[str | None, ...]
-    engine: dict[str, int] = field(default_factory=dict)  # EngineTiers counters
+    engine: dict = field(default_factory=dict)  # the tier client's statistics (TierStats)
     store: dict[str, int] = field(default_factory=dict)  # TieredStore counters
     misses: dict[str, int] = field(default_factory=dict)  # TieredStore misses by reason
 
@@ -157,7 +158,7 @@ class Worker:
 
     def keys(self, request: Request) -> KeyNames:
         seq = Sequence(request.prompt, adapter=request.adapter, cache_salt=request.cache_salt)
-        chain = KeyChain.for_sequence(self.engine.tiers.fingerprint, seq)
+        chain = self.engine.tiers.chain(seq, seq.num_tokens)
         chunks = tuple(chain.chunk_key(index).name for index in range(chain.num_chunks))
         return KeyNames(chunks, {step: chain.checkpoint_key(step).name for step in chain.checkpoint_steps()})
 
@@ -172,8 +173,14 @@ class Worker:
 COMMANDS = ("serve", "stats", "check_invariants", "pools_after_clearing", "keys", "add_fault")
 
 
-def _delta(before: dict, after: dict) -> dict[str, int]:
-    return {name: value - before.get(name, 0) for name, value in after.items() if value != before.get(name, 0)}
+def _delta(before: dict, after: dict) -> dict:
+    """How each count moved (counts by tier, reason or error class as dicts of their own)."""
+    moved = {}
+    for name, value in after.items():
+        change = _delta(before.get(name, {}), value) if isinstance(value, dict) else value - before.get(name, 0)
+        if change:
+            moved[name] = change
+    return moved
 
 
 def _failure(error: Exception) -> tuple[str, tuple[bool, str]]:

@@ -20,6 +20,8 @@ from hybridcache.errors import HybridCacheError
 from hybridcache.tiers.backends import MooncakeStore
 from hybridcache.tiers import local_servers as servers
 
+from .faults import pause, resume
+
 _LENGTH = struct.Struct("<Q")
 
 
@@ -39,8 +41,8 @@ def write_message(stream, message: object) -> None:
 def _answer(store: MooncakeStore, cluster: servers.MooncakeCluster, request: tuple) -> object:
     operation, args, kwargs = request
     controls = {
-        "pause_master": cluster.master.pause,
-        "resume_master": cluster.master.resume,
+        "pause_master": lambda: pause(cluster.master),
+        "resume_master": lambda: resume(cluster.master),
         "stop_master": cluster.master.stop,
         "stop_segment_holder": cluster.segment_holder.stop,
     }

@@ -20,9 +20,9 @@ from pathlib import Path
 from hybridcache.engine.engine import Engine
 from hybridcache.engine.engine_config import EngineConfig
 from hybridcache.engine.requests import Request
-from hybridcache.tiers.backends import Fault
 
 from .engine_worker import KeyNames, ServeReport, WorkerSpec
+from .faults import Fault
 from .replica_hub import CALL_DEADLINE_S, READY_DEADLINE_S, STOP_DEADLINE_S
 from .replica_wire import receive, send
 

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from hybridcache.errors import InvalidArgumentError, InvalidKeyError, InvalidTypeError, StoreTimeoutError
-from hybridcache.tiers import encode_checkpoint, encode_kv_chunk, fetch_verified
-from hybridcache.tiers.backends import Fault, FaultInjectingStore, Operation, PutOutcome
+from hybridcache.tiers import encode_checkpoint, encode_kv_chunk
+from hybridcache.tiers.backends import PutOutcome
 
+from .faults import Fault, FaultInjectingStore, Operation, fetch_verified
 from .helpers import CHUNK, chain, kv_arrays, state_arrays
 
 STORED, PRESENT = PutOutcome.STORED, PutOutcome.PRESENT

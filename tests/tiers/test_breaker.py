@@ -13,6 +13,7 @@ from hybridcache.tiers.breaker import Admission, CircuitBreaker
 from hybridcache.tiers.tiered import TieredStore
 
 from .conftest import redis_url
+from .faults import paused
 from .helpers import CHUNK, chain, kv_arrays, state_arrays
 
 
@@ -57,8 +58,7 @@ def test_a_paused_redis_costs_one_window_not_every_request(redis_server):
     store = TieredStore(shared=shared, timeout=0.2, breaker=CircuitBreaker(backoff_s=60, clock=clock))
     keys = chain()
     store.publish(keys, 2 * CHUNK, kv_arrays, lambda: state_arrays(2 * CHUNK))
-    redis_server.pause()
-    try:
+    with paused(redis_server):
         for _ in range(5):  # each request: one lookup, one publish
             assert store.find_restore(keys, local_step=0, local_kv_tokens=0) is None
             assert store.publish(keys, CHUNK, kv_arrays, lambda: state_arrays(CHUNK)).checkpoint_stored == {"shared": False}
@@ -71,8 +71,6 @@ def test_a_paused_redis_costs_one_window_not_every_request(redis_server):
         assert store.counters["shared_probes"] == 1
         assert store.find_restore(keys, local_step=0, local_kv_tokens=0) is None  # skipped again, no new probe
         assert store.counters["shared_probes"] == 1
-    finally:
-        redis_server.resume()
     assert store.misses["timeout"] >= 1 and store.misses["unavailable"] >= 1  # by reason, never "missing"
     clock.now = 120
     restore = store.find_restore(keys, local_step=0, local_kv_tokens=0)

@@ -23,10 +23,10 @@ import redis
 from hybridcache.engine.engine_config import EngineConfig
 from hybridcache.engine.requests import Request
 from hybridcache.tiers import local_servers as servers
-from hybridcache.tiers.backends import Fault, FaultKind, Operation
 
 from .conftest import redis_url
 from .engine_worker import CHECKPOINT_EXIT_CODE, ServeReport
+from .faults import Fault, FaultKind, Operation
 from .replicas import Replica, ReplicaCluster, WorkerDied, uncached_outputs
 
 CHUNK = 32
@@ -78,7 +78,7 @@ def test_a_replica_restores_what_another_published(replica_cluster):
     hit = serve_exact(b, request(extended(prefix)))
     assert hit.remote_hit_tokens == DEEPEST and hit.cached_tokens == (DEEPEST,)
     assert hit.engine["restores"] == 1
-    assert hit.engine["restored_bytes_shared"] == hit.store["shared_bytes_read"] > 0
+    assert hit.engine["restored_bytes"]["shared"] == hit.store["shared_bytes_read"] > 0
     assert (hit.store["read_count_ck"], hit.store["read_count_kv"]) == (1, DEEPEST // CHUNK)
     assert hit.misses == {"missing": 1}  # step 224 only: A never reached it
     a.check_invariants()

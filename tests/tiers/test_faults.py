@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from hybridcache.errors import InvalidArgumentError, InvalidKeyError, InvalidTypeError, StoreTimeoutError, StoreUnavailableError
-from hybridcache.tiers import MissReason, encode_kv_chunk, fetch_verified
-from hybridcache.tiers.backends import Fault, FaultInjectingStore, FaultKind, HostMemoryStore, Operation, PutOutcome
+from hybridcache.tiers import MissReason, encode_kv_chunk
+from hybridcache.tiers.backends import HostMemoryStore, PutOutcome
 
+from .faults import Fault, FaultInjectingStore, FaultKind, Operation, fetch_verified
 from .helpers import chain, kv_arrays
 
 

@@ -10,6 +10,7 @@ from hybridcache.tiers.backends import MooncakeStore, PutOutcome, RedisStore
 
 from hybridcache.tiers import local_servers as servers
 from .conftest import redis_url
+from .faults import paused
 from .remote import RemoteStore
 
 
@@ -17,12 +18,8 @@ def test_redis_paused_server_times_out_then_recovers(redis_server, new_key):
     key = new_key()
     with RedisStore(redis_url(redis_server), default_timeout=5) as store:
         store.put_if_absent([(key, b"v")])
-        redis_server.pause()  # SIGSTOP: the server holds every request until resumed
-        try:
-            with pytest.raises(StoreTimeoutError):
-                store.get([key], timeout=0.2)
-        finally:
-            redis_server.resume()
+        with paused(redis_server), pytest.raises(StoreTimeoutError):
+            store.get([key], timeout=0.2)
         assert store.get([key]) == [b"v"]
 
 

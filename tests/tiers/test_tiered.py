@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 from hybridcache.errors import InvalidArgumentError, InvalidStepError, InvalidTypeError, LifecycleError
-from hybridcache.tiers.backends import DiskStore, Fault, FaultInjectingStore, HostMemoryStore, Operation, PutOutcome
+from hybridcache.tiers.backends import DiskStore, HostMemoryStore, PutOutcome
 from hybridcache.tiers.publish_index import NODE_BYTES, PublishIndex
 from hybridcache.tiers.tiered import SLOWER_THAN_RECOMPUTE, RestoreCost, TieredStore
 
+from .faults import Fault, FaultInjectingStore, Operation
 from .helpers import CHUNK, chain, kv_arrays, state_arrays
 
 STEPS = (CHUNK, 2 * CHUNK, 3 * CHUNK)

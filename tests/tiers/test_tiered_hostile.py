@@ -13,9 +13,10 @@ import pytest
 from hybridcache.engine import Engine, EngineConfig, Request, TinyHybridConfig
 from hybridcache.errors import InvalidArgumentError, InvalidTypeError, StoreClosedError
 from hybridcache.tiers import encode_checkpoint
-from hybridcache.tiers.backends import DiskStore, Fault, FaultInjectingStore, HostMemoryStore, Operation
+from hybridcache.tiers.backends import DiskStore, HostMemoryStore
 from hybridcache.tiers.tiered import SLOWER_THAN_RECOMPUTE, RestoreCost, TieredStore
 
+from .faults import Fault, FaultInjectingStore, Operation
 from .helpers import CHUNK, chain, kv_arrays, state_arrays
 
 KEY = b"deployment-key-0123456789abcdef!"

@@ -9,10 +9,11 @@ import pytest
 
 from hybridcache import MultimodalSpan
 from hybridcache.errors import InvalidTypeError
-from hybridcache.tiers import KeyChain, MissReason, encode_checkpoint, encode_kv_chunk, fetch_verified, verify
-from hybridcache.tiers.backends import Fault, FaultInjectingStore, HostMemoryStore, Operation
+from hybridcache.tiers import KeyChain, MissReason, encode_checkpoint, encode_kv_chunk, verify
+from hybridcache.tiers.backends import HostMemoryStore
 from hybridcache.tiers.objects import MAGIC
 
+from .faults import Fault, FaultInjectingStore, Operation, fetch_verified
 from .helpers import CHUNK, chain, kv_arrays, state_arrays
 from .test_keys import FINGERPRINT_CHANGES
 

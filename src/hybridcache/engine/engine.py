@@ -3,7 +3,7 @@
 Owns: the model (built by ``model_factory`` from ``EngineConfig.model``), its cache storage,
 the pools, the trie, the scheduler, the queue of forwards in flight, the finished results and
 the logits kept for requests that asked for them, each unfinished request's tier miss reason
-(what ``EngineTiers.restore`` said when it was queued), the prompt heads it served
+(what the tier client's ``restore`` said when it was queued), the prompt heads it served
 (``served_heads``, to tell an evicted prefix from one never cached), and
 (``sampling.Sampler``) the seeded generators of requests that sample. ``async_depth=0`` runs each forward as soon as it is
 queued; ``async_depth=1`` schedules the next forward while the previous one is still queued,
@@ -20,9 +20,10 @@ forever: a request whose forward failed runs alone from then on, and one that ha
 result. A request that could not fit even alone in empty pools is refused when it is added.
 
 Given tiers (``hybridcache.tiers.TieredStore``), prefill chunks also end at multiples of
-``tier_chunk_size``, each forward ending there publishes that step (``engine.tiering``), and a
-request adopts the deepest verified restore from the tiers before it is queued. The tier side
-can only ever cost a miss or a failed publish (counted by reason): ``EngineTiers`` never
+``tier_chunk_size``, each forward ending there publishes that step, and a request adopts the
+deepest verified restore from the tiers before it is queued, both through one
+``hybridcache.tiers.client.TierClient`` (its tensor reads and writes: ``engine.tiering``). The
+tier side can only ever cost a miss or a failed publish (counted by reason): the client never
 raises into the engine, so no request is stranded by a store or an object.
 
 Results belong to whoever submitted the request: ``generate`` returns exactly its own, and
@@ -46,7 +47,7 @@ from hybridcache.engine.model_factory import build_model
 from hybridcache.engine.requests import Request, Result
 from hybridcache.engine.sampling import Sampler
 from hybridcache.engine.served_heads import ServedHeads
-from hybridcache.engine.tiering import EngineTiers
+from hybridcache.engine.tiering import engine_tier_client
 from hybridcache.errors import (
     HybridCacheError,
     InvalidArgumentError,
@@ -63,6 +64,7 @@ from hybridcache.protocol import CacheProtocol
 from hybridcache.scheduler.scheduler import ScheduledBatch, ScheduledChunk, Scheduler, ServingSequence
 from hybridcache.sequence import MultimodalSpan, Sequence
 from hybridcache.prefix_cache.stats import MissReason
+from hybridcache.tiers.client import ForwardEnd
 from hybridcache.tiers.tiered import EVICTED, TieredStore
 from hybridcache.types import as_int, as_ordered, ceil_div
 
@@ -104,10 +106,7 @@ class Engine:
         self.tiers = None
         scheduler_config = config.scheduler_config()
         if tiers is not None:
-            self.tiers = EngineTiers(
-                tiers, model=self.model, storage=self.cache, cache=self.prefix_cache, model_id=type(self.model).__name__,
-                dtype=config.resolved_dtype, block_size=config.block_size, chunk_size=config.tier_chunk_size,
-            )
+            self.tiers = engine_tier_client(tiers, self.model, self.cache, self.prefix_cache, config)
             scheduler_config = replace(scheduler_config, chunk_align=config.tier_chunk_size)
         self.scheduler = Scheduler(scheduler_config, self.prefix_cache, built.eviction)
         self._entries: dict[int, ServingSequence] = {}
@@ -322,7 +321,8 @@ class Engine:
         self._counters["forwards"] += 1
         self._counters["computed_tokens"] += queued.batch.num_tokens
         if self.tiers is not None:
-            self.tiers.after_forward(queued.batch.chunks, forward_s)
+            ends = [ForwardEnd(chunk.entry.seq, chunk.end, chunk.entry.runtime_slot) for chunk in queued.batch.chunks]
+            self.tiers.after_forward(ends, queued.batch.num_tokens, forward_s)
         finished = []
         for chunk, output in zip(queued.batch.chunks, outputs):
             rows = output.routed_experts if chunk.entry.seq.want_routed_experts else None
@@ -413,7 +413,7 @@ class Engine:
         stats = self.prefix_cache.stats()
         stats.update(self._counters)
         if self.tiers is not None:
-            stats["tiers"] = self.tiers.stats()
+            stats["tiers"] = self.tiers.stats_dict()
         stats["preemptions"] = self.scheduler.preemptions
         return stats
 
@@ -431,7 +431,7 @@ class Engine:
         self.prefix_cache.check_invariants(self.scheduler.live_sequences())
         self.scheduler.check_invariants()
         if self.tiers is not None:
-            self.tiers.store.check_invariants()
+            self.tiers.check_invariants()
 
     def clear_cache(self) -> int:
         """Release every cached block and checkpoint not in use; with no request in progress,

@@ -1,11 +1,9 @@
-"""The engine's side of the host, disk and shared tiers: publish chunk-aligned prefixes after
-the forward that reaches them, adopt verified ones from the tiers when a request arrives.
+"""The engine's side of the tier client (``hybridcache.tiers.client``): its namespace
+fingerprint, and the tensor reads a publish makes and the writes an adoption makes.
 
-Owns: this engine's namespace fingerprint (model class, the model's ``weights_identity``,
-dtype, layouts, block and chunk size; each request adds its adapter and cache salt), the
-storage's array layout a fetched payload must match, and its tier counters.
-The ``TieredStore`` (the caller's) owns the tiers and their contents; the device cache is
-changed only through ``CacheProtocol.adopt``.
+Owns: the storage's array layout a fetched payload must match. The ``TierClient`` it builds
+owns the restore and publish logic and the statistics; the ``TieredStore`` (the caller's) owns
+the tiers and their contents; the device cache is changed only through ``CacheProtocol.adopt``.
 
 Publishing reads the KV blocks and the runtime state slot of a sequence that still holds them
 (right after its forward, before the scheduler may release it), so the source blocks and slot
@@ -15,39 +13,24 @@ out as writable for that purpose, from objects whose tokens were compared with t
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable
-from typing import NamedTuple
+from collections.abc import Mapping
 
 import numpy as np
 
+from hybridcache.engine.engine_config import EngineConfig
 from hybridcache.engine.model_api import ModelLayout
-from hybridcache.errors import HybridCacheError, InvalidArgumentError, InvalidConfigError, InvalidTypeError, LifecycleError
+from hybridcache.errors import InvalidConfigError, InvalidTypeError
 from hybridcache.protocol import Adoption, CacheProtocol
 from hybridcache.sequence import Sequence
-from hybridcache.tiers.fingerprint import DEFAULT_CHUNK_SIZE, NamespaceFingerprint
-from hybridcache.tiers.keys import KeyChain
-from hybridcache.tiers.restore_values import PublishReport
-from hybridcache.tiers.tiered import EVICTED, SLOWER_THAN_RECOMPUTE, Restore, TieredStore
-from hybridcache.tiers.verify import MissReason as TierMiss
-from hybridcache.types import as_int
+from hybridcache.tiers.client import DeviceAdoption, TierClient
+from hybridcache.tiers.fingerprint import NamespaceFingerprint
+from hybridcache.tiers.restore_values import Restore
+from hybridcache.tiers.tiered import TieredStore
 
-# Why the tiers served a request less than they were expected to, as a request's miss reason
-# (``Result.tier_miss_reason``); every other verification failure is ``tier_rejected``.
-TIER_UNAVAILABLE, TIER_TIMEOUT, TIER_REJECTED, TIER_ERROR = "tier_unavailable", "tier_timeout", "tier_rejected", "tier_error"
-TIER_MISS_REASONS = {
-    TierMiss.UNAVAILABLE.value: TIER_UNAVAILABLE,  # also a tier its breaker skips
-    TierMiss.TIMEOUT.value: TIER_TIMEOUT,
-    EVICTED: EVICTED,
-    SLOWER_THAN_RECOMPUTE: SLOWER_THAN_RECOMPUTE,
-}
+MISSING_LOCAL_CHUNK = "missing_local_chunk"  # a writable block whose chunk the restore did not fetch
+LAYOUT_MISMATCH = "layout_mismatch"  # an object's arrays are not exactly this storage's
 
-
-class TierRestore(NamedTuple):
-    """What ``EngineTiers.restore`` did for one request: the tokens it gained, or why not."""
-
-    gained: int = 0
-    miss_reason: str | None = None
+Layout = dict[str, tuple[tuple[int, ...], np.dtype]]
 
 
 def layout_text(layout: ModelLayout, kind: str) -> str:
@@ -58,192 +41,96 @@ def layout_text(layout: ModelLayout, kind: str) -> str:
     )
 
 
-class EngineTiers:
-    def __init__(
-        self,
-        store: TieredStore,
-        *,
-        model: object,
-        storage: object,
-        cache: CacheProtocol,
-        model_id: str,
-        dtype: str,
-        block_size: int,
-        chunk_size: int = DEFAULT_CHUNK_SIZE,
-    ) -> None:
-        if not isinstance(store, TieredStore):
-            raise InvalidTypeError("tiers must be a TieredStore")
-        layout = model.layout
-        if not layout.is_hybrid:
-            raise InvalidConfigError(
-                "tiers serve models with recurrent state only: a restore resumes from a state checkpoint, "
-                "and this model is attention-only (its device prefix cache serves it without tiers)"
-            )
-        self.store, self.storage, self.cache = store, storage, cache
-        self.block_size = block_size
-        self.chunk_size = as_int("chunk_size", chunk_size, 1)
-        if self.chunk_size % block_size:
-            raise InvalidArgumentError(f"tier chunk_size {chunk_size} must be a multiple of block_size {block_size}")
-        self.fingerprint = NamespaceFingerprint(
-            model_id=model_id,
-            weights_revision=model.weights_identity(),
-            dtype=dtype,
-            kv_layout=f"{type(storage).__name__}|{layout_text(layout, 'kv')}",
-            state_layout=layout_text(layout, "state"),
-            block_size=block_size,
-            chunk_size=self.chunk_size,
+def engine_tier_client(store: TieredStore, model: object, storage: object, cache: CacheProtocol, config: EngineConfig) -> TierClient:
+    """The tier client of an engine serving ``model`` from ``storage`` through ``cache``."""
+    if not isinstance(store, TieredStore):
+        raise InvalidTypeError("tiers must be a TieredStore")
+    layout = model.layout
+    if not layout.is_hybrid:
+        raise InvalidConfigError(
+            "tiers serve models with recurrent state only: a restore resumes from a state checkpoint, "
+            "and this model is attention-only (its device prefix cache serves it without tiers)"
         )
-        per_chunk = self.chunk_size // block_size
+    fingerprint = NamespaceFingerprint(
+        model_id=type(model).__name__,
+        weights_revision=model.weights_identity(),
+        dtype=config.resolved_dtype,
+        kv_layout=f"{type(storage).__name__}|{layout_text(layout, 'kv')}",
+        state_layout=layout_text(layout, "state"),
+        block_size=config.block_size,
+        chunk_size=config.tier_chunk_size,
+    )
+    return TierClient(store, fingerprint, EngineDevice(storage, cache, config.block_size, config.tier_chunk_size))
+
+
+class _BlockReads:
+    """A publish's reads: chunk ``index`` from the sequence's block table, the state from its slot."""
+
+    def __init__(self, storage: object, table: list[int], slot: int, per_chunk: int) -> None:
+        self.storage, self.table, self.slot, self.per_chunk = storage, table, slot, per_chunk
+
+    def chunk(self, index: int) -> Mapping[str, np.ndarray]:
+        return self.storage.read_blocks(self.table[index * self.per_chunk : (index + 1) * self.per_chunk])
+
+    def state(self) -> Mapping[str, np.ndarray]:
+        return self.storage.read_slot(self.slot)
+
+
+class EngineDevice:
+    """The engine's cache storage and prefix cache, as a ``TierDevice``."""
+
+    def __init__(self, storage: object, cache: CacheProtocol, block_size: int, chunk_size: int) -> None:
+        self.storage, self.cache = storage, cache
+        self.block_size, self.chunk_size = block_size, chunk_size
+        self.per_chunk = chunk_size // block_size
         # What a fetched payload must look like to be written here: the storage's own arrays.
-        self._chunk_layout = {name: ((per_chunk, *a.shape[1:]), a.dtype) for name, a in storage.read_blocks([]).items()}
-        self._slot_layout = {name: (a.shape, a.dtype) for name, a in storage.read_slot(0).items()}
-        self.counters: Counter[str] = Counter()
-        self._on_publish: Callable[[Sequence, int, KeyChain, PublishReport], None] | None = None
+        self.chunk_layout: Layout = {
+            name: ((self.per_chunk, *a.shape[1:]), a.dtype) for name, a in storage.read_blocks([]).items()
+        }
+        self.slot_layout: Layout = {name: (a.shape, a.dtype) for name, a in storage.read_slot(0).items()}
 
-    def listen_publishes(self, on_publish: Callable[[Sequence, int, KeyChain, PublishReport], None]) -> None:
-        """Install the one callback told ``(seq, step, chain, report)`` after each publish (the
-        engine's event streams announce what the host and disk tiers confirmed)."""
-        if not callable(on_publish):
-            raise InvalidTypeError("on_publish must be callable")
-        if self._on_publish is not None:
-            raise LifecycleError("these tiers already report their publishes to another listener")
-        self._on_publish = on_publish
+    def cached_prefix(self, seq: Sequence) -> tuple[int, int] | None:
+        return self.cache.cached_prefix(seq) if self.cache.enabled else None
 
-    # --- write path ------------------------------------------------------------------------------
+    def payloads(self, seq: Sequence, slot: int) -> _BlockReads:
+        return _BlockReads(self.storage, list(seq.block_table), slot, self.per_chunk)
 
-    def after_forward(self, chunks: list, forward_s: float) -> None:
-        """A forward computed ``chunks`` in ``forward_s``: feed the cost model, publish every
-        chunk that ended on a publish step (its sequence still holds its blocks and slot).
-        Never raises: a failing publish is counted (``publish_failed``, and by error class)
-        and costs only that publish."""
-        computed = sum(chunk.end - chunk.start for chunk in chunks)
-        self._guarded("publish_failed", self.store.cost.observe_recompute, computed, forward_s)
-        for chunk in chunks:
-            self._guarded("publish_failed", self.publish, chunk.entry.seq, chunk.end, chunk.entry.runtime_slot)
+    def adopt(self, prefix: Sequence, restore: Restore) -> DeviceAdoption:
+        refused: list[str] = []
 
-    def publish(self, seq: Sequence, step: int, runtime_slot: int) -> None:
-        """``seq``'s forward just computed ``[.., step)`` into its blocks and ``runtime_slot``:
-        publish the checkpoint at ``step`` with the KV chunks of ``[0, step)``."""
-        if step <= 0 or step % self.chunk_size or not seq.is_boundary_safe(step):
-            return
-        chain = KeyChain(self._fingerprint(seq), seq.tokens[:step], seq.spans_overlapping(0, step))
-        per_chunk = self.chunk_size // self.block_size
-        table = list(seq.block_table)
+        def write(adoption: Adoption) -> bool:
+            reason = self._write(adoption, restore)
+            refused.extend([reason] if reason is not None else [])
+            return reason is None
 
-        def chunk_arrays(index: int):
-            return self.storage.read_blocks(table[index * per_chunk : (index + 1) * per_chunk])
+        gained = self.cache.adopt(prefix, restore.step, write).gained
+        return DeviceAdoption(gained, refused[0] if refused else None)
 
-        report = self.store.publish(chain, step, chunk_arrays, lambda: self.storage.read_slot(runtime_slot))
-        self.counters["published_steps"] += 1
-        self.counters["published_bytes"] += sum(report.bytes_written.values())
-        if self._on_publish is not None:
-            self._on_publish(seq, step, chain, report)
-
-    # --- read path -------------------------------------------------------------------------------
-
-    def restore(self, seq: Sequence) -> TierRestore:
-        """Before ``seq`` is queued: adopt the deepest verified restore the tiers hold beyond
-        what the device cache holds (never its last token: one must be computed). Returns the
-        tokens gained, or why the tiers served less than expected (counted ``miss_<reason>``;
-        restored tokens are counted ``restored_tokens_<tier>`` by the tier that served them).
-        Never raises: a failing tier is a miss, counted (``restore_failed``, and by error
-        class); ``adopt`` leaves nothing held or matchable when a write fails."""
-        if seq.want_routed_experts:
-            # Tier checkpoints carry no routed-expert rows, so such a request could not hit one.
-            self.counters["restores_skipped_routed_experts"] += 1
-            return TierRestore()
-        outcome = self._guarded("restore_failed", self._restore, seq) or TierRestore(0, TIER_ERROR)
-        if outcome.miss_reason is not None:
-            self.counters[f"miss_{outcome.miss_reason}"] += 1
-        return outcome
-
-    def _restore(self, seq: Sequence) -> TierRestore:
-        if not self.cache.enabled:
-            return TierRestore()
-        local_step, local_kv = self.cache.cached_prefix(seq)
-        limit = self._deepest_step(seq)
-        if limit <= local_step:
-            return TierRestore()
-        chain = KeyChain(self._fingerprint(seq), seq.tokens[:limit], seq.spans_overlapping(0, limit))
-        lookup = self.store.lookup_restore(chain, local_step=local_step, local_kv_tokens=local_kv)
-        restore = lookup.restore
-        if restore is None:
-            return TierRestore(0, None if lookup.miss is None else TIER_MISS_REASONS.get(lookup.miss, TIER_REJECTED))
-        scratch = Sequence(
-            seq.tokens[: restore.step],
-            adapter=seq.namespace.adapter,
-            cache_salt=seq.namespace.cache_salt,
-            multimodal=seq.spans_overlapping(0, restore.step),
-        )
-        gained = self.cache.adopt(scratch, restore.step, lambda adoption: self._write(adoption, restore)).gained
-        if not gained:
-            self.counters["adoptions_refused"] += 1
-            return TierRestore(0, TIER_REJECTED)
-        self.counters["remote_hit_tokens"] += gained
-        self.counters["restores"] += 1
-        for tier, nbytes in restore.bytes_by_tier.items():
-            self.counters[f"restored_bytes_{tier}"] += nbytes
-        for tier, tokens in restore.tokens_by_tier(restore.step - gained, self.chunk_size).items():
-            self.counters[f"restored_tokens_{tier}"] += tokens
-        return TierRestore(gained)
-
-    def _guarded(self, failure: str, call, *args):
-        """``call(*args)``, or None when it raises: the tier side may cost a hit or a publish,
-        never the engine's requests. Counted as ``failure`` and ``failure_<error class>``."""
-        try:
-            return call(*args)
-        except Exception as error:  # any store, object or bug on the tier side: never the engine's
-            self.counters[failure] += 1
-            self.counters[f"{failure}_{type(error).__name__}"] += 1
-            return None
-
-    def _deepest_step(self, seq: Sequence) -> int:
-        """The deepest chunk-aligned step below the prompt's last token that cuts no
-        multimodal span (a checkpoint inside an image could not be resumed)."""
-        step = ((seq.num_tokens - 1) // self.chunk_size) * self.chunk_size
-        while step > 0 and not seq.is_boundary_safe(step):
-            step -= self.chunk_size
-        return step
-
-    def _write(self, adoption: Adoption, restore: Restore) -> bool:
+    def _write(self, adoption: Adoption, restore: Restore) -> str | None:
         """Fill the adoption's writable blocks from the restore's chunks and its slot from the
-        checkpoint. False (nothing stays matchable) when a writable block has no fetched chunk
-        or an object's arrays are not exactly this storage's (checked before anything is written)."""
-        size, per_chunk = self.chunk_size, self.chunk_size // self.block_size
+        checkpoint; the reason when it cannot (checked before anything is written)."""
         writes: dict[int, list[tuple[int, int]]] = {}
         for index in range(adoption.start // self.block_size, adoption.end // self.block_size):
             block = adoption.block_table[index]
             if block not in adoption.writable:
                 continue  # shared with the cache: it already holds exactly this KV
-            chunk = (index * self.block_size) // size
+            chunk = (index * self.block_size) // self.chunk_size
             if chunk not in restore.chunks:
-                self.counters["restore_missing_local_chunk"] += 1
-                return False
-            writes.setdefault(chunk, []).append((index - chunk * per_chunk, block))
+                return MISSING_LOCAL_CHUNK
+            writes.setdefault(chunk, []).append((index - chunk * self.per_chunk, block))
         payloads = [restore.chunks[chunk].payload for chunk in writes]
-        if not all(_fits(payload, self._chunk_layout) for payload in payloads) or not _fits(
-            restore.checkpoint.payload, self._slot_layout
+        if not all(_fits(payload, self.chunk_layout) for payload in payloads) or not _fits(
+            restore.checkpoint.payload, self.slot_layout
         ):
-            self.counters["restore_layout_mismatch"] += 1
-            return False
+            return LAYOUT_MISMATCH
         for payload, pairs in zip(payloads, writes.values()):
             rows = [offset for offset, _ in pairs]
             self.storage.write_blocks([block for _, block in pairs], {n: a[rows] for n, a in payload.items()})
         self.storage.write_slot(adoption.slot, dict(restore.checkpoint.payload))
-        return True
-
-    def _fingerprint(self, seq: Sequence) -> NamespaceFingerprint:
-        namespace = seq.namespace
-        fingerprint = self.fingerprint
-        if namespace.adapter == fingerprint.adapter and namespace.cache_salt == fingerprint.cache_salt:
-            return fingerprint
-        return fingerprint.in_namespace(namespace.adapter, namespace.cache_salt)
-
-    def stats(self) -> dict:
-        return {**self.counters, "store": self.store.stats()}
+        return None
 
 
-def _fits(payload, layout: dict[str, tuple[tuple[int, ...], np.dtype]]) -> bool:
+def _fits(payload: Mapping[str, np.ndarray], layout: Layout) -> bool:
     """Whether ``payload`` names exactly ``layout``'s arrays, each of exactly its shape and dtype."""
     if set(payload) != set(layout):
         return False

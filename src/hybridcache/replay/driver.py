@@ -1,10 +1,11 @@
 """Replay a synthesized trace through the cache in arrival order and measure what it saves.
 
 Owns, during one ``replay`` call, one adapter per replica (pools and trie, see ``adapter``),
-each replica's tiers when asked for (``tiering``; the shared store is the caller's, and the
-run removes what it put there), and the counters of the run. A request goes to the replica
-``routing`` chooses; with tiers it first restores the deepest verified prefix they hold
-(``CacheProtocol.adopt``), and after it publishes the chunk-aligned prefixes it computed. Each request is one turn: admission (the cache reuses the deepest exact
+the run's tiers when asked for (``tier_run``, through the tier client the engine uses; the
+shared store is the caller's, and the run removes what it put there), and the counters of the
+run. A request goes to the replica ``routing`` chooses; with tiers it first restores the deepest
+verified prefix they hold (``CacheProtocol.adopt``), and after it publishes the chunk-aligned
+prefixes it computed. Each request is one turn: admission (the cache reuses the deepest exact
 checkpoint), then virtual chunks to the ends its admission policy plans, checkpoints where the
 plan asks, its output appended at the prompt end and processed as one more virtual chunk (or
 several, when the policy checkpoints inside it), and release. A request the pools cannot hold
@@ -18,14 +19,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
-import uuid
 from collections.abc import Callable
 from collections.abc import Sequence as SequenceLike
 from dataclasses import dataclass
 
 import numpy as np
 
-from hybridcache.errors import InvalidArgumentError, InvalidTypeError, StoreError
+from hybridcache.errors import InvalidArgumentError, InvalidTypeError
 from hybridcache.policies import Policy, TurnView, first_end, kind_of_step
 from hybridcache.policies.eviction import MarconiState
 from hybridcache.policies.tuning import AlphaTuner
@@ -35,17 +35,9 @@ from hybridcache.replay.budgets import Budget, pool_geometry
 from hybridcache.replay.oracle import foresee
 from hybridcache.replay.routing import AnnouncedReplica, check_routing
 from hybridcache.router.policy import choose
-from hybridcache.router.replica_index import Depths
 from hybridcache.router.request_key import RequestKey
-from hybridcache.replay.tiering import (
-    NominalSizes,
-    ReplicaTiers,
-    TierSetup,
-    replay_fingerprint,
-    restore_limit,
-    tier_report,
-)
-from hybridcache.tiers.keys import KeyChain
+from hybridcache.replay.tier_run import TierRun
+from hybridcache.replay.tiering import RecomputeRate, TierSetup
 from hybridcache.types import as_int
 from hybridcache.workloads.records import Request
 
@@ -176,11 +168,10 @@ def _evicted(adapter: CacheAdapter) -> bool:
 
 @dataclass
 class _Replica:
-    """One replica of the run: its device cache, its alpha tuning, its tiers, what it served."""
+    """One replica of the run: its device cache, its alpha tuning, what it served."""
 
     adapter: CacheAdapter
     tuning: _Tuning
-    tiers: ReplicaTiers | None
     announced: AnnouncedReplica | None = None  # what a router would know of it (routed runs only)
     requests: int = 0
     hit_tokens: int = 0
@@ -224,22 +215,24 @@ def replay(
     if replicas > 1 and routing != "round-robin":
         for replica in fleet:
             replica.announced = AnnouncedReplica(replica.adapter.cache, block_size)
-    run = _TierRun(tiers, profile, block_size, device_tflops, requests, fleet) if tiered else None
+    run = None
+    if tiered:
+        rate = RecomputeRate.of(profile, device_tflops, mean_prompt_tokens(requests))
+        run = TierRun(tiers, profile, block_size, rate, [replica.adapter for replica in fleet])
     counters = _Counters()
     began = time.perf_counter()
     try:
         for number, request in enumerate(requests):
             if foresight is not None:
                 foresight.advance(number)
-            chain = run.prompt_chain(request) if run is not None else None
-            index = _route(fleet, routing, request, number, chain, run)
+            index = _route(fleet, routing, request, number, run)
             replica = fleet[index]
             ends: list[int] = []
-            restore = None if replica.tiers is None else (lambda turn: replica.tiers.restore(replica.adapter, turn, chain))
+            restore = None if run is None else run.replicas[index].restore
             turn = _serve(replica.adapter, request, policy, counters, prefill_chunk, restore, ends if run else None)
             turn.replica = index
             if run is not None:
-                run.publish(replica, request, turn, ends)
+                run.publish(index, request, turn, ends)
             if replica.announced is not None:
                 replica.announced.refresh()
             replica.tuning.after(request)
@@ -269,93 +262,20 @@ def replay(
 def _new_replica(geometry: PoolGeometry, profile: ModelProfile, policy: Policy, prefill_chunk: int,
                  tuning_progress: TuningProgress | None) -> _Replica:
     adapter = CacheAdapter(geometry, policy.eviction.new_state(profile))
-    return _Replica(adapter, _Tuning(adapter, policy, prefill_chunk, tuning_progress), None)
+    return _Replica(adapter, _Tuning(adapter, policy, prefill_chunk, tuning_progress))
 
 
-def _route(fleet: list[_Replica], routing: str, request: Request, number: int, chain, run) -> int:
+def _route(fleet: list[_Replica], routing: str, request: Request, number: int, run: TierRun | None) -> int:
     """The replica serving ``request``, chosen by the router's policy from what each replica
     announced (``routing``); with tiers, ``restorable`` counts the steps they make reachable."""
     if len(fleet) == 1 or routing == "round-robin":
         return number % len(fleet)
     key = RequestKey(request.prompt.tolist())
     depths = [replica.announced.depths(key) for replica in fleet]
-    if routing == "restorable" and run is not None and chain is not None:
-        shared = run.shared_presence(chain)
-        depths = [
-            Depths(d.kv_tokens, replica.tiers.store.reachable_step(
-                chain, local_step=d.restorable, local_kv_tokens=d.kv_tokens, shared_located=shared))
-            for replica, d in zip(fleet, depths)
-        ]
+    chain = run.prompt_chain(request) if routing == "restorable" and run is not None else None
+    if chain is not None:
+        depths = run.restorable_depths(chain, depths)
     return choose(routing, request.prompt_length, depths, [0] * len(fleet), number).index  # served one at a time: nothing queued
-
-
-class _TierRun:
-    """The tiers of one run: each replica's ``ReplicaTiers``, the run's namespace, the keys put
-    into the shared store (removed at the end, so a sweep's runs start from an empty store)."""
-
-    def __init__(self, setup: TierSetup, profile: ModelProfile, block_size: int, device_tflops: float,
-                 requests: SequenceLike[Request], fleet: list[_Replica]) -> None:
-        self.setup, self.profile, self.fleet = setup, profile, fleet
-        self.chunk = setup.chunk_size
-        self.fingerprint = replay_fingerprint(profile, block_size, self.chunk, uuid.uuid4().hex[:16])
-        self.sizes = NominalSizes(profile, self.chunk)
-        mean_prompt = max(1, round(mean_prompt_tokens(requests)))
-        flops = device_tflops * 1e12
-        rate = profile.prefill_flops(0, mean_prompt) / mean_prompt / flops  # mean per-token cost of a mean prompt
-        self.published: set[str] = set()
-        try:
-            for index, replica in enumerate(fleet):
-                replica.tiers = ReplicaTiers(setup, self.sizes, self.fingerprint, rate, flops, profile, index)
-        except BaseException:
-            self.close()
-            raise
-
-    def prompt_chain(self, request: Request) -> KeyChain | None:
-        """The chain of the prompt's restorable prefix (None: too short for one chunk)."""
-        limit = restore_limit(request.prompt_length, self.chunk)
-        return KeyChain(self.fingerprint, request.prompt[:limit]) if limit > 0 else None
-
-    def shared_presence(self, chain: KeyChain) -> dict[str, list[str]] | None:
-        """Where the chain's objects are in the shared store: one lookup for every replica
-        (None without a shared tier)."""
-        if self.setup.shared is None:
-            return None
-        names = [chain.checkpoint_key(step).name for step in chain.checkpoint_steps()]
-        names += [chain.chunk_key(index).name for index in range(chain.num_chunks)]
-        return self.fleet[0].tiers.store.locate(names, ["shared"])
-
-    def publish(self, replica: _Replica, request: Request, turn: Turn, ends: list[int]) -> None:
-        """Publish what the turn computed beyond its hit: every chunk-aligned chunk end (the engine
-        publishes those), the deepest aligned step of the prompt and of the turn end."""
-        if not ends:
-            return
-        computed = ends[-1]
-        chunk = self.chunk
-        wanted = {end for end in ends if end % chunk == 0}
-        wanted |= {min(request.prompt_length, computed) // chunk * chunk, computed // chunk * chunk}
-        steps = sorted(step for step in wanted if step > turn.hit_tokens)
-        replica.tiers.publish(request.tokens, steps, self.published)
-
-    def remote_hit_tokens(self) -> int:
-        return sum(replica.tiers.counters["remote_hit_tokens"] for replica in self.fleet)
-
-    def report(self) -> dict:
-        return tier_report(self.setup, self.sizes, [replica.tiers for replica in self.fleet])
-
-    def close(self) -> None:
-        """Remove this run's objects from the shared store and close every replica's own tiers."""
-        shared = self.setup.shared
-        if shared is not None and self.published:
-            names = sorted(self.published)
-            for at in range(0, len(names), 512):
-                try:
-                    shared.remove(names[at : at + 512])
-                except StoreError:
-                    break  # the store is gone; so is what it held
-        self.published.clear()
-        for replica in self.fleet:
-            if replica.tiers is not None:
-                replica.tiers.close()
 
 
 def _validate(requests: SequenceLike[Request], profile: ModelProfile, policy: Policy, budget: Budget) -> None:

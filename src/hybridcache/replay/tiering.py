@@ -1,10 +1,11 @@
-"""The replay's side of the host, disk and shared tiers, as ``engine.tiering`` does it for the
-engine, with virtual payloads: publish chunk-aligned prefixes a turn computed, restore the
-deepest verified one before admission.
+"""The replay's side of the tier client (``hybridcache.tiers.client``), the one the engine
+uses, with virtual payloads: the client restores the deepest verified prefix before admission
+and publishes the chunk-aligned prefixes a turn computed; this module supplies its stand-ins.
 
 Owns, per replica (``ReplicaTiers``): its ``TieredStore`` with its own host and disk stores (the
-shared store belongs to the run and is only borrowed), and the counters of what its restores
-gained and moved. The device cache is changed only through ``CacheAdapter.adopt``.
+shared store belongs to the run and is only borrowed), its ``TierClient`` (which owns the
+restore and publish statistics), and what its lookups moved and would cost. The device cache is
+changed only through ``CacheAdapter.adopt``.
 
 Payloads are virtual. Every object carries a real header (the namespace fingerprint, the token
 ids it covers, its own key, a payload checksum), so every tier hit is verified by the same code
@@ -19,7 +20,7 @@ about a real link).
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -27,21 +28,19 @@ import numpy as np
 from hybridcache.errors import InvalidArgumentError, InvalidTypeError
 from hybridcache.profiles import ModelProfile
 from hybridcache.replay.adapter import CacheAdapter, Turn
+from hybridcache.sequence import Sequence
 from hybridcache.tiers.backends.base import ObjectStore
 from hybridcache.tiers.backends.disk import DiskStore
 from hybridcache.tiers.backends.host import HostMemoryStore
+from hybridcache.tiers.client import DeviceAdoption, TierClient
 from hybridcache.tiers.fingerprint import DEFAULT_CHUNK_SIZE, NamespaceFingerprint
-from hybridcache.tiers.keys import KeyChain, ObjectKey, ObjectKind
+from hybridcache.tiers.keys import ObjectKey, ObjectKind
 from hybridcache.tiers.tiered import RestoreCost, Restore, TieredStore
 
 DEFAULT_TIER_CHUNK = DEFAULT_CHUNK_SIZE  # 256: the issue's default, LMCache's chunk; see docs/tiers.md
 DEFAULT_SHARED_BANDWIDTH = 12.5e9  # bytes/s: one 100 Gb/s NIC between a replica and the shared store
 STAND_IN = {"virtual": np.zeros(1, dtype=np.uint8)}  # the payload every replay object carries
 TIER_NAMES = ("host", "disk", "shared")
-
-
-def _stand_in(*_: object) -> dict[str, np.ndarray]:
-    return STAND_IN
 
 
 @dataclass(frozen=True)
@@ -112,37 +111,86 @@ def replay_fingerprint(profile: ModelProfile, block_size: int, chunk_size: int, 
     )
 
 
-def restore_limit(prompt_length: int, chunk_size: int) -> int:
-    """The deepest chunk-aligned step below the prompt's last token (one must be computed)."""
-    return ((prompt_length - 1) // chunk_size) * chunk_size
+@dataclass(frozen=True)
+class RecomputeRate:
+    """What recomputing costs in the replay's model: ``device_flops`` FLOP/s sustained, and
+    ``s_per_token``, the mean per-token cost of a mean prompt (the cost model's recompute rate)."""
+
+    device_flops: float
+    s_per_token: float
+
+    @classmethod
+    def of(cls, profile: ModelProfile, device_tflops: float, mean_prompt: float) -> RecomputeRate:
+        tokens = max(1, round(mean_prompt))
+        flops = device_tflops * 1e12
+        return cls(flops, profile.prefill_flops(0, tokens) / tokens / flops)
+
+
+@dataclass(frozen=True)
+class RunTiers:
+    """What every replica's tiers of one run share: the setup, nominal sizes, namespace,
+    recompute rate and profile."""
+
+    setup: TierSetup
+    sizes: NominalSizes
+    fingerprint: NamespaceFingerprint
+    rate: RecomputeRate
+    profile: ModelProfile
+
+
+class _StandIns:
+    """Every replay object's payload, whatever it stands for."""
+
+    def chunk(self, index: int) -> dict[str, np.ndarray]:
+        return STAND_IN
+
+    def state(self) -> dict[str, np.ndarray]:
+        return STAND_IN
+
+
+class ReplayDevice:
+    """A replica's device cache (its ``CacheAdapter``) as a ``TierDevice``: publishes read
+    stand-ins, adoptions write nothing."""
+
+    def __init__(self, adapter: CacheAdapter) -> None:
+        self.adapter = adapter
+
+    def cached_prefix(self, seq: Sequence) -> tuple[int, int]:
+        return self.adapter.cache.cached_prefix(seq)
+
+    def adopt(self, prefix: Sequence, restore: Restore) -> DeviceAdoption:
+        return DeviceAdoption(self.adapter.adopt(prefix.tokens, restore.step))
+
+    def payloads(self, seq: Sequence, slot: int) -> _StandIns:
+        return _StandIns()
+
+
+@dataclass
+class MovedBytes:
+    """Bytes the lookups of one replica read, by tier: what they stand for, what was sent."""
+
+    nominal: Counter[str] = field(default_factory=Counter)
+    actual: Counter[str] = field(default_factory=Counter)
 
 
 class ReplicaTiers:
-    def __init__(
-        self,
-        setup: TierSetup,
-        sizes: NominalSizes,
-        fingerprint: NamespaceFingerprint,
-        recompute_s_per_token: float,
-        device_flops: float,
-        profile: ModelProfile,
-        index: int,
-    ) -> None:
-        """``recompute_s_per_token``: the cost model's recompute rate; ``device_flops``: FLOP/s
-        of the recompute estimate reported per restore (from the profile's FLOPs)."""
-        self.fingerprint, self.sizes, self.profile, self.device_flops = fingerprint, sizes, profile, device_flops
+    def __init__(self, run: RunTiers, adapter: CacheAdapter, index: int) -> None:
+        """The tiers of replica ``index``, serving ``adapter``'s device cache."""
+        setup, sizes = run.setup, run.sizes
+        self.run, self.adapter = run, adapter
         host = HostMemoryStore(setup.host_bytes, charge=sizes.of_key) if setup.host_bytes else None
         disk = None
         if setup.disk_bytes:
             disk = DiskStore(Path(setup.disk_root) / f"replica-{index}", setup.disk_bytes, charge=sizes.of_key)
         priors = RestoreCost()
         cost = RestoreCost(
-            recompute_s_per_token=recompute_s_per_token,
+            recompute_s_per_token=run.rate.s_per_token,
             smoothing=0.0,  # fixed rates: the stand-in bytes' timings are not a link's
             s_per_byte={**priors.s_per_byte, "shared": 1 / setup.shared_bandwidth},
         )
         self.store = TieredStore(host=host, disk=disk, shared=setup.shared, cost=cost, size_hint=sizes.of_hint)
-        self.counters: Counter[str] = Counter()
+        self.client = TierClient(self.store, run.fingerprint, ReplayDevice(adapter))
+        self.moved = MovedBytes()
         self.restore_s = 0.0  # nominal seconds the adopted restores' reads take at the stated rates
         self.recompute_s = 0.0  # seconds recomputing the tokens they gained takes at the device's FLOP/s
 
@@ -151,115 +199,44 @@ class ReplicaTiers:
         """This replica's own tiers (host, disk), not the borrowed shared one."""
         return [self.store.tiers[name] for name in ("host", "disk") if name in self.store.tiers]
 
-    # --- write path ------------------------------------------------------------------------------
-
-    def publish(self, tokens: np.ndarray, steps: list[int], published: set[str]) -> None:
-        """Publish the checkpoints at ``steps`` (chunk-aligned, ascending) of ``tokens`` with
-        their chunks, chunks first; every key put is added to ``published`` (the run's cleanup)."""
-        if not steps:
+    def publish(self, seq: Sequence, steps: list[int], published: set[str]) -> None:
+        """Publish the checkpoints at ``steps`` (chunk-aligned, ascending) of ``seq`` with their
+        chunks; every key put is added to ``published`` (the run's cleanup)."""
+        chain = self.client.publish(seq, steps)
+        if chain is None:
             return
-        chain = KeyChain(self.fingerprint, tokens[: steps[-1]])
-        for step in steps:
-            self.store.publish(chain, step, _stand_in, _stand_in)
-            published.add(chain.checkpoint_key(step).name)
+        published.update(chain.checkpoint_key(step).name for step in steps)
         published.update(chain.chunk_key(index).name for index in range(steps[-1] // chain.chunk_size))
-        self.counters["published_steps"] += len(steps)
 
-    # --- read path -------------------------------------------------------------------------------
-
-    def restore(self, adapter: CacheAdapter, turn: Turn, prompt_chain: KeyChain | None) -> Restore | None:
-        """Before admission: adopt the deepest verified restore beyond the device cache's hit;
-        the Restore adopted, or None."""
-        if prompt_chain is None:
-            return None
-        local_step, local_kv = adapter.cache.cached_prefix(turn.seq)
-        if prompt_chain.num_chunks * prompt_chain.chunk_size <= local_step:
-            return None
+    def restore(self, turn: Turn) -> Restore | None:
+        """Before admission: adopt the deepest verified restore beyond the device cache's hit
+        (the tier client's); the Restore adopted, or None."""
         before = Counter(self.store.counters)
-        restore = self.store.find_restore(prompt_chain, local_step=local_step, local_kv_tokens=local_kv)
+        outcome = self.client.restore(turn.seq)
         moved = self._count_reads(before)
+        restore = outcome.restore
         if restore is None:
             return None
-        gained = adapter.adopt(turn.seq.tokens[: restore.step], restore.step)
-        if not gained:
-            self.counters["adoptions_refused"] += 1
-            return None
-        counters = self.counters
-        counters["restores"] += 1
-        counters["remote_hit_tokens"] += gained
-        for tier in restore.bytes_by_tier:
-            counters[f"restores_using_{tier}"] += 1
         self.restore_s += self.store.cost.restore_s(moved)
-        self.recompute_s += self.profile.prefill_flops(restore.step - gained, restore.step) / self.device_flops
+        flops = self.run.profile.prefill_flops(restore.step - outcome.gained, restore.step)
+        self.recompute_s += flops / self.run.rate.device_flops
         turn.adopted_step, turn.adopted_tokens = restore.step, restore.checkpoint.header.tokens
-        adapter.remeasure_branch(turn)
+        self.adapter.remeasure_branch(turn)
         return restore
 
     def _count_reads(self, before: Counter) -> dict[str, int]:
         """Bytes one lookup moved, by tier (nominal and actual; a read that then failed
         verification moved them too); returns the nominal ones."""
-        after, nominal = self.store.counters, {}
+        after, sizes, nominal = self.store.counters, self.run.sizes, {}
         for tier in TIER_NAMES:
             chunks = after[f"{tier}_read_count_kv"] - before[f"{tier}_read_count_kv"]
             checkpoints = after[f"{tier}_read_count_ck"] - before[f"{tier}_read_count_ck"]
-            nominal[tier] = chunks * self.sizes.chunk + checkpoints * self.sizes.checkpoint
-            self.counters[f"{tier}_read_bytes_nominal"] += nominal[tier]
-            self.counters[f"{tier}_read_bytes_actual"] += after[f"{tier}_bytes_read"] - before[f"{tier}_bytes_read"]
+            nominal[tier] = chunks * sizes.chunk + checkpoints * sizes.checkpoint
+            self.moved.nominal[tier] += nominal[tier]
+            self.moved.actual[tier] += after[f"{tier}_bytes_read"] - before[f"{tier}_bytes_read"]
         return nominal
-
-    def stats(self) -> dict:
-        return {**self.counters, "store": self.store.stats()}
 
     def close(self) -> None:
         """Close this replica's own tiers; the shared store is the run's to close."""
         for store in self.local_stores:
             store.close()
-
-
-def tier_report(setup: TierSetup, sizes: NominalSizes, replicas: list[ReplicaTiers]) -> dict:
-    """The run's tier measurements, summed over replicas: restores and what they gained, bytes
-    moved (nominal and actual), restore against recompute time, bytes stored, misses by reason."""
-    counters: Counter[str] = Counter()
-    store_counters: Counter[str] = Counter()
-    misses: Counter[str] = Counter()
-    held = {"host": 0, "disk": 0}
-    for replica in replicas:
-        counters.update(replica.counters)
-        store_counters.update(replica.store.counters)
-        misses.update(replica.store.misses)
-        for name in held:
-            store = replica.store.tiers.get(name)
-            held[name] += store.used_bytes if store is not None else 0
-    restores = counters["restores"]
-    moved_nominal = {tier: counters[f"{tier}_read_bytes_nominal"] for tier in TIER_NAMES}
-    moved_actual = {tier: counters[f"{tier}_read_bytes_actual"] for tier in TIER_NAMES}
-    stored_nominal = {
-        tier: store_counters[f"{tier}_chunks_stored"] * sizes.chunk + store_counters[f"{tier}_checkpoints_stored"] * sizes.checkpoint
-        for tier in ("host", "shared")
-    }
-    restore_s = sum(replica.restore_s for replica in replicas)
-    recompute_s = sum(replica.recompute_s for replica in replicas)
-    return {
-        "tier_chunk": setup.chunk_size,
-        "host_bytes": setup.host_bytes,
-        "disk_bytes": setup.disk_bytes,
-        "shared_bandwidth": setup.shared_bandwidth,
-        "nominal_chunk_bytes": sizes.chunk,
-        "nominal_checkpoint_bytes": sizes.checkpoint,
-        "restores": restores,
-        "restores_using": {tier: counters[f"restores_using_{tier}"] for tier in TIER_NAMES},
-        "adoptions_refused": counters["adoptions_refused"],
-        "published_steps": counters["published_steps"],
-        "bytes_moved_nominal": moved_nominal,
-        "bytes_moved_actual": moved_actual,
-        "bytes_moved_per_hit_nominal": sum(moved_nominal.values()) / restores if restores else 0.0,
-        "bytes_moved_per_hit_actual": sum(moved_actual.values()) / restores if restores else 0.0,
-        "restore_s": restore_s,
-        "recompute_s": recompute_s,
-        "restore_over_recompute": restore_s / recompute_s if recompute_s else 0.0,
-        "stored_bytes_nominal": stored_nominal,
-        "stored_bytes_actual": {tier: store_counters[f"{tier}_bytes_written"] for tier in ("host", "shared")},
-        "held_bytes_nominal": held,
-        "misses": dict(misses),
-        "store_counters": dict(store_counters),
-    }

@@ -89,8 +89,8 @@ class EngineSnapshot:
             evicted_blocks=stats["evicted_blocks"], evicted_checkpoints=stats["evicted_checkpoints"],
             written_checkpoints=stats["written_checkpoints"],
             tier_checkpoints_written={tier: stored.get(f"{tier}_checkpoints_stored", 0) for tier in TIERS},
-            tier_restored_tokens={tier: tiers.get(f"restored_tokens_{tier}", 0) for tier in TIERS},
-            tier_misses={reason: tiers.get(f"miss_{reason}", 0) for reason in TIER_MISS_ADVICE},
+            tier_restored_tokens={tier: tiers.get("restored_tokens", {}).get(tier, 0) for tier in TIERS},
+            tier_misses={reason: tiers.get("misses", {}).get(reason, 0) for reason in TIER_MISS_ADVICE},
         )
 
 

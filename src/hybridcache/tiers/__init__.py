@@ -21,7 +21,7 @@ from hybridcache.tiers.objects import (
     encode_kv_chunk,
 )
 from hybridcache.tiers.tiered import PublishReport, Restore, RestoreCost, TieredStore
-from hybridcache.tiers.verify import MissReason, Verdict, fetch_verified, verify
+from hybridcache.tiers.verify import MissReason, Verdict, verify
 
 __all__ = [
     "CircuitBreaker",
@@ -45,6 +45,5 @@ __all__ = [
     "decode_header",
     "encode_checkpoint",
     "encode_kv_chunk",
-    "fetch_verified",
     "verify",
 ]

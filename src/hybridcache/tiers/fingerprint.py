@@ -59,7 +59,10 @@ class NamespaceFingerprint:
     def in_namespace(self, adapter: str | None, cache_salt: str | None) -> NamespaceFingerprint:
         """This fingerprint for a request's adapter and cache salt, each as ``tier_text``
         carries it (so a name of any length is served, and exactly)."""
-        return replace(self, adapter=tier_text(adapter), cache_salt=tier_text(cache_salt))
+        adapter, cache_salt = tier_text(adapter), tier_text(cache_salt)
+        if (adapter, cache_salt) == (self.adapter, self.cache_salt):
+            return self  # keeps the digest already computed
+        return replace(self, adapter=adapter, cache_salt=cache_salt)
 
     def encode(self) -> bytes:
         """The canonical bytes: every field in declaration order, length-prefixed."""

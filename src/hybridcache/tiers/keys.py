@@ -22,7 +22,7 @@ import numpy as np
 
 from hybridcache.errors import InvalidArgumentError, InvalidKeyError, InvalidStepError, InvalidTypeError
 from hybridcache.sequence import MultimodalSpan, Sequence, as_token_array
-from hybridcache.types import validated_spans
+from hybridcache.types import as_int, validated_spans
 from hybridcache.tiers import wire
 from hybridcache.tiers.fingerprint import DIGEST_BYTES, FORMAT_VERSION, NamespaceFingerprint, tier_text
 
@@ -115,14 +115,19 @@ class KeyChain:
         self._digests = self._chain()
 
     @classmethod
-    def for_sequence(cls, base: NamespaceFingerprint, sequence: Sequence) -> KeyChain:
-        """The chain of a sequence's tokens, in its own namespace (adapter, cache salt)."""
+    def for_sequence(cls, base: NamespaceFingerprint, sequence: Sequence, end: int | None = None) -> KeyChain:
+        """The chain of a sequence's tokens ``[0, end)`` (default: all of them) in its own
+        namespace (``base`` with the sequence's adapter and cache salt)."""
         if not isinstance(sequence, Sequence):
             raise InvalidTypeError("sequence must be a hybridcache.Sequence")
         if not isinstance(base, NamespaceFingerprint):
             raise InvalidTypeError("base must be a NamespaceFingerprint")
+        end = sequence.num_tokens if end is None else as_int("end", end, 0)
+        if end > sequence.num_tokens:
+            raise InvalidArgumentError(f"end {end} beyond the sequence's {sequence.num_tokens} tokens")
         namespace = sequence.namespace
-        return cls(base.in_namespace(namespace.adapter, namespace.cache_salt), sequence.tokens, sequence.spans)
+        fingerprint = base.in_namespace(namespace.adapter, namespace.cache_salt)
+        return cls(fingerprint, sequence.token_view(0, end), sequence.spans_overlapping(0, end))
 
     def _chain(self) -> tuple[bytes, ...]:
         digests = []

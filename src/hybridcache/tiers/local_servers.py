@@ -86,12 +86,6 @@ class Server:
                 os.kill(self.process.pid, signal.SIGKILL)
                 self.process.wait(timeout=STOP_DEADLINE_S)
 
-    def pause(self) -> None:
-        os.kill(self.process.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        os.kill(self.process.pid, signal.SIGCONT)
-
 
 def _parent_death_hook():
     """What the child runs before exec to be killed when its parent goes: ``prctl`` resolved

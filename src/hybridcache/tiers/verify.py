@@ -2,20 +2,18 @@
 
 Owns no state. :func:`verify` checks bytes against an :class:`Expectation` in a fixed order
 (decodable, fingerprint, kind and range, tokens, multimodal identity, own key, payload
-checksum) and returns a :class:`Verdict`; :func:`fetch_verified` does the same for a batch read
-from a store, turning a store failure into ``TIMEOUT`` or ``UNAVAILABLE`` verdicts instead of
-an exception, so a caller falls back to a shallower step or to recompute.
+checksum) and returns a :class:`Verdict`; a caller falls back to a shallower step or to
+recompute on any verdict that is not ``ok``.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
-from hybridcache.errors import CorruptObjectError, InvalidTypeError, StoreError, StoreTimeoutError, UnsupportedFormatError
+from hybridcache.errors import CorruptObjectError, InvalidTypeError, UnsupportedFormatError
 from hybridcache.tiers.keys import Expectation
 from hybridcache.tiers.objects import (
     ObjectHeader,
@@ -103,18 +101,3 @@ def _header_mismatch(header: ObjectHeader, expected: Expectation, auth_key: byte
         return Verdict(MissReason.KEY_MISMATCH, f"{header.key.name} instead of {expected.key.name}")
     return None
 
-
-def fetch_verified(
-    store, expectations: Sequence[Expectation], timeout: float | None = None, *, auth_key: bytes | None = None
-) -> list[Verdict]:
-    """Read ``expectations`` from ``store`` in one batch and verify each object."""
-    expectations = list(expectations)
-    if any(not isinstance(item, Expectation) for item in expectations):
-        raise InvalidTypeError("expectations must be Expectation instances")
-    try:
-        found = store.get([item.key.name for item in expectations], timeout=timeout)
-    except StoreTimeoutError as error:
-        return [Verdict(MissReason.TIMEOUT, str(error)) for _ in expectations]
-    except StoreError as error:
-        return [Verdict(MissReason.UNAVAILABLE, str(error)) for _ in expectations]
-    return [verify(data, item, auth_key=auth_key) for data, item in zip(found, expectations)]

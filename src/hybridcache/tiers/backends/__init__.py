@@ -7,23 +7,17 @@ extras installed.
 
 from hybridcache.tiers.backends.base import DEFAULT_TIMEOUT_S, DeadlineRunner, ObjectStore, PutOutcome, check_key
 from hybridcache.tiers.backends.disk import DiskStore
-from hybridcache.tiers.backends.faults import AppliedFault, Fault, FaultInjectingStore, FaultKind, Operation
 from hybridcache.tiers.backends.host import HostMemoryStore
 from hybridcache.tiers.backends.mooncake_store import MooncakeStore
 from hybridcache.tiers.backends.redis_store import RedisStore
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
-    "AppliedFault",
     "DeadlineRunner",
     "DiskStore",
-    "Fault",
-    "FaultInjectingStore",
-    "FaultKind",
     "HostMemoryStore",
     "MooncakeStore",
     "ObjectStore",
-    "Operation",
     "PutOutcome",
     "RedisStore",
     "check_key",

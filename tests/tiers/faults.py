@@ -1,6 +1,7 @@
-"""A fault-injecting wrapper around any object store, for testing what callers do on failure.
+"""Test machinery of the tiers: a fault-injecting wrapper around any object store, for testing
+what callers do on failure; a batch read verified object by object; a server paused by pid.
 
-Owns its fault rules (with their remaining counts), a seeded random generator for rules that
+A ``FaultInjectingStore`` owns its fault rules (with their remaining counts), a seeded random generator for rules that
 fire with a probability, the log of faults it applied, and the lock guarding them. It borrows
 the wrapped store: closing the wrapper leaves the inner store open.
 
@@ -12,15 +13,28 @@ on its own (``EVICT``), another key's object returned (``SUBSTITUTE``) and a fai
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
+import os
 import random
+import signal
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from hybridcache.errors import InvalidArgumentError, InvalidTypeError, StoreTimeoutError, StoreUnavailableError
+from hybridcache.errors import (
+    InvalidArgumentError,
+    InvalidTypeError,
+    StoreError,
+    StoreTimeoutError,
+    StoreUnavailableError,
+)
 from hybridcache.tiers.backends.base import ObjectStore, PutOutcome, check_key
+from hybridcache.tiers.keys import Expectation
+from hybridcache.tiers.local_servers import Server
+from hybridcache.tiers.verify import MissReason, Verdict, verify
 
 
 class Operation(enum.Enum):
@@ -241,3 +255,39 @@ class FaultInjectingStore(ObjectStore):
 
     def _close(self) -> None:
         self.clear()
+
+
+def fetch_verified(
+    store: ObjectStore, expectations: Sequence[Expectation], timeout: float | None = None, *, auth_key: bytes | None = None
+) -> list[Verdict]:
+    """Read ``expectations`` from ``store`` in one batch and verify each object; a store
+    failure is a ``TIMEOUT`` or ``UNAVAILABLE`` verdict for every object, not an exception."""
+    expectations = list(expectations)
+    if any(not isinstance(item, Expectation) for item in expectations):
+        raise InvalidTypeError("expectations must be Expectation instances")
+    try:
+        found = store.get([item.key.name for item in expectations], timeout=timeout)
+    except StoreTimeoutError as error:
+        return [Verdict(MissReason.TIMEOUT, str(error)) for _ in expectations]
+    except StoreError as error:
+        return [Verdict(MissReason.UNAVAILABLE, str(error)) for _ in expectations]
+    return [verify(data, item, auth_key=auth_key) for data, item in zip(found, expectations)]
+
+
+def pause(server: Server) -> None:
+    """Stop ``server`` by pid (SIGSTOP): it holds every request until resumed."""
+    os.kill(server.process.pid, signal.SIGSTOP)
+
+
+def resume(server: Server) -> None:
+    os.kill(server.process.pid, signal.SIGCONT)
+
+
+@contextlib.contextmanager
+def paused(server: Server) -> Iterator[None]:
+    """``server`` paused inside the context, resumed after it, also when the body raises."""
+    pause(server)
+    try:
+        yield
+    finally:
+        resume(server)
