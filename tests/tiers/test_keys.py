@@ -106,6 +106,24 @@ def test_for_sequence_uses_the_sequence_namespace_and_spans():
     assert keys.chunk_key(1) == chain(list(range(2 * CHUNK)), [span], adapter="lora-a", cache_salt="t").chunk_key(1)
 
 
+def test_for_sequence_covers_a_prefix_and_keeps_only_its_spans():
+    inside, beyond = MultimodalSpan(4, 8, "image", "sha256:aa"), MultimodalSpan(CHUNK + 4, CHUNK + 8, "image", "sha256:bb")
+    seq = Sequence(list(range(2 * CHUNK)), multimodal=[inside, beyond])
+    keys = KeyChain.for_sequence(fingerprint(), seq, CHUNK)
+    assert keys.num_chunks == 1 and keys.spans == (inside,)
+    assert keys.chunk_key(0) == KeyChain.for_sequence(fingerprint(), seq).chunk_key(0)
+    assert keys.fingerprint == fingerprint()
+    for end, error in ((2 * CHUNK + 1, InvalidArgumentError), (-1, InvalidArgumentError), (1.5, InvalidTypeError)):
+        with pytest.raises(error):
+            KeyChain.for_sequence(fingerprint(), seq, end)
+
+
+def test_a_fingerprint_in_its_own_namespace_is_itself():
+    base = fingerprint(adapter="lora-a")
+    assert base.in_namespace("lora-a", None) is base
+    assert base.in_namespace("lora-b", None) == dataclasses.replace(base, adapter="lora-b")
+
+
 def test_fingerprint_round_trips_and_validates():
     base = fingerprint(adapter="lora", cache_salt=None)
     assert NamespaceFingerprint.decode(base.encode()) == base

@@ -4,11 +4,13 @@ Owns no state itself. The object model (:mod:`~hybridcache.tiers.fingerprint`,
 :mod:`~hybridcache.tiers.keys`, :mod:`~hybridcache.tiers.objects`,
 :mod:`~hybridcache.tiers.verify`) needs only NumPy; the stores live in
 :mod:`hybridcache.tiers.backends`; :class:`TieredStore` publishes to them and restores from
-them, each tier behind a :class:`CircuitBreaker`. The format and the failure rules are in
-``docs/tiers.md``.
+them, each tier behind a :class:`CircuitBreaker`; :class:`TierClient` is what the engine and the
+replay call (restore then adopt, publish, :class:`TierStats`), each lending it a device side.
+The format and the failure rules are in ``docs/tiers.md``.
 """
 
 from hybridcache.tiers.breaker import CircuitBreaker
+from hybridcache.tiers.client import TierClient, TierDevice, TierStats
 from hybridcache.tiers.fingerprint import DEFAULT_CHUNK_SIZE, FORMAT_VERSION, NamespaceFingerprint
 from hybridcache.tiers.keys import Expectation, KeyChain, ObjectKey, ObjectKind
 from hybridcache.tiers.objects import (
@@ -39,6 +41,9 @@ __all__ = [
     "Restore",
     "RestoreCost",
     "StoredObject",
+    "TierClient",
+    "TierDevice",
+    "TierStats",
     "TieredStore",
     "Verdict",
     "decode",

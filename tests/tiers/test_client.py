@@ -1,0 +1,150 @@
+"""The one tier client of the engine and the replay: its restore limit and key chains, restore
+then adopt, publishes, and a seam that costs at most a miss or a publish, counted by kind."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from hybridcache import MultimodalSpan, Sequence
+from hybridcache.errors import InvalidTypeError
+from hybridcache.tiers import KeyChain, RestoreCost, TieredStore
+from hybridcache.tiers.backends import HostMemoryStore
+from hybridcache.tiers.client import TIER_ERROR, TIER_REJECTED, Adopted, ForwardEnd, TierClient, TierRestore
+
+from .helpers import CHUNK, fingerprint, kv_arrays, state_arrays
+
+TOKENS = list(range(1, 3 * CHUNK + 9))  # three whole chunks and a tail
+
+
+class _Arrays:
+    def chunk(self, index: int) -> dict[str, np.ndarray]:
+        return kv_arrays(index)
+
+    def state(self) -> dict[str, np.ndarray]:
+        return state_arrays(0)
+
+
+class FakeDevice:
+    """A device cache holding ``held`` (None: caching nothing) that takes every restore, or
+    refuses it (with ``refused`` as its reason)."""
+
+    def __init__(self, held: tuple[int, int] | None = (0, 0), accept: bool = True, refused: str | None = None) -> None:
+        self.held, self.accept, self.refused = held, accept, refused
+        self.adopted: list[Sequence] = []
+        self.slots: list[int] = []
+
+    def cached_prefix(self, seq: Sequence) -> tuple[int, int] | None:
+        return self.held
+
+    def adopt(self, prefix, restore) -> Adopted:
+        self.adopted.append(prefix)
+        return Adopted(restore.step - self.held[0] if self.accept else 0, self.refused)
+
+    def payloads(self, seq: Sequence, slot: int) -> _Arrays:
+        self.slots.append(slot)
+        return _Arrays()
+
+
+def _client(device: FakeDevice | None = None, store: TieredStore | None = None) -> TierClient:
+    store = TieredStore(host=HostMemoryStore(1 << 24)) if store is None else store
+    return TierClient(store, fingerprint(), FakeDevice() if device is None else device)
+
+
+def _published(client: TierClient, tokens=TOKENS) -> TierClient:
+    client.publish(Sequence(tokens), [CHUNK, 2 * CHUNK, 3 * CHUNK], slot=5)
+    return client
+
+
+def test_the_restore_limit_is_the_deepest_whole_chunk_before_the_last_token_outside_any_span():
+    client = _client()
+    assert client.restore_limit(Sequence(TOKENS)) == 3 * CHUNK
+    assert client.restore_limit(Sequence(TOKENS[: 3 * CHUNK])) == 2 * CHUNK  # the last token is computed
+    image = MultimodalSpan(3 * CHUNK - 4, 3 * CHUNK + 4, "image", "sha256:aa")
+    assert client.restore_limit(Sequence(TOKENS, multimodal=[image])) == 2 * CHUNK
+    assert client.restore_chain(Sequence(TOKENS[:CHUNK])) is None
+
+
+def test_every_chain_is_the_sequence_chain_in_its_own_namespace():
+    client = _client()
+    seq = Sequence(TOKENS, adapter="lora-a", cache_salt="tenant")
+    chain = client.restore_chain(seq)
+    expected = KeyChain(fingerprint().in_namespace("lora-a", "tenant"), TOKENS[: 3 * CHUNK])
+    assert [chain.chunk_key(i) for i in range(3)] == [expected.chunk_key(i) for i in range(3)]
+    assert client.chain(seq, 3 * CHUNK).checkpoint_key(3 * CHUNK) == expected.checkpoint_key(3 * CHUNK)
+
+
+def test_a_published_prefix_is_restored_adopted_and_counted_by_tier():
+    device = FakeDevice(held=(CHUNK, CHUNK))
+    client = _published(_client(device))
+    assert client.stats.published_steps == 3 and client.stats.published_bytes > 0 and device.slots == [5]
+    outcome = client.restore(Sequence(TOKENS + [7, 7]))
+    assert outcome.gained == 2 * CHUNK and outcome.miss_reason is None and outcome.restore.step == 3 * CHUNK
+    assert [prefix.num_tokens for prefix in device.adopted] == [3 * CHUNK]
+    stats = client.stats
+    assert (stats.restores, stats.remote_hit_tokens) == (1, 2 * CHUNK)
+    assert stats.restored_tokens == {"host": 2 * CHUNK} and stats.restores_using == {"host": 1}
+    assert stats.restored_bytes["host"] == outcome.restore.nbytes > 0
+    client.check_invariants()
+    assert json.loads(json.dumps(client.stats_dict()))["restored_tokens"] == {"host": 2 * CHUNK}
+
+
+def test_nothing_is_looked_up_beyond_what_the_device_holds_or_when_it_caches_nothing():
+    for device in (FakeDevice(held=(3 * CHUNK, 3 * CHUNK)), FakeDevice(held=None)):
+        client = _published(_client(device))
+        assert client.restore(Sequence(TOKENS)) == TierRestore()
+        assert client.store.counters["restore_lookups"] == 0 and not device.adopted
+
+
+def test_a_request_asking_for_routed_experts_skips_the_lookup():
+    client = _published(_client())
+    assert client.restore(Sequence(TOKENS, want_routed_experts=True)) == TierRestore()
+    assert client.stats.restores_skipped == {"routed_experts": 1}
+    assert client.store.counters["restore_lookups"] == 0
+
+
+def test_a_refused_adoption_is_a_rejected_miss_with_the_device_reason():
+    client = _published(_client(FakeDevice(accept=False, refused="layout_mismatch")))
+    outcome = client.restore(Sequence(TOKENS))
+    assert (outcome.gained, outcome.miss_reason) == (0, TIER_REJECTED)
+    stats = client.stats
+    assert stats.adoptions_refused == 1 and stats.write_refusals == {"layout_mismatch": 1}
+    assert stats.misses == {TIER_REJECTED: 1} and stats.restores == stats.remote_hit_tokens == 0
+
+
+def test_only_steps_on_a_chunk_boundary_outside_spans_are_published():
+    client = _client()
+    image = MultimodalSpan(2 * CHUNK - 2, 2 * CHUNK + 2, "image", "sha256:aa")
+    chain = client.publish(Sequence(TOKENS, multimodal=[image]), [0, CHUNK + 1, 2 * CHUNK, 3 * CHUNK])
+    assert client.stats.published_steps == 1 and chain.num_chunks == 3
+    assert client.publish(Sequence(TOKENS), [CHUNK - 1]) is None and client.stats.published_steps == 1
+
+
+def test_whatever_the_tier_side_raises_costs_a_miss_or_a_publish_counted_by_class():
+    class Broken(TieredStore):
+        def lookup_restore(self, *args, **kwargs):
+            raise RuntimeError("a bug in the read path")
+
+        def publish(self, *args, **kwargs):
+            raise KeyError("a bug in the write path")
+
+    class BrokenCost(RestoreCost):
+        def observe_recompute(self, tokens, seconds):
+            raise ZeroDivisionError("a bug in the cost model")
+
+    client = _client(store=Broken(host=HostMemoryStore(1 << 20), cost=BrokenCost()))
+    assert client.restore(Sequence(TOKENS)) == TierRestore(0, TIER_ERROR)
+    assert client.publish(Sequence(TOKENS), [CHUNK]) is None
+    client.after_forward([ForwardEnd(Sequence(TOKENS), 2 * CHUNK, 3)], 2 * CHUNK, 0.5)
+    stats = client.stats
+    assert stats.restore_failed == {"RuntimeError": 1} and stats.misses == {TIER_ERROR: 1}
+    assert stats.publish_failed == {"KeyError": 2, "ZeroDivisionError": 1}
+    client.check_invariants()
+
+
+def test_the_client_takes_only_a_tiered_store_and_a_fingerprint():
+    for store, base in ((HostMemoryStore(1 << 20), fingerprint()), (TieredStore(host=HostMemoryStore(1 << 20)), "fp")):
+        with pytest.raises(InvalidTypeError):
+            TierClient(store, base, FakeDevice())
