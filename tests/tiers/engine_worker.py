@@ -19,7 +19,7 @@ from hybridcache.engine.engine import Engine
 from hybridcache.engine.engine_config import EngineConfig
 from hybridcache.engine.requests import Request
 from hybridcache.sequence import Sequence
-from hybridcache.tiers import KeyChain, ObjectKey, ObjectKind
+from hybridcache.tiers import ObjectKey, ObjectKind
 from hybridcache.tiers.backends import ObjectStore
 from hybridcache.tiers.tiered import RestoreCost, TieredStore
 
