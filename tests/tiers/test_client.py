@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hybridcache import MultimodalSpan, Sequence
-from hybridcache.errors import InvalidTypeError
+from hybridcache.errors import InvalidTypeError, LifecycleError
 from hybridcache.tiers import KeyChain, RestoreCost, TieredStore
 from hybridcache.tiers.backends import HostMemoryStore
 from hybridcache.tiers.client import TIER_ERROR, TIER_REJECTED, Adopted, ForwardEnd, TierClient, TierRestore
@@ -148,3 +148,22 @@ def test_the_client_takes_only_a_tiered_store_and_a_fingerprint():
     for store, base in ((HostMemoryStore(1 << 20), fingerprint()), (TieredStore(host=HostMemoryStore(1 << 20)), "fp")):
         with pytest.raises(InvalidTypeError):
             TierClient(store, base, FakeDevice())
+
+
+def test_one_listener_hears_every_publish_and_what_it_raises_is_a_failed_publish():
+    heard = []
+    client = _client()
+    client.listen_publishes(lambda seq, step, chain, report: heard.append((step, report.checkpoint_stored)))
+    with pytest.raises(LifecycleError):
+        client.listen_publishes(lambda *args: None)
+    with pytest.raises(InvalidTypeError):
+        _client().listen_publishes("not callable")
+    _published(client)
+    assert heard == [(step, {"host": True}) for step in (CHUNK, 2 * CHUNK, 3 * CHUNK)]
+
+    def broken(*args):
+        raise ValueError("a listener's bug")
+
+    other = _client()
+    other.listen_publishes(broken)
+    assert other.publish(Sequence(TOKENS), [CHUNK]) is None and other.stats.publish_failed == {"ValueError": 1}

@@ -24,7 +24,7 @@ from hybridcache.protocol import CacheProtocol
 class EngineEvents:
     def __init__(self, config: KVEventsConfig, cache: CacheProtocol, *, block_size: int, state_bytes: int | None,
                  tiers=None) -> None:
-        """``tiers``: the engine's ``EngineTiers`` (None: it has none); their host and disk
+        """``tiers``: the engine's ``TierClient`` (None: it has none); their host and disk
         contents are announced too."""
         self._config = config
         self._cache = cache
