@@ -12,7 +12,7 @@ from hybridcache import MultimodalSpan, Sequence
 from hybridcache.errors import InvalidTypeError, LifecycleError
 from hybridcache.tiers import KeyChain, RestoreCost, TieredStore
 from hybridcache.tiers.backends import HostMemoryStore
-from hybridcache.tiers.client import TIER_ERROR, TIER_REJECTED, Adopted, ForwardEnd, TierClient, TierRestore
+from hybridcache.tiers.client import TIER_ERROR, TIER_REJECTED, DeviceAdoption, ForwardEnd, TierClient, TierRestore
 
 from .helpers import CHUNK, fingerprint, kv_arrays, state_arrays
 
@@ -39,9 +39,9 @@ class FakeDevice:
     def cached_prefix(self, seq: Sequence) -> tuple[int, int] | None:
         return self.held
 
-    def adopt(self, prefix, restore) -> Adopted:
+    def adopt(self, prefix, restore) -> DeviceAdoption:
         self.adopted.append(prefix)
-        return Adopted(restore.step - self.held[0] if self.accept else 0, self.refused)
+        return DeviceAdoption(restore.step - self.held[0] if self.accept else 0, self.refused)
 
     def payloads(self, seq: Sequence, slot: int) -> _Arrays:
         self.slots.append(slot)
