@@ -28,7 +28,7 @@ def _record(record_id, step, tokens, hits=0, producer=0):
 
 
 def _keys(keyer):
-    return lambda tokens: keyer.extend(Sequence(tokens))
+    return keyer.keys_anew
 
 
 def _anchor_key(keyer, tokens, step):

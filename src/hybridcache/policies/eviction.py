@@ -278,7 +278,7 @@ class AutoState(_Scored):
     def note_admitted(self, seq, restore: CheckpointRecord | None) -> None:
         """A request was admitted, resuming from ``restore``: what the learner learns from."""
         if self.learner is not None:
-            self.learner.admitted(seq, restore, self._view.prefix_keys)
+            self.learner.admitted(seq, restore, self._view.keys_of)
 
     def kv_score(self, slot: int) -> tuple[int, float]:
         """(tier, recency): tier 0 = a leaf anchoring no checkpoint (no hit can use it), first

@@ -114,11 +114,11 @@ class ReuseLearner:
         while len(self._entries) > self.window:
             self._leave(next(iter(self._entries.values())))
 
-    def admitted(self, seq: Sequence, restore: CheckpointRecord | None, prefix_keys) -> None:
+    def admitted(self, seq: Sequence, restore: CheckpointRecord | None, keys_of) -> None:
         """A request was admitted, resuming from ``restore`` (None: from nothing). Credits the
         record it resumed from and the deepest ghost its prompt reaches beyond it, and notes
-        the lineage of what it will save. ``prefix_keys(tokens)``: the keys the cache files
-        whole blocks under (the default namespace's: a ghost of another namespace is not seen)."""
+        the lineage of what it will save. ``keys_of(seq, blocks)``: the keys the cache files
+        the sequence's first whole blocks under, in its own namespace."""
         hit = 0 if restore is None else restore.step
         entry = None if restore is None else self._entries.get(restore.record_id)
         lineage = 0
@@ -127,7 +127,7 @@ class ReuseLearner:
             self._entries.move_to_end(restore.record_id)
             entry.touched = self.clock
             lineage = entry.lineage + 1 if entry.kind in CONTINUED else 0
-        ghost = self._deepest_ghost(seq, hit, prefix_keys)
+        ghost = self._deepest_ghost(seq, hit, keys_of)
         if ghost is not None:
             self.ghost_hits += 1
             self._reused(ghost, ghost.record.hits)
@@ -136,13 +136,13 @@ class ReuseLearner:
             self._lineage_of.clear()  # producers long gone; bounded
         self._lineage_of[seq.seq_id] = lineage
 
-    def _deepest_ghost(self, seq: Sequence, hit: int, prefix_keys) -> _Entry | None:
+    def _deepest_ghost(self, seq: Sequence, hit: int, keys_of) -> _Entry | None:
         size, length = self.block_size, seq.num_tokens
         first, last = max(hit // size, 1), (length - 1) // size  # anchor depths past the resume point
         if last < first or not self._by_anchor:
             return None
         tokens = seq.tokens
-        keys = prefix_keys(tokens[: last * size])[first - 1 : last].tolist()
+        keys = keys_of(seq, last)[first - 1 : last].tolist()
         best = None
         for key in set(keys).intersection(self._by_anchor):
             for entry in self._by_anchor[key].values():

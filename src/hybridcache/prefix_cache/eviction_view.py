@@ -86,6 +86,11 @@ class EvictionView:
         """The prefix keys the cache files ``tokens``' whole blocks under (default namespace)."""
         return self._keyer.extend(Sequence(tokens)).copy()
 
+    def keys_of(self, seq: Sequence, blocks: int) -> np.ndarray:
+        """The prefix keys of an admitted sequence's first ``blocks`` whole blocks, in its own
+        namespace (what its ghosts would be filed under)."""
+        return self._keyer.keys_anew(seq, blocks)
+
     # --- the one write: a score that dropped ---------------------------------------------------
 
     def rescore_leaf(self, key: int, depth: int) -> bool:

@@ -132,6 +132,15 @@ class BlockKeyer:
             words = seq.token_words(0, (int(indices.max()) + 1) * size).reshape(-1, size // 2)[indices]
         return self._finish(seq, np.einsum("ij,j->i", words, self._word_keys), indices)
 
+    def keys_anew(self, seq: Sequence, blocks: int) -> np.ndarray:
+        """The prefix keys of the sequence's first ``blocks`` whole blocks, computed anew in its
+        namespace and leaving its cached keys as they are (a run the trie followed by comparing
+        tokens has none before ``keys_from``). For an admitted sequence, whose namespace is
+        already known, this adds no namespace to the memo."""
+        sums = np.cumsum(self.block_values(seq, range(blocks)), dtype=np.uint64)
+        sums += np.uint64(self.namespace_seed(seq.namespace))
+        return self.prefix_keys(sums)
+
     def value_of(self, seq: Sequence, index: int) -> int:
         """``block_values`` of one complete block (a single checkpoint probe), in Python
         integers (without NumPy's per-call overhead on tiny arrays) unless a subclass changed
