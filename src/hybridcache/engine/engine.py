@@ -157,7 +157,7 @@ class Engine:
             # first, as their copies may read a checkpoint slot the adoption's room reuses.
             while self._queue:
                 self._undelivered.extend(self._execute(self._queue.popleft()))
-            tier_miss = self.tiers.restore(seq).miss_reason
+            tier_miss = self.tiers.adopt_prefix(seq).miss_reason
         entry = ServingSequence(next(self._ids), seq, request.max_new_tokens, payload=request)
         self._entries[entry.request_id] = entry
         if tier_miss is not None:

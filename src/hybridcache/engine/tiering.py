@@ -29,15 +29,15 @@ from hybridcache.tiers.fingerprint import DEFAULT_CHUNK_SIZE, NamespaceFingerpri
 from hybridcache.tiers.keys import KeyChain
 from hybridcache.tiers.restore_values import PublishReport
 from hybridcache.tiers.tiered import EVICTED, SLOWER_THAN_RECOMPUTE, Restore, TieredStore
-from hybridcache.tiers.verify import MissReason as TierMiss
+from hybridcache.tiers.verify import FetchMiss
 from hybridcache.types import as_int
 
 # Why the tiers served a request less than they were expected to, as a request's miss reason
 # (``Result.tier_miss_reason``); every other verification failure is ``tier_rejected``.
 TIER_UNAVAILABLE, TIER_TIMEOUT, TIER_REJECTED, TIER_ERROR = "tier_unavailable", "tier_timeout", "tier_rejected", "tier_error"
 TIER_MISS_REASONS = {
-    TierMiss.UNAVAILABLE.value: TIER_UNAVAILABLE,  # also a tier its breaker skips
-    TierMiss.TIMEOUT.value: TIER_TIMEOUT,
+    FetchMiss.UNAVAILABLE.value: TIER_UNAVAILABLE,  # also a tier its breaker skips
+    FetchMiss.TIMEOUT.value: TIER_TIMEOUT,
     EVICTED: EVICTED,
     SLOWER_THAN_RECOMPUTE: SLOWER_THAN_RECOMPUTE,
 }
@@ -119,9 +119,9 @@ class EngineTiers:
         computed = sum(chunk.end - chunk.start for chunk in chunks)
         self._guarded("publish_failed", self.store.cost.observe_recompute, computed, forward_s)
         for chunk in chunks:
-            self._guarded("publish_failed", self.publish, chunk.entry.seq, chunk.end, chunk.entry.runtime_slot)
+            self._guarded("publish_failed", self.store_prefix, chunk.entry.seq, chunk.end, chunk.entry.runtime_slot)
 
-    def publish(self, seq: Sequence, step: int, runtime_slot: int) -> None:
+    def store_prefix(self, seq: Sequence, step: int, runtime_slot: int) -> None:
         """``seq``'s forward just computed ``[.., step)`` into its blocks and ``runtime_slot``:
         publish the checkpoint at ``step`` with the KV chunks of ``[0, step)``."""
         if step <= 0 or step % self.chunk_size or not seq.is_boundary_safe(step):
@@ -133,7 +133,7 @@ class EngineTiers:
         def chunk_arrays(index: int):
             return self.storage.read_blocks(table[index * per_chunk : (index + 1) * per_chunk])
 
-        report = self.store.publish(chain, step, chunk_arrays, lambda: self.storage.read_slot(runtime_slot))
+        report = self.store.store_prefix(chain, step, chunk_arrays, lambda: self.storage.read_slot(runtime_slot))
         self.counters["published_steps"] += 1
         self.counters["published_bytes"] += sum(report.bytes_written.values())
         if self._on_publish is not None:
@@ -141,7 +141,7 @@ class EngineTiers:
 
     # --- read path -------------------------------------------------------------------------------
 
-    def restore(self, seq: Sequence) -> TierRestore:
+    def adopt_prefix(self, seq: Sequence) -> TierRestore:
         """Before ``seq`` is queued: adopt the deepest verified restore the tiers hold beyond
         what the device cache holds (never its last token: one must be computed). Returns the
         tokens gained, or why the tiers served less than expected (counted ``miss_<reason>``;
@@ -165,7 +165,7 @@ class EngineTiers:
         if limit <= local_step:
             return TierRestore()
         chain = KeyChain(self._fingerprint(seq), seq.tokens[:limit], seq.spans_overlapping(0, limit))
-        lookup = self.store.lookup_restore(chain, local_step=local_step, local_kv_tokens=local_kv)
+        lookup = self.store.lookup_prefix(chain, local_step=local_step, local_kv_tokens=local_kv)
         restore = lookup.restore
         if restore is None:
             return TierRestore(0, None if lookup.miss is None else TIER_MISS_REASONS.get(lookup.miss, TIER_REJECTED))

@@ -235,7 +235,7 @@ def replay(
             index = _route(fleet, routing, request, number, chain, run)
             replica = fleet[index]
             ends: list[int] = []
-            restore = None if replica.tiers is None else (lambda turn: replica.tiers.restore(replica.adapter, turn, chain))
+            restore = None if replica.tiers is None else (lambda turn: replica.tiers.adopt_prefix(replica.adapter, turn, chain))
             turn = _serve(replica.adapter, request, policy, counters, prefill_chunk, restore, ends if run else None)
             turn.replica = index
             if run is not None:
@@ -334,7 +334,7 @@ class _TierRun:
         wanted = {end for end in ends if end % chunk == 0}
         wanted |= {min(request.prompt_length, computed) // chunk * chunk, computed // chunk * chunk}
         steps = sorted(step for step in wanted if step > turn.hit_tokens)
-        replica.tiers.publish(request.tokens, steps, self.published)
+        replica.tiers.store_prefix(request.tokens, steps, self.published)
 
     def remote_hit_tokens(self) -> int:
         return sum(replica.tiers.counters["remote_hit_tokens"] for replica in self.fleet)

@@ -153,21 +153,21 @@ class ReplicaTiers:
 
     # --- write path ------------------------------------------------------------------------------
 
-    def publish(self, tokens: np.ndarray, steps: list[int], published: set[str]) -> None:
+    def store_prefix(self, tokens: np.ndarray, steps: list[int], published: set[str]) -> None:
         """Publish the checkpoints at ``steps`` (chunk-aligned, ascending) of ``tokens`` with
         their chunks, chunks first; every key put is added to ``published`` (the run's cleanup)."""
         if not steps:
             return
         chain = KeyChain(self.fingerprint, tokens[: steps[-1]])
         for step in steps:
-            self.store.publish(chain, step, _stand_in, _stand_in)
+            self.store.store_prefix(chain, step, _stand_in, _stand_in)
             published.add(chain.checkpoint_key(step).name)
         published.update(chain.chunk_key(index).name for index in range(steps[-1] // chain.chunk_size))
         self.counters["published_steps"] += len(steps)
 
     # --- read path -------------------------------------------------------------------------------
 
-    def restore(self, adapter: CacheAdapter, turn: Turn, prompt_chain: KeyChain | None) -> Restore | None:
+    def adopt_prefix(self, adapter: CacheAdapter, turn: Turn, prompt_chain: KeyChain | None) -> Restore | None:
         """Before admission: adopt the deepest verified restore beyond the device cache's hit;
         the Restore adopted, or None."""
         if prompt_chain is None:
@@ -176,7 +176,7 @@ class ReplicaTiers:
         if prompt_chain.num_chunks * prompt_chain.chunk_size <= local_step:
             return None
         before = Counter(self.store.counters)
-        restore = self.store.find_restore(prompt_chain, local_step=local_step, local_kv_tokens=local_kv)
+        restore = self.store.fetch_prefix(prompt_chain, local_step=local_step, local_kv_tokens=local_kv)
         moved = self._count_reads(before)
         if restore is None:
             return None

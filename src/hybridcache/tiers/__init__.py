@@ -21,7 +21,7 @@ from hybridcache.tiers.objects import (
     encode_kv_chunk,
 )
 from hybridcache.tiers.tiered import PublishReport, Restore, RestoreCost, TieredStore
-from hybridcache.tiers.verify import MissReason, Verdict, fetch_verified, verify
+from hybridcache.tiers.verify import FetchMiss, FetchVerdict, fetch_verified, verify
 
 __all__ = [
     "CircuitBreaker",
@@ -30,7 +30,7 @@ __all__ = [
     "ROUTED_EXPERTS",
     "Expectation",
     "KeyChain",
-    "MissReason",
+    "FetchMiss",
     "NamespaceFingerprint",
     "ObjectHeader",
     "ObjectKey",
@@ -40,7 +40,7 @@ __all__ = [
     "RestoreCost",
     "StoredObject",
     "TieredStore",
-    "Verdict",
+    "FetchVerdict",
     "decode",
     "decode_header",
     "encode_checkpoint",

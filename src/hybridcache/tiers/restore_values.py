@@ -1,5 +1,5 @@
 """The values a tier lookup and a publish produce: a verified ``Restore``, the outcome of one
-``lookup_restore`` with its miss reason, a ``PublishReport``, and ``RestoreAttempt``, the
+``lookup_prefix`` with its miss reason, a ``PublishReport``, and ``RestoreAttempt``, the
 working state of one lookup (kept per call, so one ``TieredStore`` serves several threads).
 
 Owns nothing shared: each ``RestoreAttempt`` belongs to the one call that made it.
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from hybridcache.tiers.objects import StoredObject
-from hybridcache.tiers.verify import MissReason
+from hybridcache.tiers.verify import FetchMiss
 
 SLOWER_THAN_RECOMPUTE = "slower_than_recompute"
 
@@ -50,8 +50,8 @@ EVICTED = "evicted"  # a checkpoint this process published is gone from every ti
 
 @dataclass(frozen=True)
 class RestoreLookup:
-    """What one ``lookup_restore`` found: the restore, or (``restore`` None) why the deepest
-    step the tiers were expected to serve was not served: a ``MissReason`` value,
+    """What one ``lookup_prefix`` found: the restore, or (``restore`` None) why the deepest
+    step the tiers were expected to serve was not served: a ``FetchMiss`` value,
     ``EVICTED`` or ``SLOWER_THAN_RECOMPUTE``; ``miss`` None when no tier ever held a deeper
     step as far as this process knows."""
 
@@ -61,7 +61,7 @@ class RestoreLookup:
 
 @dataclass(frozen=True)
 class PublishReport:
-    """What one ``publish`` did, per tier: chunks newly stored, and whether the checkpoint is
+    """What one ``store_prefix`` did, per tier: chunks newly stored, and whether the checkpoint is
     stored there (False: a chunk was refused or the store failed, so it was never put)."""
 
     chunks_stored: Mapping[str, int]
@@ -71,11 +71,11 @@ class PublishReport:
 
 @dataclass
 class RestoreAttempt:
-    """One ``find_restore`` call's own state: where each object is, which tiers could not
+    """One ``fetch_prefix`` call's own state: where each object is, which tiers could not
     answer (and why), what was fetched, and what to promote into the host tier afterwards."""
 
     where: dict[str, list[str]]
-    failed: dict[str, MissReason]
+    failed: dict[str, FetchMiss]
     fetched: dict[str, StoredObject] = field(default_factory=dict)
     served_by: dict[str, str] = field(default_factory=dict)  # name -> the tier it was fetched from
     promotions: list[tuple[str, bytes]] = field(default_factory=list)
@@ -85,8 +85,8 @@ class RestoreAttempt:
         if self.miss is None:
             self.miss = reason
 
-    def unlocated_reason(self) -> MissReason:
+    def unlocated_reason(self) -> FetchMiss:
         """Why a part was found in no tier: absent, unless a tier could not be asked."""
         if not self.failed:
-            return MissReason.MISSING
-        return MissReason.TIMEOUT if MissReason.TIMEOUT in self.failed.values() else MissReason.UNAVAILABLE
+            return FetchMiss.MISSING
+        return FetchMiss.TIMEOUT if FetchMiss.TIMEOUT in self.failed.values() else FetchMiss.UNAVAILABLE

@@ -14,16 +14,16 @@ promotes) is the call's own.
 Every store call goes through the tier's breaker: after a timeout or unavailability the tier is
 skipped for a back-off window (counted ``<tier>_skipped``), probed once per window
 (``<tier>_probes``). A store failure costs a miss (counted by its reason) or a failed publish;
-it never raises out of ``publish`` or ``find_restore``.
+it never raises out of ``store_prefix`` or ``fetch_prefix``.
 
-Write path (``publish``): for one chunk-aligned step, into the host and shared tiers
+Write path (``store_prefix``): for one chunk-aligned step, into the host and shared tiers
 (write-through): the KV chunks of ``[0, step)`` the tier lacks (put-if-absent), then, only once
 every one of them is confirmed stored, the checkpoint. A writer that dies in between leaves
 orphan chunks, never a usable partial checkpoint. The host tier's evictions are demoted to the
 disk tier (write-back) unless they are dead weight: a checkpoint whose chunks are gone from the
 local tiers, or a chunk no local checkpoint needs.
 
-Read path (``find_restore``): the deepest step beyond the local hit whose checkpoint and every
+Read path (``fetch_prefix``): the deepest step beyond the local hit whose checkpoint and every
 chunk the device cache lacks exist in some tier; each object is fetched, decoded and compared
 with the request (fingerprint field by field, range, tokens, multimodal identity, key, payload
 checksum). Any doubt falls back to a shallower step, and each rejected step is counted by
@@ -53,7 +53,7 @@ from hybridcache.errors import (
 from hybridcache.tiers.backends.base import ObjectStore, PutOutcome, checked_timeout
 from hybridcache.tiers.backends.disk import DiskStore
 from hybridcache.tiers.backends.host import HostMemoryStore
-from hybridcache.tiers.breaker import Admission, CircuitBreaker
+from hybridcache.tiers.breaker import BreakerDecision, CircuitBreaker
 from hybridcache.tiers.keys import Expectation, KeyChain, ObjectKey, ObjectKind
 from hybridcache.tiers.objects import check_auth_key, encode_checkpoint, encode_kv_chunk
 from hybridcache.tiers.publish_index import PublishIndex
@@ -66,7 +66,7 @@ from hybridcache.tiers.restore_values import (
     RestoreAttempt,
     RestoreLookup,
 )
-from hybridcache.tiers.verify import MissReason, Verdict, verify
+from hybridcache.tiers.verify import FetchMiss, FetchVerdict, verify
 from hybridcache.types import as_int
 
 TIER_NAMES = ("host", "disk", "shared")
@@ -78,15 +78,15 @@ _DEMOTION_COUNTERS = {
 }
 # What the store's own reply says about the object (not about the store): it is not the object
 # its key names, so it is removed from the tier that served it.
-_REJECTED_OBJECT = frozenset(MissReason) - {MissReason.MISSING, MissReason.TIMEOUT, MissReason.UNAVAILABLE}
+_REJECTED_OBJECT = frozenset(FetchMiss) - {FetchMiss.MISSING, FetchMiss.TIMEOUT, FetchMiss.UNAVAILABLE}
 
 
 class _TierSkipped(StoreUnavailableError):
     """A call not made: the tier's breaker is open. Never leaves this module."""
 
 
-def _failure_reason(error: StoreError) -> MissReason:
-    return MissReason.TIMEOUT if isinstance(error, StoreTimeoutError) else MissReason.UNAVAILABLE
+def _failure_reason(error: StoreError) -> FetchMiss:
+    return FetchMiss.TIMEOUT if isinstance(error, StoreTimeoutError) else FetchMiss.UNAVAILABLE
 
 ArraysFor = Callable[[int], Mapping[str, np.ndarray]]
 
@@ -165,10 +165,10 @@ class TieredStore:
         """One batch call on ``tier`` through its breaker; raises StoreError (``_TierSkipped``
         when the breaker is open), nothing else."""
         admission = self.breaker.admit(tier)
-        if admission is Admission.SKIP:
+        if admission is BreakerDecision.SKIP:
             self._count(self.counters, f"{tier}_skipped")
             raise _TierSkipped(f"the {tier} tier is skipped: it failed within the last {self.breaker.backoff_s:g} s")
-        if admission is Admission.PROBE:
+        if admission is BreakerDecision.PROBE:
             self._count(self.counters, f"{tier}_probes")
         try:
             result = getattr(self.tiers[tier], operation)(argument, timeout=self.timeout)
@@ -184,7 +184,7 @@ class TieredStore:
 
     # --- write path ------------------------------------------------------------------------------
 
-    def publish(self, chain: KeyChain, step: int, chunk_arrays: ArraysFor, state_arrays: Callable[[], Mapping]) -> PublishReport:
+    def store_prefix(self, chain: KeyChain, step: int, chunk_arrays: ArraysFor, state_arrays: Callable[[], Mapping]) -> PublishReport:
         """Publish the checkpoint at ``step`` of ``chain`` with the KV chunks of ``[0, step)``
         into the top local tier and the shared tier, chunks first. ``chunk_arrays(i)`` and ``state_arrays()``
         are called only for objects some tier lacks; each object is encoded once."""
@@ -313,14 +313,14 @@ class TieredStore:
 
     # --- read path -------------------------------------------------------------------------------
 
-    def find_restore(self, chain: KeyChain, *, local_step: int, local_kv_tokens: int) -> Restore | None:
+    def fetch_prefix(self, chain: KeyChain, *, local_step: int, local_kv_tokens: int) -> Restore | None:
         """The deepest verified restore beyond ``local_step`` (the device cache's hit), given
         that the device cache holds the KV of ``[0, local_kv_tokens)``; None when no deeper
         step is restorable or worth restoring (each rejected step counted in ``misses``)."""
-        return self.lookup_restore(chain, local_step=local_step, local_kv_tokens=local_kv_tokens).restore
+        return self.lookup_prefix(chain, local_step=local_step, local_kv_tokens=local_kv_tokens).restore
 
-    def lookup_restore(self, chain: KeyChain, *, local_step: int, local_kv_tokens: int) -> RestoreLookup:
-        """``find_restore``, with why nothing was restored when nothing was."""
+    def lookup_prefix(self, chain: KeyChain, *, local_step: int, local_kv_tokens: int) -> RestoreLookup:
+        """``fetch_prefix``, with why nothing was restored when nothing was."""
         steps, first_chunk, names = self._candidates(chain, local_step, local_kv_tokens)
         if not steps:
             return RestoreLookup(None)
@@ -335,7 +335,7 @@ class TieredStore:
     def reachable_step(
         self, chain: KeyChain, *, local_step: int, local_kv_tokens: int, shared_located: dict | None = None
     ) -> int:
-        """The deepest step ``find_restore`` could try, by existence only (nothing is read,
+        """The deepest step ``fetch_prefix`` could try, by existence only (nothing is read,
         verified, promoted or refreshed); ``local_step`` when none. ``shared_located``: what
         ``locate`` found in the shared tier, when one lookup serves many callers (a router
         scoring replicas that share it); the shared tier is then not asked again."""
@@ -393,10 +393,10 @@ class TieredStore:
             complete = self._located_run(chain, where, first_chunk, complete)
         return None
 
-    def _unlocated_miss(self, chain: KeyChain, step: int, reason: MissReason) -> str | None:
+    def _unlocated_miss(self, chain: KeyChain, step: int, reason: FetchMiss) -> str | None:
         """A step no tier could be found to hold: a tier that could not answer, a checkpoint
         this process published (since evicted), or (None) nothing known."""
-        if reason is not MissReason.MISSING:
+        if reason is not FetchMiss.MISSING:
             return reason.value
         return EVICTED if self.index.chunks_needed(chain.checkpoint_key(step).digest) is not None else None
 
@@ -477,7 +477,7 @@ class TieredStore:
         try:
             (data,) = self._call(tier, "get", [expectation.key.name])
         except StoreError as error:
-            return None, Verdict(_failure_reason(error), str(error))
+            return None, FetchVerdict(_failure_reason(error), str(error))
         return data, verify(data, expectation, auth_key=self.deployment_key)
 
     def _remove_rejected(self, tier: str, name: str) -> None:
