@@ -140,12 +140,12 @@ def test_with_a_deployment_key_a_forged_object_fails_as_a_checksum_mismatch_and_
 def test_a_forged_object_with_the_right_header_fails_as_a_checksum_mismatch():
     """A writer without the key copies a sealed header (salt digest included) and swaps the
     payload, recomputing every unkeyed checksum: only the keyed MAC can catch it."""
-    from hybridcache.tiers import objects
+    from hybridcache.tiers import objects, payload
 
     keys = chain(cache_salt="tenant")
     genuine = encode_checkpoint(keys, CHUNK, state_arrays(0), auth_key=KEY)
     header = objects.decode_header(genuine)
-    forged_payload = objects._encode_payload(objects._checked_arrays(state_arrays(7)))
+    forged_payload = payload.encode_payload(payload.checked_arrays(state_arrays(7)))
     described = bytearray(genuine[: header.header_length - 48])
     forged = bytes(described) + objects._payload_checksum(described, forged_payload, None)
     forged += objects._header_checksum(forged) + forged_payload
