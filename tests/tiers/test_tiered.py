@@ -8,7 +8,9 @@ import pytest
 from hybridcache.errors import InvalidArgumentError, InvalidStepError, InvalidTypeError, LifecycleError
 from hybridcache.tiers.backends import DiskStore, Fault, FaultInjectingStore, HostMemoryStore, Operation, PutOutcome
 from hybridcache.tiers.publish_index import NODE_BYTES, PublishIndex
-from hybridcache.tiers.tiered import SLOWER_THAN_RECOMPUTE, RestoreCost, TieredStore
+from hybridcache.tiers.restore_cost import RestoreCost
+from hybridcache.tiers.restore_values import SLOWER_THAN_RECOMPUTE
+from hybridcache.tiers.tiered import TieredStore
 
 from .helpers import CHUNK, chain, kv_arrays, state_arrays
 
@@ -223,7 +225,7 @@ def test_a_chunk_no_checkpoint_needs_is_dropped_not_demoted(tmp_path):
     store = TieredStore(host=host, disk=disk)
     publish(store, keys, CHUNK)
     host.remove([keys.checkpoint_key(CHUNK).name])  # its only user is gone from every tier
-    store._demote(keys.chunk_key(0).name, b"unused")
+    store.ledger.demote(keys.chunk_key(0).name, b"unused")
     assert store.counters["host_dropped_dead_weight"] == 1
     assert not disk.exists([keys.chunk_key(0).name])[0]
 
@@ -234,20 +236,20 @@ def test_a_checkpoint_whose_chunks_are_gone_is_dropped_not_demoted(tmp_path):
     store = TieredStore(host=host, disk=disk)
     publish(store, keys, 2 * CHUNK)
     host.remove([keys.chunk_key(1).name])
-    store._demote(keys.checkpoint_key(2 * CHUNK).name, b"unused")
+    store.ledger.demote(keys.checkpoint_key(2 * CHUNK).name, b"unused")
     assert store.counters["host_dropped_dead_weight"] == 1
     store.check_invariants()
 
 
 def test_the_dead_weight_index_is_bounded_in_bytes():
     store = TieredStore(shared=HostMemoryStore(1 << 20))
-    store.index = PublishIndex(budget_bytes=100 * NODE_BYTES)
+    store.ledger.index = PublishIndex(budget_bytes=100 * NODE_BYTES)
     for number in range(300):  # 300 one-chunk requests: the oldest are forgotten
-        store.index.begin(chain([number] * CHUNK), CHUNK)
-        store.index.end(chain([number] * CHUNK).chunk_key(0).digest)
-    assert store.index.nbytes <= 100 * NODE_BYTES
-    assert store.index.chunks_needed(chain([299] * CHUNK).chunk_key(0).digest) is not None
-    assert store.index.chunks_needed(chain([0] * CHUNK).chunk_key(0).digest) is None  # forgotten, not judged
+        store.ledger.index.begin(chain([number] * CHUNK), CHUNK)
+        store.ledger.index.end(chain([number] * CHUNK).chunk_key(0).digest)
+    assert store.ledger.index.nbytes <= 100 * NODE_BYTES
+    assert store.ledger.index.chunks_needed(chain([299] * CHUNK).chunk_key(0).digest) is not None
+    assert store.ledger.index.chunks_needed(chain([0] * CHUNK).chunk_key(0).digest) is None  # forgotten, not judged
     store.check_invariants()
 
 

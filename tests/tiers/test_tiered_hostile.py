@@ -14,7 +14,9 @@ from hybridcache.engine import Engine, EngineConfig, Request, TinyHybridConfig
 from hybridcache.errors import InvalidArgumentError, InvalidTypeError, StoreClosedError
 from hybridcache.tiers import encode_checkpoint
 from hybridcache.tiers.backends import DiskStore, Fault, FaultInjectingStore, HostMemoryStore, Operation
-from hybridcache.tiers.tiered import SLOWER_THAN_RECOMPUTE, RestoreCost, TieredStore
+from hybridcache.tiers.restore_cost import RestoreCost
+from hybridcache.tiers.restore_values import SLOWER_THAN_RECOMPUTE
+from hybridcache.tiers.tiered import TieredStore
 
 from .helpers import CHUNK, chain, kv_arrays, state_arrays
 

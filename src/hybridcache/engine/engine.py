@@ -63,7 +63,8 @@ from hybridcache.protocol import CacheProtocol
 from hybridcache.scheduler.scheduler import ScheduledBatch, ScheduledChunk, Scheduler, ServingSequence
 from hybridcache.sequence import MultimodalSpan, Sequence
 from hybridcache.prefix_cache.stats import MissReason
-from hybridcache.tiers.tiered import EVICTED, TieredStore
+from hybridcache.tiers.restore_values import EVICTED
+from hybridcache.tiers.tiered import TieredStore
 from hybridcache.types import as_int, as_ordered, ceil_div
 
 FAULT_STAGES = ("before_restore", "after_restore", "before_save", "after_save")

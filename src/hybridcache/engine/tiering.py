@@ -27,8 +27,8 @@ from hybridcache.protocol import Adoption, CacheProtocol
 from hybridcache.sequence import Sequence
 from hybridcache.tiers.fingerprint import DEFAULT_CHUNK_SIZE, NamespaceFingerprint
 from hybridcache.tiers.keys import KeyChain
-from hybridcache.tiers.restore_values import PublishReport
-from hybridcache.tiers.tiered import EVICTED, SLOWER_THAN_RECOMPUTE, Restore, TieredStore
+from hybridcache.tiers.restore_values import EVICTED, SLOWER_THAN_RECOMPUTE, PublishReport, Restore
+from hybridcache.tiers.tiered import TieredStore
 from hybridcache.tiers.verify import FetchMiss
 from hybridcache.types import as_int
 

@@ -32,7 +32,9 @@ from hybridcache.tiers.backends.disk import DiskStore
 from hybridcache.tiers.backends.host import HostMemoryStore
 from hybridcache.tiers.fingerprint import DEFAULT_CHUNK_SIZE, NamespaceFingerprint
 from hybridcache.tiers.keys import KeyChain, ObjectKey, ObjectKind
-from hybridcache.tiers.tiered import RestoreCost, Restore, TieredStore
+from hybridcache.tiers.restore_cost import RestoreCost
+from hybridcache.tiers.restore_values import Restore
+from hybridcache.tiers.tiered import TieredStore
 
 DEFAULT_TIER_CHUNK = DEFAULT_CHUNK_SIZE  # 256: the default, LMCache's chunk; see docs/tiers.md
 DEFAULT_SHARED_BANDWIDTH = 12.5e9  # bytes/s: one 100 Gb/s NIC between a replica and the shared store

@@ -20,7 +20,9 @@ from hybridcache.tiers.objects import (
     encode_checkpoint,
     encode_kv_chunk,
 )
-from hybridcache.tiers.tiered import PublishReport, Restore, RestoreCost, TieredStore
+from hybridcache.tiers.restore_cost import RestoreCost
+from hybridcache.tiers.restore_values import PublishReport, Restore
+from hybridcache.tiers.tiered import TieredStore
 from hybridcache.tiers.verify import FetchMiss, FetchVerdict, fetch_verified, verify
 
 __all__ = [

@@ -1,8 +1,8 @@
-"""The values a tier lookup and a publish produce: a verified ``Restore``, the outcome of one
-``lookup_prefix`` with its miss reason, a ``PublishReport``, and ``RestoreAttempt``, the
-working state of one lookup (kept per call, so one ``TieredStore`` serves several threads).
+"""The values a tier lookup and a publish return: a verified ``Restore``, the outcome of one
+``lookup_prefix`` with its miss reason, and a ``PublishReport``.
 
-Owns nothing shared: each ``RestoreAttempt`` belongs to the one call that made it.
+Owns no mutable state: every value here is frozen. (One lookup's working state is a
+:class:`~hybridcache.tiers.restore_attempt.RestoreAttempt`.)
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from hybridcache.tiers.objects import StoredObject
-from hybridcache.tiers.verify import FetchMiss
 
 SLOWER_THAN_RECOMPUTE = "slower_than_recompute"
 
@@ -67,26 +66,3 @@ class PublishReport:
     chunks_stored: Mapping[str, int]
     checkpoint_stored: Mapping[str, bool]
     bytes_written: Mapping[str, int]
-
-
-@dataclass
-class RestoreAttempt:
-    """One ``fetch_prefix`` call's own state: where each object is, which tiers could not
-    answer (and why), what was fetched, and what to promote into the host tier afterwards."""
-
-    where: dict[str, list[str]]
-    failed: dict[str, FetchMiss]
-    fetched: dict[str, StoredObject] = field(default_factory=dict)
-    served_by: dict[str, str] = field(default_factory=dict)  # name -> the tier it was fetched from
-    promotions: list[tuple[str, bytes]] = field(default_factory=list)
-    miss: str | None = None  # why the deepest step expected to be served was not
-
-    def missed(self, reason: str | None) -> None:
-        if self.miss is None:
-            self.miss = reason
-
-    def unlocated_reason(self) -> FetchMiss:
-        """Why a part was found in no tier: absent, unless a tier could not be asked."""
-        if not self.failed:
-            return FetchMiss.MISSING
-        return FetchMiss.TIMEOUT if FetchMiss.TIMEOUT in self.failed.values() else FetchMiss.UNAVAILABLE
