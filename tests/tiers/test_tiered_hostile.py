@@ -160,7 +160,8 @@ def test_a_forged_object_with_the_right_header_fails_as_a_checksum_mismatch():
 
 def test_one_store_serves_two_threads_at_once(tmp_path, monkeypatch):
     """Two engines' threads restoring the same prefixes from disk through one store: each
-    call promotes what it read (one list per call; a shared one named a key twice)."""
+    call promotes what it read (one list per call; a shared one named a key twice), and each
+    restore holds exactly the objects of the chain it asked for (one attempt per call)."""
     monkeypatch.setattr(sys, "getswitchinterval", sys.getswitchinterval)  # restored after the test
     sys.setswitchinterval(1e-6)  # switch threads as often as possible
     store = TieredStore(host=HostMemoryStore(12_000), disk=DiskStore(tmp_path / "disk", 1 << 24))
@@ -175,7 +176,8 @@ def test_one_store_serves_two_threads_at_once(tmp_path, monkeypatch):
             start.wait()
             for _ in range(40):
                 for keys in chains:
-                    store.fetch_prefix(keys, local_step=0, local_kv_tokens=0)
+                    restore = store.fetch_prefix(keys, local_step=0, local_kv_tokens=0)
+                    assert restore is None or _is_own(restore, keys)
                     publish(store, keys, 2 * CHUNK)
         except BaseException as error:  # noqa: BLE001 -- collected for the assertion below
             errors.append(error)
@@ -194,6 +196,15 @@ def test_one_store_serves_two_threads_at_once(tmp_path, monkeypatch):
     assert store.counters["restore_lookups"] == 2 * 40 * len(chains)
     assert store.counters["restores"] > 0 and store.counters["promoted_to_host"] > 0
     store.check_invariants()
+
+
+def _is_own(restore, keys) -> bool:
+    checkpoint = restore.checkpoint.header
+    return (
+        checkpoint.key == keys.checkpoint_key(restore.step)
+        and np.array_equal(checkpoint.tokens, keys.tokens[: restore.step])
+        and all(chunk.key == keys.chunk_key(index) for index, chunk in restore.chunks.items())
+    )
 
 
 def test_a_read_only_disk_tier_under_a_tiered_store_serves_and_refuses_demotions(tmp_path):
