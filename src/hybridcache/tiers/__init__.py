@@ -3,9 +3,10 @@
 Owns no state itself. The object model (:mod:`~hybridcache.tiers.fingerprint`,
 :mod:`~hybridcache.tiers.keys`, :mod:`~hybridcache.tiers.objects`,
 :mod:`~hybridcache.tiers.verify`) needs only NumPy; the stores live in
-:mod:`hybridcache.tiers.backends`; :class:`TieredStore` publishes to them and restores from
-them, each tier behind a :class:`CircuitBreaker`. The format and the failure rules are in
-``docs/tiers.md``.
+:mod:`hybridcache.tiers.backends`; :class:`TieredStore` stores prefixes into them and fetches
+verified ones back, each tier behind a :class:`CircuitBreaker`, its phases in their own modules
+(``tier_calls``, ``publish_ledger``, ``restore_attempt``, ``restore_path``, ``restore_cost``).
+The format and the failure rules are in ``docs/tiers.md``.
 """
 
 from hybridcache.tiers.breaker import CircuitBreaker
