@@ -94,7 +94,7 @@ def test_a_store_raising_at_any_stage_costs_only_misses_and_publishes(stage, err
 
 def test_a_publish_that_raises_strands_no_request_of_its_batch():
     class Broken(TieredStore):
-        def publish(self, *args, **kwargs):
+        def store_prefix(self, *args, **kwargs):
             raise IndexError("a bug in the write path")
 
     engine = Engine(config(async_depth=1), tiers=Broken(shared=HostMemoryStore(1 << 26)))

@@ -21,7 +21,8 @@ from hybridcache.engine.requests import Request
 from hybridcache.sequence import Sequence
 from hybridcache.tiers import ObjectKey, ObjectKind
 from hybridcache.tiers.backends import ObjectStore
-from hybridcache.tiers.tiered import RestoreCost, TieredStore
+from hybridcache.tiers.restore_cost import RestoreCost
+from hybridcache.tiers.tiered import TieredStore
 
 from .faults import Fault, FaultInjectingStore
 from .replica_wire import StoreSpec, receive, send

@@ -34,7 +34,7 @@ from hybridcache.errors import (
 from hybridcache.tiers.backends.base import ObjectStore, PutOutcome, check_key
 from hybridcache.tiers.keys import Expectation
 from hybridcache.tiers.local_servers import Server
-from hybridcache.tiers.verify import MissReason, Verdict, verify
+from hybridcache.tiers.verify import FetchMiss, FetchVerdict, verify
 
 
 class Operation(enum.Enum):
@@ -259,7 +259,7 @@ class FaultInjectingStore(ObjectStore):
 
 def fetch_verified(
     store: ObjectStore, expectations: Sequence[Expectation], timeout: float | None = None, *, auth_key: bytes | None = None
-) -> list[Verdict]:
+) -> list[FetchVerdict]:
     """Read ``expectations`` from ``store`` in one batch and verify each object; a store
     failure is a ``TIMEOUT`` or ``UNAVAILABLE`` verdict for every object, not an exception."""
     expectations = list(expectations)
@@ -268,9 +268,9 @@ def fetch_verified(
     try:
         found = store.get([item.key.name for item in expectations], timeout=timeout)
     except StoreTimeoutError as error:
-        return [Verdict(MissReason.TIMEOUT, str(error)) for _ in expectations]
+        return [FetchVerdict(FetchMiss.TIMEOUT, str(error)) for _ in expectations]
     except StoreError as error:
-        return [Verdict(MissReason.UNAVAILABLE, str(error)) for _ in expectations]
+        return [FetchVerdict(FetchMiss.UNAVAILABLE, str(error)) for _ in expectations]
     return [verify(data, item, auth_key=auth_key) for data, item in zip(found, expectations)]
 
 

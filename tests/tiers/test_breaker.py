@@ -9,7 +9,7 @@ import pytest
 
 from hybridcache.errors import InvalidArgumentError, InvalidTypeError
 from hybridcache.tiers.backends import RedisStore
-from hybridcache.tiers.breaker import Admission, CircuitBreaker
+from hybridcache.tiers.breaker import BreakerDecision, CircuitBreaker
 from hybridcache.tiers.tiered import TieredStore
 
 from .conftest import redis_url
@@ -28,19 +28,19 @@ class FakeClock:
 def test_the_breaker_opens_after_a_run_of_failures_and_probes_once_per_window():
     clock = FakeClock()
     breaker = CircuitBreaker(backoff_s=10, failures_to_open=2, clock=clock)
-    assert breaker.admit("shared") is Admission.CALL
-    assert not breaker.failed("shared") and breaker.admit("shared") is Admission.CALL  # one failure is not an outage
-    assert breaker.failed("shared") and breaker.admit("shared") is Admission.SKIP
+    assert breaker.admit("shared") is BreakerDecision.CALL
+    assert not breaker.failed("shared") and breaker.admit("shared") is BreakerDecision.CALL  # one failure is not an outage
+    assert breaker.failed("shared") and breaker.admit("shared") is BreakerDecision.SKIP
     clock.now = 10
-    assert breaker.admit("shared") is Admission.PROBE
-    assert breaker.admit("shared") is Admission.SKIP  # one probe per window
+    assert breaker.admit("shared") is BreakerDecision.PROBE
+    assert breaker.admit("shared") is BreakerDecision.SKIP  # one probe per window
     breaker.failed("shared")  # the probe failed: a new window at once
     clock.now = 15
-    assert breaker.admit("shared") is Admission.SKIP
+    assert breaker.admit("shared") is BreakerDecision.SKIP
     clock.now = 20
-    assert breaker.admit("shared") is Admission.PROBE
+    assert breaker.admit("shared") is BreakerDecision.PROBE
     breaker.answered("shared")
-    assert breaker.admit("shared") is Admission.CALL and not breaker.is_open("shared")
+    assert breaker.admit("shared") is BreakerDecision.CALL and not breaker.is_open("shared")
     breaker.check_invariants()
 
 
@@ -57,23 +57,23 @@ def test_a_paused_redis_costs_one_window_not_every_request(redis_server):
     shared = RedisStore(redis_url(redis_server), key_prefix=f"b{uuid.uuid4().hex[:8]}:", default_timeout=5)
     store = TieredStore(shared=shared, timeout=0.2, breaker=CircuitBreaker(backoff_s=60, clock=clock))
     keys = chain()
-    store.publish(keys, 2 * CHUNK, kv_arrays, lambda: state_arrays(2 * CHUNK))
+    store.store_prefix(keys, 2 * CHUNK, kv_arrays, lambda: state_arrays(2 * CHUNK))
     with paused(redis_server):
         for _ in range(5):  # each request: one lookup, one publish
-            assert store.find_restore(keys, local_step=0, local_kv_tokens=0) is None
-            assert store.publish(keys, CHUNK, kv_arrays, lambda: state_arrays(CHUNK)).checkpoint_stored == {"shared": False}
+            assert store.fetch_prefix(keys, local_step=0, local_kv_tokens=0) is None
+            assert store.store_prefix(keys, CHUNK, kv_arrays, lambda: state_arrays(CHUNK)).checkpoint_stored == {"shared": False}
         # The first request's two calls timed out and opened the breaker; the other eight skipped.
         assert store.counters["shared_breaker_opened"] == 1
         assert store.counters["shared_skipped"] == 8 and store.counters["shared_probes"] == 0
         assert store.counters["shared_publish_skipped"] == 4 and store.counters["shared_publish_failed_timeout"] == 1
         clock.now = 60
-        assert store.find_restore(keys, local_step=0, local_kv_tokens=0) is None  # the probe: still paused
+        assert store.fetch_prefix(keys, local_step=0, local_kv_tokens=0) is None  # the probe: still paused
         assert store.counters["shared_probes"] == 1
-        assert store.find_restore(keys, local_step=0, local_kv_tokens=0) is None  # skipped again, no new probe
+        assert store.fetch_prefix(keys, local_step=0, local_kv_tokens=0) is None  # skipped again, no new probe
         assert store.counters["shared_probes"] == 1
     assert store.misses["timeout"] >= 1 and store.misses["unavailable"] >= 1  # by reason, never "missing"
     clock.now = 120
-    restore = store.find_restore(keys, local_step=0, local_kv_tokens=0)
+    restore = store.fetch_prefix(keys, local_step=0, local_kv_tokens=0)
     assert restore is not None and restore.step == 2 * CHUNK and store.counters["shared_probes"] == 2
     assert not store.breaker.is_open("shared")
     store.check_invariants()

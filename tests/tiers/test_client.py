@@ -54,7 +54,7 @@ def _client(device: FakeDevice | None = None, store: TieredStore | None = None) 
 
 
 def _published(client: TierClient, tokens=TOKENS) -> TierClient:
-    client.publish(Sequence(tokens), [CHUNK, 2 * CHUNK, 3 * CHUNK], slot=5)
+    client.store_prefix(Sequence(tokens), [CHUNK, 2 * CHUNK, 3 * CHUNK], slot=5)
     return client
 
 
@@ -80,7 +80,7 @@ def test_a_published_prefix_is_restored_adopted_and_counted_by_tier():
     device = FakeDevice(held=(CHUNK, CHUNK))
     client = _published(_client(device))
     assert client.stats.published_steps == 3 and client.stats.published_bytes > 0 and device.slots == [5]
-    outcome = client.restore(Sequence(TOKENS + [7, 7]))
+    outcome = client.adopt_prefix(Sequence(TOKENS + [7, 7]))
     assert outcome.gained == 2 * CHUNK and outcome.miss_reason is None and outcome.restore.step == 3 * CHUNK
     assert [prefix.num_tokens for prefix in device.adopted] == [3 * CHUNK]
     stats = client.stats
@@ -94,20 +94,20 @@ def test_a_published_prefix_is_restored_adopted_and_counted_by_tier():
 def test_nothing_is_looked_up_beyond_what_the_device_holds_or_when_it_caches_nothing():
     for device in (FakeDevice(held=(3 * CHUNK, 3 * CHUNK)), FakeDevice(held=None)):
         client = _published(_client(device))
-        assert client.restore(Sequence(TOKENS)) == TierRestore()
+        assert client.adopt_prefix(Sequence(TOKENS)) == TierRestore()
         assert client.store.counters["restore_lookups"] == 0 and not device.adopted
 
 
 def test_a_request_asking_for_routed_experts_skips_the_lookup():
     client = _published(_client())
-    assert client.restore(Sequence(TOKENS, want_routed_experts=True)) == TierRestore()
+    assert client.adopt_prefix(Sequence(TOKENS, want_routed_experts=True)) == TierRestore()
     assert client.stats.restores_skipped == {"routed_experts": 1}
     assert client.store.counters["restore_lookups"] == 0
 
 
 def test_a_refused_adoption_is_a_rejected_miss_with_the_device_reason():
     client = _published(_client(FakeDevice(accept=False, refused="layout_mismatch")))
-    outcome = client.restore(Sequence(TOKENS))
+    outcome = client.adopt_prefix(Sequence(TOKENS))
     assert (outcome.gained, outcome.miss_reason) == (0, TIER_REJECTED)
     stats = client.stats
     assert stats.adoptions_refused == 1 and stats.write_refusals == {"layout_mismatch": 1}
@@ -117,17 +117,17 @@ def test_a_refused_adoption_is_a_rejected_miss_with_the_device_reason():
 def test_only_steps_on_a_chunk_boundary_outside_spans_are_published():
     client = _client()
     image = MultimodalSpan(2 * CHUNK - 2, 2 * CHUNK + 2, "image", "sha256:aa")
-    chain = client.publish(Sequence(TOKENS, multimodal=[image]), [0, CHUNK + 1, 2 * CHUNK, 3 * CHUNK])
+    chain = client.store_prefix(Sequence(TOKENS, multimodal=[image]), [0, CHUNK + 1, 2 * CHUNK, 3 * CHUNK])
     assert client.stats.published_steps == 1 and chain.num_chunks == 3
-    assert client.publish(Sequence(TOKENS), [CHUNK - 1]) is None and client.stats.published_steps == 1
+    assert client.store_prefix(Sequence(TOKENS), [CHUNK - 1]) is None and client.stats.published_steps == 1
 
 
 def test_whatever_the_tier_side_raises_costs_a_miss_or_a_publish_counted_by_class():
     class Broken(TieredStore):
-        def lookup_restore(self, *args, **kwargs):
+        def lookup_prefix(self, *args, **kwargs):
             raise RuntimeError("a bug in the read path")
 
-        def publish(self, *args, **kwargs):
+        def store_prefix(self, *args, **kwargs):
             raise KeyError("a bug in the write path")
 
     class BrokenCost(RestoreCost):
@@ -135,8 +135,8 @@ def test_whatever_the_tier_side_raises_costs_a_miss_or_a_publish_counted_by_clas
             raise ZeroDivisionError("a bug in the cost model")
 
     client = _client(store=Broken(host=HostMemoryStore(1 << 20), cost=BrokenCost()))
-    assert client.restore(Sequence(TOKENS)) == TierRestore(0, TIER_ERROR)
-    assert client.publish(Sequence(TOKENS), [CHUNK]) is None
+    assert client.adopt_prefix(Sequence(TOKENS)) == TierRestore(0, TIER_ERROR)
+    assert client.store_prefix(Sequence(TOKENS), [CHUNK]) is None
     client.after_forward([ForwardEnd(Sequence(TOKENS), 2 * CHUNK, 3)], 2 * CHUNK, 0.5)
     stats = client.stats
     assert stats.restore_failed == {"RuntimeError": 1} and stats.misses == {TIER_ERROR: 1}
@@ -166,4 +166,4 @@ def test_one_listener_hears_every_publish_and_what_it_raises_is_a_failed_publish
 
     other = _client()
     other.listen_publishes(broken)
-    assert other.publish(Sequence(TOKENS), [CHUNK]) is None and other.stats.publish_failed == {"ValueError": 1}
+    assert other.store_prefix(Sequence(TOKENS), [CHUNK]) is None and other.stats.publish_failed == {"ValueError": 1}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hybridcache.errors import InvalidArgumentError, InvalidKeyError, InvalidTypeError, StoreTimeoutError, StoreUnavailableError
-from hybridcache.tiers import MissReason, encode_kv_chunk
+from hybridcache.tiers import FetchMiss, encode_kv_chunk
 from hybridcache.tiers.backends import HostMemoryStore, PutOutcome
 
 from .faults import Fault, FaultInjectingStore, FaultKind, Operation, fetch_verified
@@ -41,7 +41,7 @@ def test_corruption_is_a_checksum_miss(faulty, new_key):
     name = keys.chunk_key(0).name
     faulty.inner.put_if_absent([(name, encode_kv_chunk(keys, 0, kv_arrays()))])
     faulty.add(Fault.corrupt(keys=name, offset=-5))
-    assert fetch_verified(faulty, [keys.expect_chunk(0)])[0].reason is MissReason.CHECKSUM_MISMATCH
+    assert fetch_verified(faulty, [keys.expect_chunk(0)])[0].reason is FetchMiss.CHECKSUM_MISMATCH
     assert fetch_verified(faulty, [keys.expect_chunk(0)])[0].ok
 
 
@@ -60,7 +60,7 @@ def test_another_keys_object_is_a_token_mismatch(faulty):
         (poison.chunk_key(1).name, encode_kv_chunk(poison, 1, kv_arrays())),
     ])
     faulty.add(Fault.substitute(asked.chunk_key(1).name, poison.chunk_key(1).name))
-    assert fetch_verified(faulty, [asked.expect_chunk(1)])[0].reason is MissReason.TOKEN_MISMATCH
+    assert fetch_verified(faulty, [asked.expect_chunk(1)])[0].reason is FetchMiss.TOKEN_MISMATCH
 
 
 def test_failures_and_stalls(faulty, new_key):

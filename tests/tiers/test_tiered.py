@@ -8,7 +8,9 @@ import pytest
 from hybridcache.errors import InvalidArgumentError, InvalidStepError, InvalidTypeError, LifecycleError
 from hybridcache.tiers.backends import DiskStore, HostMemoryStore, PutOutcome
 from hybridcache.tiers.publish_index import NODE_BYTES, PublishIndex
-from hybridcache.tiers.tiered import SLOWER_THAN_RECOMPUTE, RestoreCost, TieredStore
+from hybridcache.tiers.restore_cost import RestoreCost
+from hybridcache.tiers.restore_values import SLOWER_THAN_RECOMPUTE
+from hybridcache.tiers.tiered import TieredStore
 
 from .faults import Fault, FaultInjectingStore, Operation
 from .helpers import CHUNK, chain, kv_arrays, state_arrays
@@ -29,7 +31,7 @@ class RecordingStore(HostMemoryStore):
 
 
 def publish(store: TieredStore, keys, step: int, seed: int = 0):
-    return store.publish(keys, step, lambda index: kv_arrays(seed + index), lambda: state_arrays(seed + step))
+    return store.store_prefix(keys, step, lambda index: kv_arrays(seed + index), lambda: state_arrays(seed + step))
 
 
 def assert_restores(restore, keys, step: int, first_chunk: int = 0, seed: int = 0) -> None:
@@ -48,7 +50,7 @@ def test_round_trip_through_each_tier_kind(tmp_path):
         store = TieredStore(**tiers)
         report = publish(store, keys, 2 * CHUNK)
         assert all(report.checkpoint_stored.values()) and list(report.chunks_stored.values()) == [2]
-        assert_restores(store.find_restore(keys, local_step=0, local_kv_tokens=0), keys, 2 * CHUNK)
+        assert_restores(store.fetch_prefix(keys, local_step=0, local_kv_tokens=0), keys, 2 * CHUNK)
         store.check_invariants()
 
 
@@ -70,7 +72,7 @@ def test_a_refused_chunk_means_no_checkpoint_is_ever_put():
     report = publish(store, keys, 2 * CHUNK)
     assert report.checkpoint_stored == {"shared": False}
     assert not shared.exists([keys.checkpoint_key(2 * CHUNK).name])[0]
-    assert store.find_restore(keys, local_step=0, local_kv_tokens=0) is None
+    assert store.fetch_prefix(keys, local_step=0, local_kv_tokens=0) is None
 
 
 def test_a_store_too_small_for_a_chunk_never_gets_the_checkpoint():
@@ -85,8 +87,8 @@ def test_restore_is_the_deepest_step_beyond_the_local_hit():
     store = TieredStore(shared=HostMemoryStore(1 << 24))
     for step in STEPS:
         publish(store, keys, step)
-    assert_restores(store.find_restore(keys, local_step=0, local_kv_tokens=0), keys, 3 * CHUNK)
-    assert store.find_restore(keys, local_step=3 * CHUNK, local_kv_tokens=3 * CHUNK) is None
+    assert_restores(store.fetch_prefix(keys, local_step=0, local_kv_tokens=0), keys, 3 * CHUNK)
+    assert store.fetch_prefix(keys, local_step=3 * CHUNK, local_kv_tokens=3 * CHUNK) is None
 
 
 def test_chunks_the_device_holds_are_not_fetched():
@@ -95,8 +97,8 @@ def test_chunks_the_device_holds_are_not_fetched():
     store = TieredStore(shared=shared)
     publish(store, keys, 3 * CHUNK)
     shared.remove([keys.chunk_key(0).name])
-    assert store.find_restore(keys, local_step=0, local_kv_tokens=0) is None  # chunk 0 is gone
-    assert_restores(store.find_restore(keys, local_step=0, local_kv_tokens=CHUNK), keys, 3 * CHUNK, first_chunk=1)
+    assert store.fetch_prefix(keys, local_step=0, local_kv_tokens=0) is None  # chunk 0 is gone
+    assert_restores(store.fetch_prefix(keys, local_step=0, local_kv_tokens=CHUNK), keys, 3 * CHUNK, first_chunk=1)
 
 
 def test_a_missing_chunk_falls_back_to_a_shallower_step():
@@ -106,7 +108,7 @@ def test_a_missing_chunk_falls_back_to_a_shallower_step():
     for step in STEPS:
         publish(store, keys, step)
     shared.remove([keys.chunk_key(2).name])
-    assert_restores(store.find_restore(keys, local_step=0, local_kv_tokens=0), keys, 2 * CHUNK)
+    assert_restores(store.fetch_prefix(keys, local_step=0, local_kv_tokens=0), keys, 2 * CHUNK)
     assert store.misses["missing"] == 1
 
 
@@ -127,7 +129,7 @@ def test_every_doubt_about_the_deepest_step_falls_back_and_is_counted(fault, rea
     for step in STEPS:
         publish(store, keys, step)
     shared.add(fault(keys))
-    assert_restores(store.find_restore(keys, local_step=0, local_kv_tokens=0), keys, 2 * CHUNK)
+    assert_restores(store.fetch_prefix(keys, local_step=0, local_kv_tokens=0), keys, 2 * CHUNK)
     assert store.misses[reason] == 1
 
 
@@ -139,7 +141,7 @@ def test_another_prefix_under_the_requested_key_is_a_token_mismatch():
     publish(store, keys, CHUNK)
     publish(store, other, CHUNK)
     shared.add(Fault.substitute(keys.checkpoint_key(CHUNK).name, other.checkpoint_key(CHUNK).name))
-    assert store.find_restore(keys, local_step=0, local_kv_tokens=0) is None
+    assert store.fetch_prefix(keys, local_step=0, local_kv_tokens=0) is None
     assert store.misses["token_mismatch"] == 1
 
 
@@ -147,7 +149,7 @@ def test_another_namespace_never_hits():
     keys, salted = chain(), chain(cache_salt="tenant-b")
     store = TieredStore(shared=HostMemoryStore(1 << 24))
     publish(store, keys, 2 * CHUNK)
-    assert store.find_restore(salted, local_step=0, local_kv_tokens=0) is None
+    assert store.fetch_prefix(salted, local_step=0, local_kv_tokens=0) is None
 
 
 def test_a_slow_tier_is_skipped_when_recompute_is_faster():
@@ -155,7 +157,7 @@ def test_a_slow_tier_is_skipped_when_recompute_is_faster():
     cost = RestoreCost(recompute_s_per_token=1e-15)
     store = TieredStore(shared=HostMemoryStore(1 << 24), cost=cost)
     publish(store, keys, 2 * CHUNK)
-    assert store.find_restore(keys, local_step=0, local_kv_tokens=0) is None
+    assert store.fetch_prefix(keys, local_step=0, local_kv_tokens=0) is None
     assert store.misses[SLOWER_THAN_RECOMPUTE] == 1  # step 2C; 3C and C were never published
     assert store.misses["missing"] == 2
 
@@ -165,10 +167,10 @@ def test_the_size_hint_feeds_the_cost_model():
     cost = RestoreCost(recompute_s_per_token=1e-3)  # 64 tokens: 64 ms to recompute; 3 GB: seconds
     huge = TieredStore(shared=HostMemoryStore(1 << 24), cost=cost, size_hint=lambda kind, tokens: 10**9)
     publish(huge, keys, 2 * CHUNK)
-    assert huge.find_restore(keys, local_step=0, local_kv_tokens=0) is None
+    assert huge.fetch_prefix(keys, local_step=0, local_kv_tokens=0) is None
     small = TieredStore(shared=HostMemoryStore(1 << 24), cost=RestoreCost(1e-3), size_hint=lambda kind, tokens: 1)
     publish(small, keys, 2 * CHUNK)
-    assert small.find_restore(keys, local_step=0, local_kv_tokens=0) is not None
+    assert small.fetch_prefix(keys, local_step=0, local_kv_tokens=0) is not None
 
 
 def test_a_measured_cost_model_learns_from_reads():
@@ -183,13 +185,13 @@ def test_a_measured_cost_model_learns_from_reads():
 def test_objects_from_below_are_promoted_into_host_under_their_key(tmp_path):
     keys = chain()
     host, shared = HostMemoryStore(1 << 24), HostMemoryStore(1 << 24)
-    TieredStore(shared=shared).publish(keys, 2 * CHUNK, kv_arrays, lambda: state_arrays(2 * CHUNK))
+    TieredStore(shared=shared).store_prefix(keys, 2 * CHUNK, kv_arrays, lambda: state_arrays(2 * CHUNK))
     reader = TieredStore(host=host, shared=shared)
-    restore = reader.find_restore(keys, local_step=0, local_kv_tokens=0)
+    restore = reader.fetch_prefix(keys, local_step=0, local_kv_tokens=0)
     assert restore.bytes_by_tier.keys() == {"shared"}
     names = [keys.checkpoint_key(2 * CHUNK).name, keys.chunk_key(0).name, keys.chunk_key(1).name]
     assert host.exists(names) == [True, True, True]
-    again = reader.find_restore(keys, local_step=0, local_kv_tokens=0)
+    again = reader.fetch_prefix(keys, local_step=0, local_kv_tokens=0)
     assert again.bytes_by_tier.keys() == {"host"}
 
 
@@ -200,7 +202,7 @@ def test_mixed_tiers_serve_one_restore():
     publish(writer, keys, 2 * CHUNK)
     host.remove([keys.chunk_key(1).name])
     shared.remove([keys.chunk_key(0).name, keys.checkpoint_key(2 * CHUNK).name])
-    restore = writer.find_restore(keys, local_step=0, local_kv_tokens=0)
+    restore = writer.fetch_prefix(keys, local_step=0, local_kv_tokens=0)
     assert_restores(restore, keys, 2 * CHUNK)
     assert set(restore.bytes_by_tier) == {"host", "shared"}
 
@@ -212,7 +214,7 @@ def test_host_evictions_are_demoted_to_disk_unless_dead_weight(tmp_path):
     store = TieredStore(host=host, disk=disk)
     publish(store, keys, 2 * CHUNK)  # chunk 0 goes while its checkpoint is still being published
     assert store.counters["demoted_to_disk"] == 1 and disk.exists([keys.chunk_key(0).name]) == [True]
-    restore = store.find_restore(keys, local_step=0, local_kv_tokens=0)
+    restore = store.fetch_prefix(keys, local_step=0, local_kv_tokens=0)
     assert_restores(restore, keys, 2 * CHUNK)
     assert set(restore.bytes_by_tier) == {"host", "disk"}
     store.check_invariants()
@@ -224,7 +226,7 @@ def test_a_chunk_no_checkpoint_needs_is_dropped_not_demoted(tmp_path):
     store = TieredStore(host=host, disk=disk)
     publish(store, keys, CHUNK)
     host.remove([keys.checkpoint_key(CHUNK).name])  # its only user is gone from every tier
-    store._demote(keys.chunk_key(0).name, b"unused")
+    store.ledger.demote(keys.chunk_key(0).name, b"unused")
     assert store.counters["host_dropped_dead_weight"] == 1
     assert not disk.exists([keys.chunk_key(0).name])[0]
 
@@ -235,20 +237,20 @@ def test_a_checkpoint_whose_chunks_are_gone_is_dropped_not_demoted(tmp_path):
     store = TieredStore(host=host, disk=disk)
     publish(store, keys, 2 * CHUNK)
     host.remove([keys.chunk_key(1).name])
-    store._demote(keys.checkpoint_key(2 * CHUNK).name, b"unused")
+    store.ledger.demote(keys.checkpoint_key(2 * CHUNK).name, b"unused")
     assert store.counters["host_dropped_dead_weight"] == 1
     store.check_invariants()
 
 
 def test_the_dead_weight_index_is_bounded_in_bytes():
     store = TieredStore(shared=HostMemoryStore(1 << 20))
-    store.index = PublishIndex(budget_bytes=100 * NODE_BYTES)
+    store.ledger.index = PublishIndex(budget_bytes=100 * NODE_BYTES)
     for number in range(300):  # 300 one-chunk requests: the oldest are forgotten
-        store.index.begin(chain([number] * CHUNK), CHUNK)
-        store.index.end(chain([number] * CHUNK).chunk_key(0).digest)
-    assert store.index.nbytes <= 100 * NODE_BYTES
-    assert store.index.chunks_needed(chain([299] * CHUNK).chunk_key(0).digest) is not None
-    assert store.index.chunks_needed(chain([0] * CHUNK).chunk_key(0).digest) is None  # forgotten, not judged
+        store.ledger.index.begin(chain([number] * CHUNK), CHUNK)
+        store.ledger.index.end(chain([number] * CHUNK).chunk_key(0).digest)
+    assert store.ledger.index.nbytes <= 100 * NODE_BYTES
+    assert store.ledger.index.chunks_needed(chain([299] * CHUNK).chunk_key(0).digest) is not None
+    assert store.ledger.index.chunks_needed(chain([0] * CHUNK).chunk_key(0).digest) is None  # forgotten, not judged
     store.check_invariants()
 
 
@@ -261,11 +263,11 @@ def test_bad_arguments_are_refused():
         TieredStore(host=DiskStore.__new__(DiskStore))
     store = TieredStore(shared=HostMemoryStore(1 << 20))
     with pytest.raises(InvalidTypeError):
-        store.find_restore("tokens", local_step=0, local_kv_tokens=0)
+        store.fetch_prefix("tokens", local_step=0, local_kv_tokens=0)
     with pytest.raises(InvalidStepError):
         publish(store, chain(), CHUNK + 1)
     with pytest.raises(InvalidArgumentError):
-        store.find_restore(chain(), local_step=-1, local_kv_tokens=0)
+        store.fetch_prefix(chain(), local_step=-1, local_kv_tokens=0)
     host = HostMemoryStore(1 << 20)
     TieredStore(host=host)
     with pytest.raises(LifecycleError):
@@ -288,17 +290,17 @@ def test_a_republish_restores_a_chunk_the_store_evicted_on_its_own():
     store = TieredStore(shared=shared)
     publish(store, keys, 2 * CHUNK)
     shared.remove([keys.chunk_key(1).name])  # one key of the logical entry, evicted alone
-    assert store.find_restore(keys, local_step=CHUNK, local_kv_tokens=CHUNK) is None
+    assert store.fetch_prefix(keys, local_step=CHUNK, local_kv_tokens=CHUNK) is None
     report = publish(store, keys, 2 * CHUNK)
     assert report.chunks_stored == {"shared": 1} and report.checkpoint_stored == {"shared": True}
-    assert_restores(store.find_restore(keys, local_step=CHUNK, local_kv_tokens=CHUNK), keys, 2 * CHUNK, first_chunk=1)
+    assert_restores(store.fetch_prefix(keys, local_step=CHUNK, local_kv_tokens=CHUNK), keys, 2 * CHUNK, first_chunk=1)
 
 
 def test_a_disk_only_store_is_written_through(tmp_path):
     keys = chain()
     store = TieredStore(disk=DiskStore(tmp_path / "disk", 1 << 24))
     assert publish(store, keys, CHUNK).checkpoint_stored == {"disk": True}
-    assert_restores(store.find_restore(keys, local_step=0, local_kv_tokens=0), keys, CHUNK)
+    assert_restores(store.fetch_prefix(keys, local_step=0, local_kv_tokens=0), keys, CHUNK)
 
 
 @pytest.mark.parametrize("corrupted_chunk", [0, 1, 2])
@@ -309,7 +311,7 @@ def test_a_chunk_failing_verification_falls_back_below_it(corrupted_chunk):
     for step in STEPS:
         publish(store, keys, step)
     shared.add(Fault.corrupt(keys=[keys.chunk_key(corrupted_chunk).name]))
-    restore = store.find_restore(keys, local_step=0, local_kv_tokens=0)
+    restore = store.fetch_prefix(keys, local_step=0, local_kv_tokens=0)
     if corrupted_chunk == 0:
         assert restore is None
     else:

@@ -14,7 +14,9 @@ from hybridcache.engine import Engine, EngineConfig, Request, TinyHybridConfig
 from hybridcache.errors import InvalidArgumentError, InvalidTypeError, StoreClosedError
 from hybridcache.tiers import encode_checkpoint
 from hybridcache.tiers.backends import DiskStore, HostMemoryStore
-from hybridcache.tiers.tiered import SLOWER_THAN_RECOMPUTE, RestoreCost, TieredStore
+from hybridcache.tiers.restore_cost import RestoreCost
+from hybridcache.tiers.restore_values import SLOWER_THAN_RECOMPUTE
+from hybridcache.tiers.tiered import TieredStore
 
 from .faults import Fault, FaultInjectingStore, Operation
 from .helpers import CHUNK, chain, kv_arrays, state_arrays
@@ -23,7 +25,7 @@ KEY = b"deployment-key-0123456789abcdef!"
 
 
 def publish(store: TieredStore, keys, step: int, seed: int = 0):
-    return store.publish(keys, step, lambda index: kv_arrays(seed + index), lambda: state_arrays(seed + step))
+    return store.store_prefix(keys, step, lambda index: kv_arrays(seed + index), lambda: state_arrays(seed + step))
 
 
 @pytest.mark.parametrize("bad", [0, -1, "5", float("nan"), float("inf"), True, np.float64("nan"), np.int64(0), None, [1]])
@@ -49,7 +51,7 @@ def test_a_closed_store_costs_misses_and_failed_publishes_never_an_exception(tmp
         tier.close()
     with pytest.raises(StoreClosedError):
         shared.exists(["a"])  # direct callers learn it is closed
-    assert store.find_restore(keys, local_step=0, local_kv_tokens=0) is None
+    assert store.fetch_prefix(keys, local_step=0, local_kv_tokens=0) is None
     assert publish(store, keys, 3 * CHUNK).checkpoint_stored == {"host": False, "shared": False}
     assert store.misses["unavailable"] == 3 and store.misses["missing"] == 0  # the real reason
     store.check_invariants()
@@ -76,9 +78,9 @@ def test_a_step_no_tier_could_be_asked_about_counts_the_store_failure_not_missin
     store = TieredStore(shared=shared)
     publish(store, keys, 2 * CHUNK)
     shared.add(Fault.fail(Operation.EXISTS))
-    assert store.find_restore(keys, local_step=0, local_kv_tokens=0) is None
+    assert store.fetch_prefix(keys, local_step=0, local_kv_tokens=0) is None
     assert store.misses == {"unavailable": 3}
-    assert store.find_restore(keys, local_step=0, local_kv_tokens=0) is not None  # one failure is not an outage
+    assert store.fetch_prefix(keys, local_step=0, local_kv_tokens=0) is not None  # one failure is not an outage
 
 
 @pytest.mark.parametrize("squat", ["corrupt", "foreign", "forged"])
@@ -96,10 +98,10 @@ def test_a_squatter_under_a_key_is_removed_so_the_next_publish_replaces_it(squat
     if squat == "forged":
         store = TieredStore(shared=shared, deployment_key=KEY)
     assert publish(store, keys, CHUNK).checkpoint_stored == {"shared": True}  # PRESENT: the squatter stays ...
-    assert store.find_restore(keys, local_step=0, local_kv_tokens=0) is None  # ... until a reader rejects it
+    assert store.fetch_prefix(keys, local_step=0, local_kv_tokens=0) is None  # ... until a reader rejects it
     assert store.counters["shared_rejected_removed"] == 1 and shared.exists([name]) == [False]
     publish(store, keys, CHUNK)
-    restore = store.find_restore(keys, local_step=0, local_kv_tokens=0)
+    restore = store.fetch_prefix(keys, local_step=0, local_kv_tokens=0)
     assert restore is not None and restore.step == CHUNK
     assert np.array_equal(restore.checkpoint.payload["state.0"], state_arrays(CHUNK)["state.0"])
 
@@ -111,7 +113,7 @@ def test_one_stalled_read_does_not_switch_a_tier_off_for_good():
     publish(store, keys, 2 * CHUNK)
     cost.observe_read("shared", 4096, 1.0)  # one read stalled for a second
     tries = 0
-    while store.find_restore(keys, local_step=0, local_kv_tokens=0) is None:
+    while store.fetch_prefix(keys, local_step=0, local_kv_tokens=0) is None:
         tries += 1
         assert tries < 30, "the stall kept the shared tier switched off"
     assert store.misses[SLOWER_THAN_RECOMPUTE] >= 1 and store.counters["restores"] == 1
@@ -124,13 +126,13 @@ def test_with_a_deployment_key_a_forged_object_fails_as_a_checksum_mismatch_and_
     publish(sealed, keys, CHUNK)
     stored = shared.get([keys.checkpoint_key(CHUNK).name])[0]
     assert b"tenant-secret-salt" not in stored  # a keyed digest of the salt, never the salt
-    assert sealed.find_restore(keys, local_step=0, local_kv_tokens=0) is not None
+    assert sealed.fetch_prefix(keys, local_step=0, local_kv_tokens=0) is not None
     forger = TieredStore(shared=HostMemoryStore(1 << 24))  # can write the store, lacks the key
     publish(forger, keys, CHUNK, seed=5)
     shared.remove([keys.checkpoint_key(CHUNK).name])
     shared.put_if_absent([(keys.checkpoint_key(CHUNK).name, forger.tiers["shared"].get([keys.checkpoint_key(CHUNK).name])[0])])
     reader = TieredStore(shared=shared, deployment_key=KEY)
-    assert reader.find_restore(keys, local_step=0, local_kv_tokens=0) is None
+    assert reader.fetch_prefix(keys, local_step=0, local_kv_tokens=0) is None
     assert reader.misses["fingerprint_mismatch"] + reader.misses["checksum_mismatch"] == 1
     with pytest.raises((InvalidArgumentError, InvalidTypeError)):
         TieredStore(shared=shared, deployment_key=b"short")
@@ -141,25 +143,26 @@ def test_with_a_deployment_key_a_forged_object_fails_as_a_checksum_mismatch_and_
 def test_a_forged_object_with_the_right_header_fails_as_a_checksum_mismatch():
     """A writer without the key copies a sealed header (salt digest included) and swaps the
     payload, recomputing every unkeyed checksum: only the keyed MAC can catch it."""
-    from hybridcache.tiers import objects
+    from hybridcache.tiers import objects, payload
 
     keys = chain(cache_salt="tenant")
     genuine = encode_checkpoint(keys, CHUNK, state_arrays(0), auth_key=KEY)
     header = objects.decode_header(genuine)
-    forged_payload = objects._encode_payload(objects._checked_arrays(state_arrays(7)))
+    forged_payload = payload.encode_payload(payload.checked_arrays(state_arrays(7)))
     described = bytearray(genuine[: header.header_length - 48])
     forged = bytes(described) + objects._payload_checksum(described, forged_payload, None)
     forged += objects._header_checksum(forged) + forged_payload
     store = TieredStore(shared=HostMemoryStore(1 << 24), deployment_key=KEY)
     store.tiers["shared"].put_if_absent([(keys.checkpoint_key(CHUNK).name, forged)])
     store.tiers["shared"].put_if_absent([(keys.chunk_key(0).name, objects.encode_kv_chunk(keys, 0, kv_arrays(0), auth_key=KEY))])
-    assert store.find_restore(keys, local_step=0, local_kv_tokens=0) is None
+    assert store.fetch_prefix(keys, local_step=0, local_kv_tokens=0) is None
     assert store.misses["checksum_mismatch"] == 1
 
 
 def test_one_store_serves_two_threads_at_once(tmp_path, monkeypatch):
     """Two engines' threads restoring the same prefixes from disk through one store: each
-    call promotes what it read (one list per call; a shared one named a key twice)."""
+    call promotes what it read (one list per call; a shared one named a key twice), and each
+    restore holds exactly the objects of the chain it asked for (one attempt per call)."""
     monkeypatch.setattr(sys, "getswitchinterval", sys.getswitchinterval)  # restored after the test
     sys.setswitchinterval(1e-6)  # switch threads as often as possible
     store = TieredStore(host=HostMemoryStore(12_000), disk=DiskStore(tmp_path / "disk", 1 << 24))
@@ -174,7 +177,8 @@ def test_one_store_serves_two_threads_at_once(tmp_path, monkeypatch):
             start.wait()
             for _ in range(40):
                 for keys in chains:
-                    store.find_restore(keys, local_step=0, local_kv_tokens=0)
+                    restore = store.fetch_prefix(keys, local_step=0, local_kv_tokens=0)
+                    assert restore is None or _is_own(restore, keys)
                     publish(store, keys, 2 * CHUNK)
         except BaseException as error:  # noqa: BLE001 -- collected for the assertion below
             errors.append(error)
@@ -195,13 +199,22 @@ def test_one_store_serves_two_threads_at_once(tmp_path, monkeypatch):
     store.check_invariants()
 
 
+def _is_own(restore, keys) -> bool:
+    checkpoint = restore.checkpoint.header
+    return (
+        checkpoint.key == keys.checkpoint_key(restore.step)
+        and np.array_equal(checkpoint.tokens, keys.tokens[: restore.step])
+        and all(chunk.key == keys.chunk_key(index) for index, chunk in restore.chunks.items())
+    )
+
+
 def test_a_read_only_disk_tier_under_a_tiered_store_serves_and_refuses_demotions(tmp_path):
     keys = chain()
     writer = TieredStore(disk=DiskStore(tmp_path / "disk", 1 << 24))
     publish(writer, keys, 2 * CHUNK)
     writer.close()
     reader = TieredStore(host=HostMemoryStore(6000), disk=DiskStore(tmp_path / "disk", 1 << 24, read_only=True))
-    restore = reader.find_restore(keys, local_step=0, local_kv_tokens=0)
+    restore = reader.fetch_prefix(keys, local_step=0, local_kv_tokens=0)
     assert restore is not None and restore.step == 2 * CHUNK and set(restore.bytes_by_tier) == {"disk"}
     other = chain(tokens=[9] * (3 * CHUNK))
     publish(reader, other, 3 * CHUNK)  # its evicted objects are new to the disk, which cannot take them

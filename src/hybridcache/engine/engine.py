@@ -65,7 +65,8 @@ from hybridcache.scheduler.scheduler import ScheduledBatch, ScheduledChunk, Sche
 from hybridcache.sequence import MultimodalSpan, Sequence
 from hybridcache.prefix_cache.stats import MissReason
 from hybridcache.tiers.client import ForwardEnd
-from hybridcache.tiers.tiered import EVICTED, TieredStore
+from hybridcache.tiers.restore_values import EVICTED
+from hybridcache.tiers.tiered import TieredStore
 from hybridcache.types import as_int, as_ordered, ceil_div
 
 FAULT_STAGES = ("before_restore", "after_restore", "before_save", "after_save")
@@ -156,7 +157,7 @@ class Engine:
             # first, as their copies may read a checkpoint slot the adoption's room reuses.
             while self._queue:
                 self._undelivered.extend(self._execute(self._queue.popleft()))
-            tier_miss = self.tiers.restore(seq).miss_reason
+            tier_miss = self.tiers.adopt_prefix(seq).miss_reason
         entry = ServingSequence(next(self._ids), seq, request.max_new_tokens, payload=request)
         self._entries[entry.request_id] = entry
         if tier_miss is not None:

@@ -16,7 +16,7 @@ order, with the forward itself left out:
   append       Sequence.append_tokens                                      (scheduler: complete)
   finish       free                                                        (scheduler: _release)
   probe        cached_prefix                              (a router scoring replicas; changes nothing)
-  adopt        Sequence(prefix) -> adopt, writing nothing         (engine: TierClient.restore)
+  adopt        Sequence(prefix) -> adopt, writing nothing         (engine: TierClient.adopt_prefix)
 
   stats        stats, released_checkpoints (the releases by cause the protocol reports)
 

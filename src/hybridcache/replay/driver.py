@@ -228,11 +228,11 @@ def replay(
             index = _route(fleet, routing, request, number, run)
             replica = fleet[index]
             ends: list[int] = []
-            restore = None if run is None else run.replicas[index].restore
+            restore = None if run is None else run.replicas[index].adopt_prefix
             turn = _serve(replica.adapter, request, policy, counters, prefill_chunk, restore, ends if run else None)
             turn.replica = index
             if run is not None:
-                run.publish(index, request, turn, ends)
+                run.store_prefix(index, request, turn, ends)
             if replica.announced is not None:
                 replica.announced.refresh()
             replica.tuning.after(request)

@@ -69,7 +69,7 @@ class TierRun:
         names += [chain.chunk_key(index).name for index in range(chain.num_chunks)]
         return self.replicas[0].store.locate(names, ["shared"])
 
-    def publish(self, replica: int, request: Request, turn: Turn, ends: list[int]) -> None:
+    def store_prefix(self, replica: int, request: Request, turn: Turn, ends: list[int]) -> None:
         """Publish what the turn computed beyond its hit: every chunk-aligned chunk end (the engine
         publishes those), the deepest aligned step of the prompt and of the turn end."""
         if not ends:
@@ -79,7 +79,7 @@ class TierRun:
         wanted |= {min(request.prompt_length, computed) // chunk * chunk, computed // chunk * chunk}
         steps = sorted(step for step in wanted if step > turn.hit_tokens)
         if steps:
-            self.replicas[replica].publish(turn.seq, steps, self.published)
+            self.replicas[replica].store_prefix(turn.seq, steps, self.published)
 
     def remote_hit_tokens(self) -> int:
         return sum(tiers.client.stats.remote_hit_tokens for tiers in self.replicas)

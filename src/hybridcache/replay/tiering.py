@@ -35,7 +35,9 @@ from hybridcache.tiers.backends.host import HostMemoryStore
 from hybridcache.tiers.client import DeviceAdoption, TierClient
 from hybridcache.tiers.fingerprint import DEFAULT_CHUNK_SIZE, NamespaceFingerprint
 from hybridcache.tiers.keys import ObjectKey, ObjectKind
-from hybridcache.tiers.tiered import RestoreCost, Restore, TieredStore
+from hybridcache.tiers.restore_cost import RestoreCost
+from hybridcache.tiers.restore_values import Restore
+from hybridcache.tiers.tiered import TieredStore
 
 DEFAULT_TIER_CHUNK = DEFAULT_CHUNK_SIZE  # 256: the issue's default, LMCache's chunk; see docs/tiers.md
 DEFAULT_SHARED_BANDWIDTH = 12.5e9  # bytes/s: one 100 Gb/s NIC between a replica and the shared store
@@ -199,20 +201,20 @@ class ReplicaTiers:
         """This replica's own tiers (host, disk), not the borrowed shared one."""
         return [self.store.tiers[name] for name in ("host", "disk") if name in self.store.tiers]
 
-    def publish(self, seq: Sequence, steps: list[int], published: set[str]) -> None:
+    def store_prefix(self, seq: Sequence, steps: list[int], published: set[str]) -> None:
         """Publish the checkpoints at ``steps`` (chunk-aligned, ascending) of ``seq`` with their
         chunks; every key put is added to ``published`` (the run's cleanup)."""
-        chain = self.client.publish(seq, steps)
+        chain = self.client.store_prefix(seq, steps)
         if chain is None:
             return
         published.update(chain.checkpoint_key(step).name for step in steps)
         published.update(chain.chunk_key(index).name for index in range(steps[-1] // chain.chunk_size))
 
-    def restore(self, turn: Turn) -> Restore | None:
+    def adopt_prefix(self, turn: Turn) -> Restore | None:
         """Before admission: adopt the deepest verified restore beyond the device cache's hit
         (the tier client's); the Restore adopted, or None."""
         before = Counter(self.store.counters)
-        outcome = self.client.restore(turn.seq)
+        outcome = self.client.adopt_prefix(turn.seq)
         moved = self._count_reads(before)
         restore = outcome.restore
         if restore is None:

@@ -3,9 +3,11 @@
 Owns no state itself. The object model (:mod:`~hybridcache.tiers.fingerprint`,
 :mod:`~hybridcache.tiers.keys`, :mod:`~hybridcache.tiers.objects`,
 :mod:`~hybridcache.tiers.verify`) needs only NumPy; the stores live in
-:mod:`hybridcache.tiers.backends`; :class:`TieredStore` publishes to them and restores from
-them, each tier behind a :class:`CircuitBreaker`; :class:`TierClient` is what the engine and the
-replay call (restore then adopt, publish, :class:`TierStats`), each lending it a device side.
+:mod:`hybridcache.tiers.backends`; :class:`TieredStore` stores prefixes into them and fetches
+verified ones back, each tier behind a :class:`CircuitBreaker`, its phases in their own modules
+(``tier_calls``, ``publish_ledger``, ``restore_attempt``, ``restore_path``, ``restore_cost``);
+:class:`TierClient` is what the engine and the replay call (adopt a prefix, store the computed
+steps, :class:`TierStats`), each lending it a device side.
 The format and the failure rules are in ``docs/tiers.md``.
 """
 
@@ -22,8 +24,10 @@ from hybridcache.tiers.objects import (
     encode_checkpoint,
     encode_kv_chunk,
 )
-from hybridcache.tiers.tiered import PublishReport, Restore, RestoreCost, TieredStore
-from hybridcache.tiers.verify import MissReason, Verdict, verify
+from hybridcache.tiers.restore_cost import RestoreCost
+from hybridcache.tiers.restore_values import PublishReport, Restore
+from hybridcache.tiers.tiered import TieredStore
+from hybridcache.tiers.verify import FetchMiss, FetchVerdict, verify
 
 __all__ = [
     "CircuitBreaker",
@@ -32,7 +36,7 @@ __all__ = [
     "ROUTED_EXPERTS",
     "Expectation",
     "KeyChain",
-    "MissReason",
+    "FetchMiss",
     "NamespaceFingerprint",
     "ObjectHeader",
     "ObjectKey",
@@ -45,7 +49,7 @@ __all__ = [
     "TierDevice",
     "TierStats",
     "TieredStore",
-    "Verdict",
+    "FetchVerdict",
     "decode",
     "decode_header",
     "encode_checkpoint",

@@ -26,7 +26,7 @@ DEFAULT_BACKOFF_S = 30.0
 DEFAULT_FAILURES_TO_OPEN = 2
 
 
-class Admission(enum.Enum):
+class BreakerDecision(enum.Enum):
     """What the breaker says about one call."""
 
     CALL = "call"  # closed: go ahead
@@ -59,15 +59,15 @@ class CircuitBreaker:
         self._probing: set[str] = set()
         self._lock = threading.Lock()
 
-    def admit(self, tier: str) -> Admission:
+    def admit(self, tier: str) -> BreakerDecision:
         with self._lock:
             until = self._open_until.get(tier)
             if until is None:
-                return Admission.CALL
+                return BreakerDecision.CALL
             if tier in self._probing or self._clock() < until:
-                return Admission.SKIP
+                return BreakerDecision.SKIP
             self._probing.add(tier)
-            return Admission.PROBE
+            return BreakerDecision.PROBE
 
     def answered(self, tier: str) -> None:
         """The store answered (even with an error of its own): close the breaker."""

@@ -30,7 +30,7 @@ from hybridcache.tiers.fingerprint import NamespaceFingerprint
 from hybridcache.tiers.keys import KeyChain
 from hybridcache.tiers.restore_values import EVICTED, SLOWER_THAN_RECOMPUTE, PublishReport, Restore
 from hybridcache.tiers.tiered import TieredStore
-from hybridcache.tiers.verify import MissReason as FetchMiss
+from hybridcache.tiers.verify import FetchMiss
 from hybridcache.types import NO_SLOT
 
 # Why the tiers served a request less than they were expected to, as a request's miss reason
@@ -46,7 +46,7 @@ ROUTED_EXPERTS_SKIPPED = "routed_experts"  # a request asking for rows no tier c
 
 
 class TierRestore(NamedTuple):
-    """What one ``TierClient.restore`` did: the tokens it gained and the restore adopted, or
+    """What one ``TierClient.adopt_prefix`` did: the tokens it gained and the restore adopted, or
     why the tiers served less than expected (None: nothing deeper was expected)."""
 
     gained: int = 0
@@ -173,7 +173,7 @@ class TierClient:
 
     # --- read path -------------------------------------------------------------------------------
 
-    def restore(self, seq: Sequence) -> TierRestore:
+    def adopt_prefix(self, seq: Sequence) -> TierRestore:
         """Before ``seq`` is served: adopt the deepest verified restore the tiers hold beyond
         what the device cache holds. Never raises: a failing tier or device write is a miss
         (``tier_error`` when something raised, counted in ``restore_failed`` by error class)."""
@@ -191,7 +191,7 @@ class TierClient:
         if held is None or limit <= held[0]:
             return TierRestore()
         local_step, local_kv = held
-        lookup = self.store.lookup_restore(self.chain(seq, limit), local_step=local_step, local_kv_tokens=local_kv)
+        lookup = self.store.lookup_prefix(self.chain(seq, limit), local_step=local_step, local_kv_tokens=local_kv)
         restore = lookup.restore
         if restore is None:
             return TierRestore(0, None if lookup.miss is None else TIER_MISS_REASONS.get(lookup.miss, TIER_REJECTED))
@@ -226,16 +226,16 @@ class TierClient:
         and slot). Never raises."""
         self._guarded(self.stats.publish_failed, self.store.cost.observe_recompute, computed_tokens, seconds)
         for end in ends:
-            self.publish(end.seq, [end.step], end.slot)
+            self.store_prefix(end.seq, [end.step], end.slot)
 
-    def publish(self, seq: Sequence, steps: list[int], slot: int = NO_SLOT) -> KeyChain | None:
+    def store_prefix(self, seq: Sequence, steps: list[int], slot: int = NO_SLOT) -> KeyChain | None:
         """Publish the checkpoints of ``seq`` at ``steps`` (ascending; those off a chunk
         boundary or inside a multimodal span are left out) with the KV chunks before them,
         read through ``device.payloads(seq, slot)``. The chain published (None: nothing was, or
         the publish raised, counted in ``publish_failed``)."""
-        return self._guarded(self.stats.publish_failed, self._publish, seq, steps, slot)
+        return self._guarded(self.stats.publish_failed, self._store_prefix, seq, steps, slot)
 
-    def _publish(self, seq: Sequence, steps: list[int], slot: int) -> KeyChain | None:
+    def _store_prefix(self, seq: Sequence, steps: list[int], slot: int) -> KeyChain | None:
         size = self.chunk_size
         steps = [step for step in steps if step > 0 and not step % size and seq.is_boundary_safe(step)]
         if not steps:
@@ -243,7 +243,7 @@ class TierClient:
         chain = self.chain(seq, steps[-1])
         payloads = self.device.payloads(seq, slot)
         for step in steps:
-            report = self.store.publish(chain, step, payloads.chunk, payloads.state)
+            report = self.store.store_prefix(chain, step, payloads.chunk, payloads.state)
             self.stats.published_steps += 1
             self.stats.published_bytes += sum(report.bytes_written.values())
             if self._on_publish is not None:

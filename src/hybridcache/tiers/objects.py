@@ -9,6 +9,7 @@ whose arrays are read-only. The byte layout is documented in ``docs/tiers.md``; 
             | payload length u64 | payload BLAKE2b-256 | header BLAKE2b-128
     payload array count u32 | per array: name, dtype, ndim u8, shape u64 each, offset u64,
             length u64 | array bytes, each starting at a multiple of 64 from the payload start
+            (the payload's layout and checks are in :mod:`~hybridcache.tiers.payload`)
 
 Encoding is canonical (one object, one byte string), so equal objects have equal bytes.
 
@@ -21,9 +22,7 @@ whoever can write the store but lacks the key cannot plant an object that verifi
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass, replace
-from types import MappingProxyType
 from typing import Mapping
 
 import numpy as np
@@ -37,19 +36,16 @@ from hybridcache.errors import (
 )
 from hybridcache.sequence import MultimodalSpan
 from hybridcache.tiers import wire
+from hybridcache.tiers.payload import checked_array, checked_arrays, decode_arrays, encode_payload
 from hybridcache.tiers.fingerprint import DIGEST_BYTES, FORMAT_VERSION, NamespaceFingerprint
 from hybridcache.tiers.keys import Expectation, KeyChain, ObjectKey, ObjectKind
 
 MAGIC = b"HCTO"
 ROUTED_EXPERTS = "routed_experts"  # the payload name of a checkpoint's routed-expert rows
-PAYLOAD_ALIGNMENT = 64
 _HEADER_CHECKSUM_BYTES = 16
 MIN_AUTH_KEY_BYTES = 16
 MAX_AUTH_KEY_BYTES = 64  # BLAKE2b's key limit
 _FIXED_PREFIX = 4 + 2 + 1 + 1 + 4  # magic, version, kind, flags, header length
-_MAX_NDIM = 8
-_MAX_NAME_BYTES = 255
-_DTYPE_TEXT = re.compile(r"[<>|][biufc][0-9]{1,2}")
 
 
 @dataclass(frozen=True)
@@ -96,7 +92,7 @@ def encode_kv_chunk(
     """The bytes of chunk ``index`` of ``chain`` holding its KV ``arrays`` (any layout)."""
     if not isinstance(chain, KeyChain):
         raise InvalidTypeError("chain must be a KeyChain")
-    return _encode(chain.expect_chunk(index), _checked_arrays(arrays), check_auth_key(auth_key))
+    return _encode(chain.expect_chunk(index), checked_arrays(arrays), check_auth_key(auth_key))
 
 
 def encode_checkpoint(
@@ -113,11 +109,11 @@ def encode_checkpoint(
         raise InvalidTypeError("chain must be a KeyChain")
     expected = chain.expect_checkpoint(step)
     auth_key = check_auth_key(auth_key)
-    arrays = _checked_arrays(states)
+    arrays = checked_arrays(states)
     if ROUTED_EXPERTS in arrays:
         raise InvalidArgumentError(f"state name {ROUTED_EXPERTS!r} is reserved for routed-expert rows")
     if routed_experts is not None:
-        rows = _checked_array(ROUTED_EXPERTS, routed_experts)
+        rows = checked_array(ROUTED_EXPERTS, routed_experts)
         if rows.ndim < 1 or rows.shape[0] != step:
             raise InvalidArgumentError(f"routed_experts needs {step} rows, got shape {rows.shape}")
         arrays[ROUTED_EXPERTS] = rows
@@ -144,30 +140,8 @@ def sealed_fingerprint(fingerprint: NamespaceFingerprint, auth_key: bytes | None
     return replace(fingerprint, cache_salt="blake2b:" + hasher.hexdigest())
 
 
-def _checked_arrays(arrays: object) -> dict[str, np.ndarray]:
-    if not isinstance(arrays, Mapping):
-        raise InvalidTypeError("arrays must be a mapping of name -> numpy array")
-    if not arrays:
-        raise InvalidArgumentError("an object needs at least one array")
-    return {name: _checked_array(name, array) for name, array in arrays.items()}
-
-
-def _checked_array(name: object, array: object) -> np.ndarray:
-    if not isinstance(name, str):
-        raise InvalidTypeError("array names must be str")
-    if not name or len(name.encode()) > _MAX_NAME_BYTES:
-        raise InvalidArgumentError(f"array name must have 1..{_MAX_NAME_BYTES} UTF-8 bytes, got {name!r}")
-    if not isinstance(array, np.ndarray):
-        raise InvalidTypeError(f"array {name!r} must be a numpy array")
-    if not _DTYPE_TEXT.fullmatch(array.dtype.str):
-        raise InvalidTypeError(f"array {name!r} has unsupported dtype {array.dtype} (plain numeric only)")
-    if array.ndim > _MAX_NDIM:
-        raise InvalidArgumentError(f"array {name!r} has more than {_MAX_NDIM} dimensions")
-    return array if array.flags.c_contiguous else array.copy(order="C")  # ascontiguousarray lifts 0-d
-
-
 def _encode(expected: Expectation, arrays: dict[str, np.ndarray], auth_key: bytes | None) -> bytes:
-    payload = _encode_payload(arrays)
+    payload = encode_payload(arrays)
     described = b"".join(
         (
             wire.pack_u64(expected.start),
@@ -190,33 +164,6 @@ def _encode(expected: Expectation, arrays: dict[str, np.ndarray], auth_key: byte
 def _pack_fingerprint(fingerprint: NamespaceFingerprint) -> bytes:
     raw = fingerprint.encode()
     return wire.pack_u16(len(raw)) + raw
-
-
-def _encode_payload(arrays: dict[str, np.ndarray]) -> bytes:
-    table = [wire.pack_u32(len(arrays))]
-    table_size = 4 + sum(_entry_size(name, array) for name, array in arrays.items())
-    offset = _aligned(table_size)
-    regions = []
-    for name, array in arrays.items():
-        table.append(wire.pack_text(name) + wire.pack_text(array.dtype.str) + wire.pack_u8(array.ndim))
-        table.extend(wire.pack_u64(extent) for extent in array.shape)
-        table.append(wire.pack_u64(offset) + wire.pack_u64(array.nbytes))
-        regions.append((offset, array))
-        offset = _aligned(offset + array.nbytes)
-    payload = bytearray(regions[-1][0] + regions[-1][1].nbytes)
-    head = b"".join(table)
-    payload[: len(head)] = head
-    for start, array in regions:
-        payload[start : start + array.nbytes] = array.reshape(-1).view(np.uint8).data
-    return bytes(payload)
-
-
-def _entry_size(name: str, array: np.ndarray) -> int:
-    return 2 + len(name.encode()) + 2 + len(array.dtype.str) + 1 + 8 * array.ndim + 16
-
-
-def _aligned(offset: int) -> int:
-    return -(-offset // PAYLOAD_ALIGNMENT) * PAYLOAD_ALIGNMENT
 
 
 def _payload_checksum(described: bytes | memoryview, payload: bytes | memoryview, auth_key: bytes | None) -> bytes:
@@ -319,60 +266,7 @@ def decode(data: object, *, auth_key: bytes | None = None) -> StoredObject:
 
 def decode_payload(data: object, header: ObjectHeader) -> Mapping[str, np.ndarray]:
     """The payload's arrays as read-only views into ``data`` (the checksum is not checked here)."""
-    view = _readonly_view(data)[header.header_length :]
-    reader = wire.Reader(view)
-    count = reader.u32("array count")
-    if count == 0:
-        raise CorruptObjectError("payload holds no arrays")
-    entries = [_read_entry(reader) for _ in range(min(count, reader.remaining))]
-    if len(entries) != count:
-        raise CorruptObjectError("truncated payload table")
-    return MappingProxyType(_place_arrays(view, entries, reader.offset))
-
-
-def _read_entry(reader: wire.Reader) -> tuple[str, np.dtype, tuple[int, ...], int, int]:
-    name = reader.text("array name")
-    dtype_text = reader.text("array dtype")
-    dtype = _read_dtype(dtype_text)
-    if not name or dtype is None:
-        raise CorruptObjectError(f"bad array entry {name!r} with dtype {dtype_text!r}")
-    ndim = reader.u8("array ndim")
-    if ndim > _MAX_NDIM:
-        raise CorruptObjectError(f"array {name!r} claims {ndim} dimensions")
-    shape = tuple(reader.u64("array shape") for _ in range(ndim))
-    offset = reader.u64("array offset")
-    length = reader.u64("array length")
-    if length != dtype.itemsize * int(np.prod(shape, dtype=object)):
-        raise CorruptObjectError(f"array {name!r} length {length} does not match {dtype} {shape}")
-    return name, dtype, shape, offset, length
-
-
-def _read_dtype(text: str) -> np.dtype | None:
-    """The dtype named by ``text`` when it is a plain numeric one in canonical form."""
-    if not _DTYPE_TEXT.fullmatch(text):
-        return None
-    try:
-        dtype = np.dtype(text)
-    except TypeError:  # e.g. "<f3": the pattern allows sizes NumPy does not have
-        return None
-    return dtype if dtype.str == text else None
-
-
-def _place_arrays(view: memoryview, entries: list, table_end: int) -> dict[str, np.ndarray]:
-    arrays: dict[str, np.ndarray] = {}
-    expected_offset = _aligned(table_end)
-    for name, dtype, shape, offset, length in entries:
-        if name in arrays:
-            raise CorruptObjectError(f"array {name!r} appears twice")
-        if offset != expected_offset or offset + length > len(view):
-            raise CorruptObjectError(f"array {name!r} at {offset} breaks the payload layout")
-        flat = np.frombuffer(view, dtype=dtype, count=length // dtype.itemsize, offset=offset)
-        arrays[name] = flat.reshape(shape)
-        expected_offset = _aligned(offset + length)
-    *_, last_offset, last_length = entries[-1]
-    if last_offset + last_length != len(view):
-        raise CorruptObjectError("payload has trailing bytes")
-    return arrays
+    return decode_arrays(_readonly_view(data)[header.header_length :])
 
 
 def _readonly_view(data: object) -> memoryview:

@@ -1,15 +1,19 @@
 """The restore cost model: is reading a prefix from the tiers faster than recomputing it?
 
 Owns one ``RestoreCost``'s running estimates (seconds per byte and per call of each tier, and
-recompute seconds per token); ``TieredStore`` consults and feeds it.
+recompute seconds per token) and one ``ObjectSizes``' record of the objects read (count and
+bytes per kind, under its lock); ``TieredStore``'s restore path consults and feeds both.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import threading
+from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from hybridcache.errors import InvalidArgumentError
+from hybridcache.tiers.keys import Expectation, ObjectKind
 
 
 @dataclass
@@ -67,3 +71,43 @@ class RestoreCost:
 
     def worth_restoring(self, bytes_by_tier: Mapping[str, int], tokens: int) -> bool:
         return not self.recompute_s_per_token or self.restore_s(bytes_by_tier) < self.recompute_s(tokens)
+
+
+class ObjectSizes:
+    """The bytes a stored object is expected to carry: ``size_hint(kind, tokens)`` when the
+    caller gives one (the replay, whose stored payloads stand in for larger ones), else the mean
+    of the objects of its kind read so far (before any read: 4 bytes per token of a chunk, the
+    token ids the headers alone carry)."""
+
+    def __init__(self, size_hint: Callable[[ObjectKind, int], int] | None = None) -> None:
+        self.size_hint = size_hint
+        self._count: Counter[ObjectKind] = Counter()
+        self._bytes: Counter[ObjectKind] = Counter()
+        self._lock = threading.Lock()
+
+    def observe(self, kind: ObjectKind, nbytes: int) -> None:
+        """One object of ``kind`` was read and verified: ``nbytes`` long."""
+        with self._lock:
+            self._count[kind] += 1
+            self._bytes[kind] += nbytes
+
+    def expected(self, expectation: Expectation, chunk_size: int) -> int:
+        kind = expectation.key.kind
+        if self.size_hint is not None:
+            return self.size_hint(kind, expectation.step - expectation.start)
+        with self._lock:
+            count = self._count[kind]
+            return self._bytes[kind] // count if count else 4 * chunk_size
+
+    def by_tier(self, needed: list[Expectation], where: Mapping[str, list[str]], chunk_size: int) -> dict[str, int]:
+        """The bytes each tier would serve for ``needed``, each object from the first tier
+        ``where`` names for it."""
+        estimate: Counter[str] = Counter()
+        for expectation in needed:
+            estimate[where[expectation.key.name][0]] += self.expected(expectation, chunk_size)
+        return dict(estimate)
+
+    def check_invariants(self) -> None:
+        with self._lock:
+            assert set(self._bytes) <= set(self._count), "bytes read of a kind never counted"
+            assert all(value >= 0 for value in self._bytes.values()), "negative bytes read"

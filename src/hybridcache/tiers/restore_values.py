@@ -1,8 +1,8 @@
-"""The values a tier lookup and a publish produce: a verified ``Restore``, the outcome of one
-``lookup_restore`` with its miss reason, a ``PublishReport``, and ``RestoreAttempt``, the
-working state of one lookup (kept per call, so one ``TieredStore`` serves several threads).
+"""The values a tier lookup and a publish return: a verified ``Restore``, the outcome of one
+``lookup_prefix`` with its miss reason, and a ``PublishReport``.
 
-Owns nothing shared: each ``RestoreAttempt`` belongs to the one call that made it.
+Owns no mutable state: every value here is frozen. (One lookup's working state is a
+:class:`~hybridcache.tiers.restore_attempt.RestoreAttempt`.)
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from hybridcache.tiers.objects import StoredObject
-from hybridcache.tiers.verify import MissReason
 
 SLOWER_THAN_RECOMPUTE = "slower_than_recompute"
 
@@ -50,8 +49,8 @@ EVICTED = "evicted"  # a checkpoint this process published is gone from every ti
 
 @dataclass(frozen=True)
 class RestoreLookup:
-    """What one ``lookup_restore`` found: the restore, or (``restore`` None) why the deepest
-    step the tiers were expected to serve was not served: a ``MissReason`` value,
+    """What one ``lookup_prefix`` found: the restore, or (``restore`` None) why the deepest
+    step the tiers were expected to serve was not served: a ``FetchMiss`` value,
     ``EVICTED`` or ``SLOWER_THAN_RECOMPUTE``; ``miss`` None when no tier ever held a deeper
     step as far as this process knows."""
 
@@ -61,32 +60,9 @@ class RestoreLookup:
 
 @dataclass(frozen=True)
 class PublishReport:
-    """What one ``publish`` did, per tier: chunks newly stored, and whether the checkpoint is
+    """What one ``store_prefix`` did, per tier: chunks newly stored, and whether the checkpoint is
     stored there (False: a chunk was refused or the store failed, so it was never put)."""
 
     chunks_stored: Mapping[str, int]
     checkpoint_stored: Mapping[str, bool]
     bytes_written: Mapping[str, int]
-
-
-@dataclass
-class RestoreAttempt:
-    """One ``find_restore`` call's own state: where each object is, which tiers could not
-    answer (and why), what was fetched, and what to promote into the host tier afterwards."""
-
-    where: dict[str, list[str]]
-    failed: dict[str, MissReason]
-    fetched: dict[str, StoredObject] = field(default_factory=dict)
-    served_by: dict[str, str] = field(default_factory=dict)  # name -> the tier it was fetched from
-    promotions: list[tuple[str, bytes]] = field(default_factory=list)
-    miss: str | None = None  # why the deepest step expected to be served was not
-
-    def missed(self, reason: str | None) -> None:
-        if self.miss is None:
-            self.miss = reason
-
-    def unlocated_reason(self) -> MissReason:
-        """Why a part was found in no tier: absent, unless a tier could not be asked."""
-        if not self.failed:
-            return MissReason.MISSING
-        return MissReason.TIMEOUT if MissReason.TIMEOUT in self.failed.values() else MissReason.UNAVAILABLE

@@ -2,7 +2,7 @@
 
 Owns no state. :func:`verify` checks bytes against an :class:`Expectation` in a fixed order
 (decodable, fingerprint, kind and range, tokens, multimodal identity, own key, payload
-checksum) and returns a :class:`Verdict`; a caller falls back to a shallower step or to
+checksum) and returns a :class:`FetchVerdict`; a caller falls back to a shallower step or to
 recompute on any verdict that is not ``ok``.
 """
 
@@ -26,7 +26,7 @@ from hybridcache.tiers.objects import (
 )
 
 
-class MissReason(enum.Enum):
+class FetchMiss(enum.Enum):
     """Why a fetched object was not used."""
 
     MISSING = "missing"  # no object under the key in this store
@@ -42,10 +42,10 @@ class MissReason(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Verdict:
+class FetchVerdict:
     """The outcome for one object: ``obj`` when usable, else the ``reason`` and a ``detail``."""
 
-    reason: MissReason | None
+    reason: FetchMiss | None
     detail: str = ""
     obj: StoredObject | None = None
 
@@ -54,50 +54,50 @@ class Verdict:
         return self.reason is None
 
 
-def verify(data: bytes | bytearray | memoryview | None, expected: Expectation, *, auth_key: bytes | None = None) -> Verdict:
+def verify(data: bytes | bytearray | memoryview | None, expected: Expectation, *, auth_key: bytes | None = None) -> FetchVerdict:
     """Check fetched bytes (``None`` = not found) against what the request needs; with a
     deployment key, an object not sealed with it fails as ``CHECKSUM_MISMATCH``."""
     if not isinstance(expected, Expectation):
         raise InvalidTypeError("expected must be an Expectation")
     auth_key = check_auth_key(auth_key)
     if data is None:
-        return Verdict(MissReason.MISSING, expected.key.name)
+        return FetchVerdict(FetchMiss.MISSING, expected.key.name)
     try:
         header = decode_header(data)
     except CorruptObjectError as error:
-        return Verdict(_decode_reason(error), str(error))
+        return FetchVerdict(_decode_reason(error), str(error))
     mismatch = _header_mismatch(header, expected, auth_key)
     if mismatch is not None:
         return mismatch
     if not payload_matches(data, header, auth_key):
-        return Verdict(MissReason.CHECKSUM_MISMATCH, expected.key.name)
+        return FetchVerdict(FetchMiss.CHECKSUM_MISMATCH, expected.key.name)
     try:
-        return Verdict(None, obj=StoredObject(header, decode_payload(data, header)))
+        return FetchVerdict(None, obj=StoredObject(header, decode_payload(data, header)))
     except CorruptObjectError as error:  # a well-hashed but malformed payload: a writer's bug
-        return Verdict(MissReason.CORRUPT, str(error))
+        return FetchVerdict(FetchMiss.CORRUPT, str(error))
 
 
-def _decode_reason(error: CorruptObjectError) -> MissReason:
+def _decode_reason(error: CorruptObjectError) -> FetchMiss:
     # Another format version is another namespace: its fingerprint cannot be read to compare.
-    return MissReason.FINGERPRINT_MISMATCH if isinstance(error, UnsupportedFormatError) else MissReason.CORRUPT
+    return FetchMiss.FINGERPRINT_MISMATCH if isinstance(error, UnsupportedFormatError) else FetchMiss.CORRUPT
 
 
-def _header_mismatch(header: ObjectHeader, expected: Expectation, auth_key: bytes | None) -> Verdict | None:
+def _header_mismatch(header: ObjectHeader, expected: Expectation, auth_key: bytes | None) -> FetchVerdict | None:
     differing = sealed_fingerprint(expected.fingerprint, auth_key).differing_fields(header.fingerprint)
     if differing:
-        return Verdict(MissReason.FINGERPRINT_MISMATCH, "differs in " + ", ".join(differing))
+        return FetchVerdict(FetchMiss.FINGERPRINT_MISMATCH, "differs in " + ", ".join(differing))
     if (header.kind, header.start, header.step) != (expected.key.kind, expected.start, expected.step):
-        return Verdict(
-            MissReason.RANGE_MISMATCH,
+        return FetchVerdict(
+            FetchMiss.RANGE_MISMATCH,
             f"{header.kind.name} [{header.start}, {header.step}) instead of "
             f"{expected.key.kind.name} [{expected.start}, {expected.step})",
         )
     if not np.array_equal(header.tokens, expected.tokens):
         first = int(np.argmax(header.tokens != expected.tokens))
-        return Verdict(MissReason.TOKEN_MISMATCH, f"first differing token at {header.start + first}")
+        return FetchVerdict(FetchMiss.TOKEN_MISMATCH, f"first differing token at {header.start + first}")
     if header.multimodal != expected.multimodal:
-        return Verdict(MissReason.MULTIMODAL_MISMATCH, f"{header.multimodal} instead of {expected.multimodal}")
+        return FetchVerdict(FetchMiss.MULTIMODAL_MISMATCH, f"{header.multimodal} instead of {expected.multimodal}")
     if header.key != expected.key:
-        return Verdict(MissReason.KEY_MISMATCH, f"{header.key.name} instead of {expected.key.name}")
+        return FetchVerdict(FetchMiss.KEY_MISMATCH, f"{header.key.name} instead of {expected.key.name}")
     return None
 
