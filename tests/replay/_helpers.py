@@ -7,15 +7,15 @@ import numpy as np
 from hybridcache.profiles import load_profile
 from hybridcache.replay import Budget, replay, resolve_policy
 from hybridcache.workloads import infinite_cache_bound
-from hybridcache.workloads.records import Request, frozen_array
+from hybridcache.workloads.records import TraceRequest, frozen_array
 
 PROFILE = load_profile("marconi-7b")
 
 
-def request(index: int, prompt, output_length: int = 1, seed: int = 0) -> Request:
+def request(index: int, prompt, output_length: int = 1, seed: int = 0) -> TraceRequest:
     output = np.random.default_rng(1000 + index + seed).integers(0, 50_000, size=output_length)
     tokens = frozen_array(np.concatenate([np.asarray(prompt), output]), np.int32)
-    return Request(index, float(index), len(prompt), tokens)
+    return TraceRequest(index, float(index), len(prompt), tokens)
 
 
 def budget(kv_blocks: int, slots: int, block_size: int = 32) -> Budget:

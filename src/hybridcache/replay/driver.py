@@ -47,7 +47,7 @@ from hybridcache.replay.tiering import (
 )
 from hybridcache.tiers.keys import KeyChain
 from hybridcache.types import as_int
-from hybridcache.workloads.records import Request
+from hybridcache.workloads.records import TraceRequest
 
 DEFAULT_BLOCK_SIZE = 32  # Marconi's vLLM+ block; interval:32 checkpoints stay block aligned
 DEFAULT_PREFILL_CHUNK = 2048  # the engine's prefill chunk: no chunk allocates more blocks at once
@@ -66,14 +66,14 @@ class _Counters:
 
 
 # Called after every request with every replica's adapter (``turn.replica`` served it).
-Observer = Callable[[list[CacheAdapter], Request, Turn], None]
+Observer = Callable[[list[CacheAdapter], TraceRequest, Turn], None]
 # Called while Marconi's tuning replays its window: (window requests replayed, to replay).
 TuningProgress = Callable[[int, int], None]
 
 
 def _serve(
     adapter: CacheAdapter,
-    request: Request,
+    request: TraceRequest,
     policy: Policy,
     counters: _Counters,
     chunk: int,
@@ -142,7 +142,7 @@ class _Tuning:
         self.snapshot: CacheAdapter | None = None
         self.progress = progress
 
-    def after(self, request: Request) -> None:
+    def after(self, request: TraceRequest) -> None:
         tuner = self.tuner
         if tuner is None or tuner.tuned:
             return
@@ -187,7 +187,7 @@ class _Replica:
 
 
 def replay(
-    requests: SequenceLike[Request],
+    requests: SequenceLike[TraceRequest],
     profile: ModelProfile,
     policy: Policy,
     budget: Budget,
@@ -272,7 +272,7 @@ def _new_replica(geometry: PoolGeometry, profile: ModelProfile, policy: Policy, 
     return _Replica(adapter, _Tuning(adapter, policy, prefill_chunk, tuning_progress), None)
 
 
-def _route(fleet: list[_Replica], routing: str, request: Request, number: int, chain, run) -> int:
+def _route(fleet: list[_Replica], routing: str, request: TraceRequest, number: int, chain, run) -> int:
     """The replica serving ``request``, chosen by the router's policy from what each replica
     announced (``routing``); with tiers, ``restorable`` counts the steps they make reachable."""
     if len(fleet) == 1 or routing == "round-robin":
@@ -294,7 +294,7 @@ class _TierRun:
     into the shared store (removed at the end, so a sweep's runs start from an empty store)."""
 
     def __init__(self, setup: TierSetup, profile: ModelProfile, block_size: int, device_tflops: float,
-                 requests: SequenceLike[Request], fleet: list[_Replica]) -> None:
+                 requests: SequenceLike[TraceRequest], fleet: list[_Replica]) -> None:
         self.setup, self.profile, self.fleet = setup, profile, fleet
         self.chunk = setup.chunk_size
         self.fingerprint = replay_fingerprint(profile, block_size, self.chunk, uuid.uuid4().hex[:16])
@@ -310,7 +310,7 @@ class _TierRun:
             self.close()
             raise
 
-    def prompt_chain(self, request: Request) -> KeyChain | None:
+    def prompt_chain(self, request: TraceRequest) -> KeyChain | None:
         """The chain of the prompt's restorable prefix (None: too short for one chunk)."""
         limit = restore_limit(request.prompt_length, self.chunk)
         return KeyChain(self.fingerprint, request.prompt[:limit]) if limit > 0 else None
@@ -324,7 +324,7 @@ class _TierRun:
         names += [chain.chunk_key(index).name for index in range(chain.num_chunks)]
         return self.fleet[0].tiers.store.locate(names, ["shared"])
 
-    def publish(self, replica: _Replica, request: Request, turn: Turn, ends: list[int]) -> None:
+    def publish(self, replica: _Replica, request: TraceRequest, turn: Turn, ends: list[int]) -> None:
         """Publish what the turn computed beyond its hit: every chunk-aligned chunk end (the engine
         publishes those), the deepest aligned step of the prompt and of the turn end."""
         if not ends:
@@ -358,12 +358,12 @@ class _TierRun:
                 replica.tiers.close()
 
 
-def _validate(requests: SequenceLike[Request], profile: ModelProfile, policy: Policy, budget: Budget) -> None:
+def _validate(requests: SequenceLike[TraceRequest], profile: ModelProfile, policy: Policy, budget: Budget) -> None:
     for value, kind in ((profile, ModelProfile), (policy, Policy), (budget, Budget)):
         if not isinstance(value, kind):
             raise InvalidTypeError(f"expected a {kind.__name__}, got {type(value).__name__}")
-    if any(not isinstance(request, Request) for request in requests):
-        raise InvalidTypeError("requests must be Request records (see hybridcache.workloads.synthesize)")
+    if any(not isinstance(request, TraceRequest) for request in requests):
+        raise InvalidTypeError("requests must be TraceRequest records (see hybridcache.workloads.synthesize)")
 
 
 def _merged_stats(fleet: list[_Replica]) -> dict:
@@ -438,5 +438,5 @@ def with_ttft(record: dict, device_tflops: float) -> dict:
     return {**record, "device_tflops": device_tflops, "ttft_saved_s": seconds, "ttft_saved_ms_per_request": per_request_ms}
 
 
-def mean_prompt_tokens(requests: SequenceLike[Request]) -> float:
+def mean_prompt_tokens(requests: SequenceLike[TraceRequest]) -> float:
     return float(np.mean([request.prompt_length for request in requests])) if requests else 0.0
