@@ -191,7 +191,6 @@ class ReplicaTiers:
             counters[f"restores_using_{tier}"] += 1
         self.restore_s += self.store.cost.restore_s(moved)
         self.recompute_s += self.profile.prefill_flops(restore.step - gained, restore.step) / self.device_flops
-        turn.adopted_step, turn.adopted_tokens = restore.step, restore.checkpoint.header.tokens
         adapter.remeasure_branch(turn)
         return restore
 
