@@ -8,6 +8,7 @@ import pytest
 
 from hybridcache.engine import Engine, EngineConfig, Request
 from hybridcache.prefix_cache.checkpoint_record import CheckpointState
+from tests.engine.faults import arm
 
 
 def _matchable(trie) -> set[tuple[int, int]]:
@@ -38,7 +39,7 @@ def test_changes_add_up_to_the_matchable_nodes_and_published_checkpoints(async_d
             prompt = np.concatenate([systems[int(rng.integers(3))], rng.integers(0, vocab, int(rng.integers(1, 30)))])
             engine.add_request(Request(prompt, max_new_tokens=int(rng.integers(1, 6)), cache_salt=["a", None][step % 2]))
         if step % 17 == 5:
-            engine.inject_fault("after_restore")
+            arm(engine, "after_restore")
         engine.step()
         changes = cache.take_changes()
         nodes -= set(changes.removed)

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from hybridcache.engine import (
-    FAULT_STAGES,
     Engine,
     EngineConfig,
     MultimodalInput,
@@ -398,14 +397,6 @@ def test_bad_configs_are_refused(overrides):
 def test_engine_refuses_a_non_config():
     with pytest.raises(InvalidTypeError):
         Engine({"block_size": 8})
-
-
-def test_inject_fault_refuses_unknown_stages():
-    engine = Engine(config())
-    with pytest.raises(InvalidConfigError):
-        engine.inject_fault("during_lunch")
-    assert set(FAULT_STAGES) == {"before_restore", "after_restore", "before_save", "after_save"}
-    assert engine.generate([Request(prompt=[1, 2, 3], max_new_tokens=2)])[0].tokens  # no fault armed
 
 
 # --- forced rejection after a match -------------------------------------------------------------

@@ -19,6 +19,7 @@ from hybridcache.errors import (
     RequestFailedError,
     RequestTooLargeError,
 )
+from tests.engine.faults import arm
 
 MAX_STEPS = 2_000
 
@@ -156,7 +157,7 @@ def test_a_request_whose_forwards_always_fail_is_ended_and_the_others_are_served
 
 def test_a_transient_failure_is_retried_and_the_request_completes():
     engine = Engine(small())
-    engine.inject_fault("before_save")
+    arm(engine, "before_save")
     results = engine.generate([Request(prompt=prompt(9, 4), max_new_tokens=4)])
     assert results[0].error is None and len(results[0].tokens) == 4
 

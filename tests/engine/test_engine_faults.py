@@ -1,4 +1,4 @@
-"""A forward that fails at any stage (``Engine.inject_fault``) leaves nothing it would have
+"""A forward that fails at any stage (``tests.engine.faults``) leaves nothing it would have
 produced matchable: its reserved or published checkpoint saves are released, the trie nodes
 it attached for blocks it did not write are detached (or stay unmatchable), its sequences are
 recomputed from scratch and finish with exactly the tokens of an uncached run; invariants
@@ -11,8 +11,9 @@ import functools
 import numpy as np
 import pytest
 
-from hybridcache.engine import FAULT_STAGES, Engine, EngineConfig, MultimodalInput, Request, Result, TinyHybridConfig
+from hybridcache.engine import Engine, EngineConfig, MultimodalInput, Request, Result, TinyHybridConfig
 from hybridcache.prefix_cache.checkpoint_record import CheckpointState
+from tests.engine.faults import FAULT_STAGES, arm
 
 VOCAB = TinyHybridConfig().vocab_size
 MAX_STEPS = 3000
@@ -159,7 +160,7 @@ def run_with_faults(pattern: str, async_depth: int, faults: dict[tuple[int, int]
                     watch.check()
                 return
             for stage in faults.get((index, step), ()):
-                engine.inject_fault(stage)
+                arm(engine, stage)
 
         got = serve(engine, list(requests), on_step)
         for want, have in zip(expected, got):
@@ -211,7 +212,7 @@ def test_consecutive_and_repeated_faults(async_depth):
 def test_failed_forward_is_counted_and_the_request_recomputed():
     engine = Engine(engine_config("RARA", caching=True))
     request = Request(prompt=_tokens(20, 5), max_new_tokens=3)
-    engine.inject_fault("after_save")
+    arm(engine, "after_save")
     result = engine.generate([request])[0]
     stats = engine.stats()
     assert stats["failed_forwards"] == 1 and stats["preemptions"] == 1
@@ -223,7 +224,7 @@ def test_failed_forward_is_counted_and_the_request_recomputed():
 
 def test_fault_armed_on_an_idle_engine_hits_the_next_forward():
     engine = Engine(engine_config("RARA", caching=True))
-    engine.inject_fault("before_restore")
+    arm(engine, "before_restore")
     assert engine.step() == [] and engine.stats()["failed_forwards"] == 0  # nothing ran
     engine.generate([Request(prompt=_tokens(9, 6), max_new_tokens=2)])
     assert engine.stats()["failed_forwards"] == 1

@@ -138,7 +138,7 @@ def test_marconi_autotunes_during_a_replay():
     shared = rng.integers(0, 50_000, 4 * 32)
     requests = [request(i, np.concatenate([shared, rng.integers(0, 50_000, 100)])) for i in range(12)]
     record_, _ = run(requests, "marconi", budget(24, 4))
-    assert record_["alpha"] in AlphaTuner().grid
+    assert record_.alpha in AlphaTuner().grid
 
 
 @pytest.mark.parametrize("eviction, turn_end_kept", [("lru", False), ("leaf-lru", True)])

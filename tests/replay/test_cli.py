@@ -94,7 +94,7 @@ def test_replay_refuses_bad_tier_options(tmp_path, capsys):
         (["--shared-tier", "memcached"], "--shared-tier"),
         (["--store-url", "redis://127.0.0.1:1/0"], "--store-url needs"),
         (["--tier-chunk", "100", "--host-bytes", "1GB"], "--tier-chunk"),
-        (["--disk-bytes", "1GB"], "needs --host-bytes"),
+        (["--disk-bytes", "1GB"], "needs a host tier"),
         (["--host-bytes", "lots"], "cannot parse size"),
         (["--shared-tier", "mooncake", "--store-url", "127.0.0.1:5"], "bad Mooncake store url"),
         (["--shared-tier", "redis", "--store-url", "redis://127.0.0.1:1/0"], "redis"),

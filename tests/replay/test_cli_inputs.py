@@ -237,14 +237,14 @@ def test_marconi_tuning_reports_its_progress():
     """The bar does not freeze while Marconi replays its tuning window: every window request
     of every weight is reported, in order, up to the total."""
     from hybridcache.replay import replay, resolve_policy
-    from tests.replay._helpers import PROFILE, budget, request
+    from tests.replay._helpers import budget, config, request
 
     rng = np.random.default_rng(3)
     shared = rng.integers(0, 50_000, size=64)
     requests = [request(i, np.concatenate([shared, rng.integers(0, 50_000, size=96)])) for i in range(40)]
     seen: list[tuple[int, int]] = []
-    record = replay(requests, PROFILE, resolve_policy("marconi"), budget(24, 3), tuning_progress=lambda d, t: seen.append((d, t)))
-    assert record["alpha"] is not None and seen
+    record = replay(requests, config(resolve_policy("marconi"), budget(24, 3)), tuning_progress=lambda d, t: seen.append((d, t)))
+    assert record.alpha is not None and seen
     total = seen[0][1]
     assert [done for done, _ in seen] == list(range(1, total + 1)) and {t for _, t in seen} == {total}
 

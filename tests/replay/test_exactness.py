@@ -5,8 +5,8 @@ import pytest
 
 from hybridcache.errors import InvalidArgumentError
 from hybridcache.profiles import load_profile
-from hybridcache.replay import replay, resolve_policy, split_budget
-from hybridcache.replay.driver import mean_prompt_tokens
+from hybridcache.replay import RunConfig, replay, resolve_policy, split_budget
+from hybridcache.replay.budgets import mean_prompt_tokens
 from hybridcache.workloads import read_trace, synthesize
 from tests.replay._helpers import PROFILE, budget, request, run
 from tests.paths import SHARED_TRACE
@@ -34,9 +34,9 @@ def _conversational(seed, count=40):
 def test_small_replays_are_exact(seed, policy, space):
     requests = _conversational(seed)
     record, hits = run(requests, policy, budget(*space, block_size=16), block_size=16, prefill_chunk=64)
-    assert record["requests"] == len(requests) and record["prefill_tokens_saved"] == sum(hits)
+    assert record.requests == len(requests) and record.prefill_tokens_saved == sum(hits)
     if space[0] == 4096:  # the small pools drop the longest follow-ups and evict all the time
-        assert sum(hits) > 0 and record["dropped_requests"] == 0
+        assert sum(hits) > 0 and record.dropped_requests == 0
 
 
 def test_ample_reference_cache_reaches_the_turn_ends():
@@ -53,13 +53,13 @@ def test_ample_reference_cache_reaches_the_turn_ends():
 def test_synthesized_mooncake_prefix_is_exact():
     requests = synthesize(read_trace(SHARED_TRACE, limit=60)).requests
     record, hits = run(requests, "reference", budget(40_000, 400))
-    assert record["requests"] == 60 and hits[49] > 20_000  # request 49 shares 29,184 tokens
+    assert record.requests == 60 and hits[49] > 20_000  # request 49 shares 29,184 tokens
 
 
 def test_a_request_larger_than_the_pool_is_dropped():
     requests = [request(0, np.arange(64 * 40) % 50), request(1, np.arange(100) % 50)]
     record, hits = run(requests, "reference", budget(8, 4))
-    assert record["dropped_requests"] == 1 and hits == [0, 0]
+    assert record.dropped_requests == 1 and hits == [0, 0]
 
 
 def test_budget_split_covers_equal_tokens():
@@ -74,7 +74,7 @@ def test_budget_split_covers_equal_tokens():
 
 def test_tiny_budget_is_refused():
     with pytest.raises(InvalidArgumentError, match="budget too small"):
-        replay([], load_profile("marconi-7b"), resolve_policy("reference"), budget(0, 1))
+        RunConfig(load_profile("marconi-7b"), resolve_policy("reference"), budget(0, 1))
 
 
 def test_wrong_types_are_refused():
@@ -83,9 +83,11 @@ def test_wrong_types_are_refused():
 
     policy = resolve_policy("reference")
     with pytest.raises(InvalidTypeError):
-        replay([object()], PROFILE, policy, budget(64, 4))
+        replay([object()], RunConfig(PROFILE, policy, budget(64, 4)))
     with pytest.raises(InvalidTypeError):
-        replay([], "marconi-7b", policy, budget(64, 4))
+        RunConfig("marconi-7b", policy, budget(64, 4))
+    with pytest.raises(InvalidTypeError):
+        replay([], {"policy": "reference"})
     with pytest.raises(InvalidTypeError):
         infinite_cache_bound([object()])
     with pytest.raises(InvalidTypeError):

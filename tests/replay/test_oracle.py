@@ -21,7 +21,7 @@ from hybridcache.replay.oracle import (
 )
 from hybridcache.replay.policies import resolve_policy
 from hybridcache.workloads import infinite_cache_bound
-from tests.replay._helpers import PROFILE, ExactnessCheck, budget, request
+from tests.replay._helpers import PROFILE, budget, checked_replay, config, request
 
 BLOCK = 4
 rng = np.random.default_rng(24)
@@ -60,16 +60,13 @@ class PlannedAdmission:
 
 
 def hits(requests, policy, space):
-    check = ExactnessCheck(requests)
-
     def observe(adapters, request, turn):
-        check(adapters, request, turn)
         for adapter in adapters:
             if isinstance(adapter.eviction, OracleState):
                 adapter.eviction.check_invariants()
 
-    record = replay(requests, PROFILE, policy, space, BLOCK, observer=observe)
-    return record["prefill_tokens_saved"], record
+    record, _ = checked_replay(requests, config(policy, space, BLOCK), observe)
+    return record.prefill_tokens_saved, record
 
 
 def candidates(trace, index):
@@ -91,8 +88,8 @@ def brute_force(trace, space, eviction):
     best = 0
     for plan in itertools.product(*choices):
         admission = PlannedAdmission(dict(zip(keys, plan)))
-        record = replay(trace, PROFILE, Policy("planned", admission, eviction), space, BLOCK)
-        best = max(best, record["prefill_tokens_saved"])
+        record = replay(trace, config(Policy("planned", admission, eviction), space, BLOCK))
+        best = max(best, record.prefill_tokens_saved)
     return best
 
 
@@ -122,7 +119,7 @@ def test_oracle_against_the_best_admission_a_brute_force_finds(kv_blocks, slots,
     assert oracle == (24 if (kv_blocks, slots) == (7, 2) else best)
     if kv_blocks == 64:  # no pressure: every reusable token is reused
         assert oracle == int(resume_points(trace).sum())
-        assert record["checkpoints_written"] == 3
+        assert record.checkpoints_written == 3
 
 
 def test_belady_keeps_the_block_needed_soonest():

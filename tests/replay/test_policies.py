@@ -51,9 +51,9 @@ def test_reference_identical_prompt_hits_the_last_chunk_end():
     record, hits = run([request(0, prompt, 10), request(1, prompt, 10)], "reference", budget(4096, 64))
     assert hits == [0, 4096]  # the prompt-end checkpoint sits on the last token: a hit stops before it
     # 2048, 4096, 5000, 5009, then the repeat's own turn end (its output differs); its 5000 exists
-    assert record["checkpoints_written"] == 5
-    assert record["token_hit_rate"] == pytest.approx(4096 / 10_000)
-    assert record["request_hit_rate"] == 0.5
+    assert record.checkpoints_written == 5
+    assert record.token_hit_rate == pytest.approx(4096 / 10_000)
+    assert record.request_hit_rate == 0.5
 
 
 def test_interval_identical_prompt_hits_the_last_multiple():
@@ -75,16 +75,16 @@ def test_lru_evicts_the_least_recent_checkpoints_for_state_slots():
     a, b = tokens(96), tokens(96)
     requests = [request(0, a), request(1, b), request(2, a)]
     record, hits = run(requests, "interval:32", budget(512, 3))  # b's three checkpoints push out a's
-    assert hits == [0, 0, 0] and record["evictions"]["checkpoints_for_state_slots"] == 6
+    assert hits == [0, 0, 0] and record.evictions.checkpoints_for_state_slots == 6
     record, hits = run(requests, "interval:32", budget(512, 6))
-    assert hits == [0, 0, 64] and record["evictions"]["checkpoints_for_state_slots"] == 0
+    assert hits == [0, 0, 64] and record.evictions.checkpoints_for_state_slots == 0
 
 
 def test_lru_evicts_kv_leaves_under_block_pressure():
     a, b = tokens(256), tokens(256)
     requests = [request(0, a), request(1, b), request(2, a)]
     record, hits = run(requests, "interval:32", budget(8, 64))  # room for one request's blocks
-    assert hits == [0, 0, 0] and record["evictions"]["kv_blocks"] >= 8
+    assert hits == [0, 0, 0] and record.evictions.kv_blocks >= 8
     record, hits = run(requests, "interval:32", budget(17, 64))
     assert hits == [0, 0, 224]
 

@@ -17,7 +17,7 @@ from hybridcache.replay.tiering import TierSetup
 from hybridcache.sequence import Sequence
 from hybridcache.tiers.backends import HostMemoryStore
 
-from ._helpers import PROFILE, budget, request, run_fleet
+from ._helpers import PROFILE, budget, config, request, run_fleet
 
 RNG = np.random.default_rng(7)
 S, T, X = (RNG.integers(0, 50_000, size=n) for n in (512, 988, 600))
@@ -44,8 +44,8 @@ def test_routing_choices_on_a_hand_made_trace(routing, replicas, hits):
     record, check = run_fleet(routing_trace(), "reference", BIG, 2, routing)
     assert [replica for replica, _ in check.served] == replicas
     assert [hit for _, hit in check.served] == hits
-    assert record["replicas"] == 2 and record["routing"] == routing and record["shared_tier"] == "none"
-    assert record["remote_hit_tokens"] == 0
+    assert record.replicas == 2 and record.routing == routing and record.shared_tier == "none"
+    assert record.remote_hit_tokens == 0
 
 
 def test_probing_a_replica_changes_nothing():
@@ -85,9 +85,9 @@ def test_sharing_turns_misses_into_exact_remote_hits():
     # r1 (replica 1) restores the chunk-aligned 768 tokens r0 (replica 0) published
     assert [replica for replica, _ in check.served] == [0, 1, 0, 1]
     assert check.adopted[1] == 768 and check.served[1][1] == 768
-    assert alone["prefill_tokens_saved"] == 0 < record["prefill_tokens_saved"]
-    assert record["remote_hit_tokens"] == sum(check.adopted) > 0
-    tiers = record["tiers"]
+    assert alone.prefill_tokens_saved == 0 < record.prefill_tokens_saved
+    assert record.remote_hit_tokens == sum(check.adopted) > 0
+    tiers = record.tiers
     assert tiers["restores"] == sum(1 for step in check.adopted if step)
     assert tiers["restores_using"]["shared"] == tiers["restores"]
     assert tiers["bytes_moved_per_hit_nominal"] >= 3 * PROFILE.kv_bytes_per_token * 256 + PROFILE.state_bytes
@@ -100,9 +100,9 @@ def test_without_sharing_replicas_are_independent():
     requests = [request(i, r.prompt) for i, r in enumerate(requests)]
     record, _ = run_fleet(requests, "reference", BIG, 2)
     for replica in range(2):
-        alone = replay(requests[replica::2], PROFILE, resolve_policy("reference"), BIG, 32)
-        assert record["per_replica"][replica]["hit_tokens"] == alone["prefill_tokens_saved"]
-        assert record["per_replica"][replica]["requests"] == alone["requests"]
+        alone = replay(requests[replica::2], config(resolve_policy("reference"), BIG))
+        assert record.per_replica[replica].hit_tokens == alone.prefill_tokens_saved
+        assert record.per_replica[replica].requests == alone.requests
 
 
 def test_a_run_removes_its_objects_from_the_shared_store():
@@ -123,11 +123,11 @@ def test_host_and_disk_tiers_restore_what_the_device_evicted(tmp_path):
     tiers = TierSetup(host_bytes=6 * chunk + PROFILE.state_bytes, disk_bytes=100 * chunk, disk_root=tmp_path)
     # at 400 TFLOP/s recomputing 1,024 tokens beats reading 94 MB from disk at 2 GB/s: skipped
     record, check = run_fleet(requests, "reference", budget(40, 2), 1, tiers=tiers)
-    assert not any(check.adopted) and record["tiers"]["misses"]["slower_than_recompute"] >= 1
+    assert not any(check.adopted) and record.tiers["misses"]["slower_than_recompute"] >= 1
     record, check = run_fleet(requests, "reference", budget(40, 2), 1, tiers=tiers, device_tflops=20)
     assert check.adopted == [0, 0, 0, 1024] and check.served[3][1] == 1024
-    assert record["tiers"]["restores_using"]["disk"] == 1
-    assert record["tiers"]["held_bytes_nominal"]["disk"] > 0
+    assert record.tiers["restores_using"]["disk"] == 1
+    assert record.tiers["held_bytes_nominal"]["disk"] > 0
 
 
 def test_tier_options_are_checked():
@@ -136,10 +136,9 @@ def test_tier_options_are_checked():
     with pytest.raises(InvalidArgumentError, match="name the shared tier"):
         TierSetup(shared=HostMemoryStore(10))
     with pytest.raises(InvalidArgumentError, match="multiple of the block size"):
-        replay(sharing_trace(), PROFILE, resolve_policy("reference"), BIG, 32,
-               tiers=TierSetup(chunk_size=100, host_bytes=10**12))
+        config(resolve_policy("reference"), BIG, tiers=TierSetup(chunk_size=100, host_bytes=10**12))
     with pytest.raises(InvalidArgumentError, match="unknown routing"):
-        replay(sharing_trace(), PROFILE, resolve_policy("reference"), BIG, 32, routing="random")
+        config(resolve_policy("reference"), BIG, routing="random")
 
 
 @pytest.mark.parametrize("store_fixture, name", [("redis_shared", "redis"), ("mooncake_remote", "mooncake")])
@@ -147,8 +146,8 @@ def test_real_shared_tiers_serve_exact_cross_replica_hits(request_fixture_store,
     store = request_fixture_store(store_fixture)
     record, check = run_fleet(sharing_trace(), "reference", BIG, 2, tiers=shared_setup(store, name))
     assert check.served[1] == (1, 768) and check.adopted[1] == 768  # r0 on replica 0 produced it
-    assert record["shared_tier"] == name
-    assert record["remote_hit_tokens"] > 0 and any(check.adopted)
+    assert record.shared_tier == name
+    assert record.remote_hit_tokens > 0 and any(check.adopted)
     assert store.exists([f"hc1-ck-{'0' * 64}"]) == [False]
 
 

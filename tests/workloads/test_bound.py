@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from hybridcache.workloads import infinite_cache_bound, read_trace, synthesize
-from hybridcache.workloads.records import Request, frozen_array
+from hybridcache.workloads.records import TraceRequest, frozen_array
 from tests.paths import SHARED_TRACE
 
 
@@ -34,7 +34,7 @@ def _random_requests(seed, count=60):
         if tokens.size == 0:
             tokens = np.array([0])
         prompt_length = int(rng.integers(1, tokens.size + 1))
-        requests.append(Request(index, float(index), prompt_length, frozen_array(tokens, np.int32)))
+        requests.append(TraceRequest(index, float(index), prompt_length, frozen_array(tokens, np.int32)))
         pool.append(tokens)
     return requests
 
@@ -54,7 +54,7 @@ def test_bound_on_synthesized_trace_prefix():
 
 def test_rates():
     tokens = frozen_array([1, 2, 3, 4], np.int32)
-    requests = [Request(0, 0.0, 4, tokens), Request(1, 1.0, 4, tokens)]
+    requests = [TraceRequest(0, 0.0, 4, tokens), TraceRequest(1, 1.0, 4, tokens)]
     bound = infinite_cache_bound(requests)
     assert bound.token_hit_rate == 0.5 and bound.request_hit_rate == 0.5
     assert infinite_cache_bound([]).token_hit_rate == 0.0

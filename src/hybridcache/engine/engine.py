@@ -1,12 +1,11 @@
 """The reference engine: schedule -> plans -> restore -> forward -> save -> publish -> unpin.
 
 Owns: the model (built by ``model_factory`` from ``EngineConfig.model``), its cache storage,
-the pools, the trie, the scheduler, the queue of forwards in flight, the finished results and
-the logits kept for requests that asked for them, each unfinished request's tier miss reason
-(what the tier client's ``restore`` said when it was queued), the prompt heads it served
-(``served_heads``, to tell an evicted prefix from one never cached), and
-(``sampling.Sampler``) the seeded generators of requests that sample. ``async_depth=0`` runs each forward as soon as it is
-queued; ``async_depth=1`` schedules the next forward while the previous one is still queued,
+the pools, the trie, the scheduler, the queue of forwards in flight, the finished results not
+yet handed out, what each request's result will say (``outcomes.Outcomes``: logits kept, tier
+miss reasons, the prompt heads served) and (``sampling.Sampler``) the seeded generators of
+requests that sample. Requests are checked by ``request_checks``. ``async_depth=0`` runs each
+forward as soon as it is queued; ``async_depth=1`` schedules the next forward while the previous one is still queued,
 as a GPU engine overlapping host work with device work does. Checkpoints are published right
 after their forward is queued and stay pinned (and unusable by matches) until its output is
 in; restore pins are released once the forward carrying the copy is queued. Forwards execute
@@ -45,16 +44,12 @@ from hybridcache.engine.engine_config import EngineConfig
 from hybridcache.engine.model_api import ChunkOutput, ForwardChunk
 from hybridcache.engine.model_factory import build_model
 from hybridcache.engine.requests import Request, Result
+from hybridcache.engine.outcomes import Outcomes
+from hybridcache.engine.request_checks import validated_sequence
 from hybridcache.engine.sampling import Sampler
-from hybridcache.engine.served_heads import ServedHeads
 from hybridcache.engine.tiering import engine_tier_client
 from hybridcache.errors import (
     HybridCacheError,
-    InvalidArgumentError,
-    InvalidConfigError,
-    InvalidNamespaceError,
-    InvalidSpanError,
-    InvalidTokenError,
     InvalidTypeError,
     RequestFailedError,
     RequestTooLargeError,
@@ -62,19 +57,12 @@ from hybridcache.errors import (
 from hybridcache.policies import resolve_policy
 from hybridcache.protocol import CacheProtocol
 from hybridcache.scheduler.scheduler import ScheduledBatch, ScheduledChunk, Scheduler, ServingSequence
-from hybridcache.sequence import MultimodalSpan, Sequence
-from hybridcache.prefix_cache.stats import MissReason
+from hybridcache.sequence import Sequence
 from hybridcache.tiers.client import ForwardEnd
-from hybridcache.tiers.restore_values import EVICTED
 from hybridcache.tiers.tiered import TieredStore
-from hybridcache.types import as_int, as_ordered, ceil_div
+from hybridcache.types import as_int, as_ordered
 
-FAULT_STAGES = ("before_restore", "after_restore", "before_save", "after_save")
 MAX_FORWARD_FAILURES = 3  # the first failure isolates a request; two more alone end it
-
-
-class InjectedFault(RuntimeError):
-    """Raised inside a forward by ``Engine.inject_fault`` (tests only)."""
 
 
 @dataclass
@@ -114,11 +102,7 @@ class Engine:
         self._ids = itertools.count()
         self._queue: deque[_QueuedForward] = deque()
         self._undelivered: list[Result] = []
-        self._faults: deque[str] = deque()
-        self._logits: dict[int, list[np.ndarray]] = {}  # per request asking for them, one row per token
-        self._tier_misses: dict[int, str] = {}  # per unfinished request the tiers served less than expected
-        self._heads = ServedHeads(config.block_size)
-        self._head_seen: set[int] = set()  # unfinished requests whose prompt head was served before
+        self._outcomes = Outcomes(config.block_size, self.model.layout.vocab_size)
         self._sampler = Sampler()
         self._counters = {"forwards": 0, "failed_forwards": 0, "computed_tokens": 0, "cache_flushes": 0}
         self.events = self._open_events(config)
@@ -160,10 +144,7 @@ class Engine:
             tier_miss = self.tiers.adopt_prefix(seq).miss_reason
         entry = ServingSequence(next(self._ids), seq, request.max_new_tokens, payload=request)
         self._entries[entry.request_id] = entry
-        if tier_miss is not None:
-            self._tier_misses[entry.request_id] = tier_miss
-        if self.prefix_cache.enabled and self._heads.seen(seq):
-            self._head_seen.add(entry.request_id)
+        self._outcomes.queued(entry, tier_miss, self.prefix_cache.enabled)
         self.scheduler.add(entry)
         return entry
 
@@ -173,9 +154,7 @@ class Engine:
         entry = self._entries.pop(as_int("request_id", request_id), None)
         if entry is None:
             return False
-        self._logits.pop(entry.request_id, None)
-        self._tier_misses.pop(entry.request_id, None)
-        self._head_seen.discard(entry.request_id)
+        self._outcomes.forget(entry.request_id)
         self._sampler.forget(entry.request_id)
         self.scheduler.cancel(entry)
         return True
@@ -184,45 +163,11 @@ class Engine:
         """An unfinished request's result so far: the tokens generated up to now and its cached
         depth (no logits, no routed experts). None when the id is unknown or already finished."""
         entry = self._entries.get(as_int("request_id", request_id))
-        return None if entry is None else self._summary(entry)
+        return None if entry is None else self._outcomes.summary(entry)
 
     def _validated(self, request: Request) -> Sequence:
         """Check a request against this engine and build its sequence (nothing is queued)."""
-        if not isinstance(request, Request):
-            raise InvalidTypeError(f"expected a Request, got {type(request).__name__}")
-        config, prompt = self.config, request.prompt
-        if not prompt.size:
-            raise InvalidTokenError("a prompt needs at least one token")
-        self._check_model_inputs(request)
-        if config.adapters is not None and request.adapter is not None and request.adapter not in config.adapters:
-            raise InvalidNamespaceError(f"unknown adapter {request.adapter!r}")
-        # The last generated token is never fed back, so its KV is never needed.
-        needed = ceil_div(prompt.size + request.max_new_tokens - 1, config.block_size)
-        if needed > config.num_kv_blocks:
-            raise RequestTooLargeError(
-                f"the prompt and decode budget need {needed} KV blocks; the pool has {config.num_kv_blocks}"
-            )
-        spans = [MultimodalSpan(m.start, m.end, m.modality, m.content_id) for m in request.multimodal]
-        return Sequence(
-            prompt,
-            adapter=request.adapter,
-            cache_salt=request.cache_salt,
-            multimodal=spans,
-            want_routed_experts=request.return_routed_experts,
-        )
-
-    def _check_model_inputs(self, request: Request) -> None:
-        """What the model itself can take: its vocabulary, and adapters or multimodal spans
-        only where its layout says it serves them."""
-        layout = self.model.layout
-        if int(request.prompt.max()) >= layout.vocab_size:
-            raise InvalidTokenError(f"prompt token ids must lie in [0, {layout.vocab_size})")
-        if request.adapter is not None and not layout.serves_adapters:
-            raise InvalidNamespaceError("this model serves no adapters")
-        if request.multimodal and not layout.serves_multimodal:
-            raise InvalidSpanError("this model serves no multimodal inputs")
-        if request.return_routed_experts and not layout.routed_expert_width:
-            raise InvalidArgumentError("this model routes no experts, so it has none to return")
+        return validated_sequence(request, self.config, self.model.layout)
 
     def generate(self, requests: list[Request]) -> list[Result]:
         """Serve ``requests`` to completion; their results in request order. Requests queued
@@ -303,19 +248,15 @@ class Engine:
     def _execute(self, queued: _QueuedForward) -> list[Result]:
         plan, cache = queued.plan, self.cache
         try:
-            self._fault_point("before_restore")
             for slot in plan.zero_states:
                 cache.zero_state(slot)
             cache.copy_blocks(*plan.restore_blocks)
             cache.copy_states(*plan.restore_states)
-            self._fault_point("after_restore")
             began = time.perf_counter()
             outputs = self.model.forward(queued.inputs, cache)
             forward_s = time.perf_counter() - began
-            self._fault_point("before_save")
             cache.copy_blocks(*plan.save_blocks)
             cache.copy_states(*plan.save_states)
-            self._fault_point("after_save")
         except Exception as error:  # the model's or a copy's failure: recompute, never lose the engine
             self._counters["failed_forwards"] += 1
             return self._fail_forward(queued.batch, error)
@@ -330,7 +271,7 @@ class Engine:
             generated = chunk.entry.generated
             done = self.scheduler.complete(chunk, self._next_token(chunk, output), rows)
             if chunk.entry.generated > generated:
-                self._keep_logits(chunk.entry, output)
+                self._outcomes.keep_logits(chunk.entry, output)
             if done:
                 self._entries.pop(chunk.entry.request_id, None)
                 finished.append(self._result(chunk.entry))
@@ -342,11 +283,6 @@ class Engine:
         if request.temperature == 0.0 or not chunk.produces_token:
             return output.next_token
         return self._sampler.choose(chunk.entry.request_id, output.logits, request.temperature, request.top_p, request.seed)
-
-    def _keep_logits(self, entry: ServingSequence, output: ChunkOutput) -> None:
-        """The logits a generated token was chosen from, for requests that asked for them."""
-        if entry.payload.return_logits:
-            self._logits.setdefault(entry.request_id, []).append(output.logits)
 
     def _fail_forward(self, batch: ScheduledBatch, error: Exception) -> list[Result]:
         """Send each request of a failed forward back to recompute, alone from now on (so a
@@ -365,48 +301,8 @@ class Engine:
         return ended
 
     def _result(self, entry: ServingSequence, error: HybridCacheError | None = None) -> Result:
-        rows = self._logits.pop(entry.request_id, [])
         self._sampler.forget(entry.request_id)
-        logits = None
-        if entry.payload.return_logits:
-            logits = np.stack(rows) if rows else np.empty((0, self.model.layout.vocab_size))
-        summary = self._summary(entry)
-        self._tier_misses.pop(entry.request_id, None)
-        self._head_seen.discard(entry.request_id)
-        if error is None:
-            self._heads.served(entry.seq)
-        return replace(summary, routed_experts=entry.final_routed_experts, logits=logits, error=error)
-
-    def _summary(self, entry: ServingSequence) -> Result:
-        prompt_tokens = entry.payload.prompt.size
-        return Result(
-            request_id=entry.request_id,
-            prompt_tokens=prompt_tokens,
-            tokens=entry.seq.tokens[prompt_tokens:].tolist(),
-            cached_tokens=entry.cached_tokens,
-            miss_reason=self._miss_reason(entry),
-            tier_miss_reason=self._tier_misses.get(entry.request_id),
-        )
-
-    def _miss_reason(self, entry: ServingSequence) -> str | None:
-        """The admission's reason; ``evicted`` for a prompt that restored nothing although
-        this engine computed its first block before (its blocks were evicted, or cleared)."""
-        if entry.miss_reason == MissReason.NO_CACHED_PREFIX.value and entry.request_id in self._head_seen:
-            return EVICTED
-        return entry.miss_reason
-
-    # --- fault injection (tests) ---------------------------------------------------------------
-
-    def inject_fault(self, stage: str) -> None:
-        """Make the next executed forward raise at ``stage`` (one of ``FAULT_STAGES``)."""
-        if stage not in FAULT_STAGES:
-            raise InvalidConfigError(f"unknown fault stage {stage!r}")
-        self._faults.append(stage)
-
-    def _fault_point(self, stage: str) -> None:
-        if self._faults and self._faults[0] == stage:
-            self._faults.popleft()
-            raise InjectedFault(stage)
+        return self._outcomes.result(entry, error)
 
     # --- introspection -------------------------------------------------------------------------
 
@@ -426,9 +322,7 @@ class Engine:
         for entry in (*self.scheduler.running, *self.scheduler.waiting):
             assert entry.in_flight == (id(entry) in set(carried)), "a request is in flight with no forward queued"
         assert self._sampler.request_ids() <= self._entries.keys(), "a finished request kept its generator"
-        assert self._tier_misses.keys() <= self._entries.keys(), "a finished request kept its tier miss"
-        assert self._head_seen <= self._entries.keys(), "a finished request kept its served-head mark"
-        self._heads.check_invariants()
+        self._outcomes.check_invariants(set(self._entries))
         self.prefix_cache.check_invariants(self.scheduler.live_sequences())
         self.scheduler.check_invariants()
         if self.tiers is not None:

@@ -3,7 +3,8 @@
 Owns: its weights, fixed at construction from ``seed``, and a bounded memo of the low-rank adapter
 weights derived from the adapter names used most recently (derived data, never changed once made).
 Every KV entry and recurrent state lives in the caller's ``CacheTensors``; ``forward`` writes
-the KV of the positions it computes and the state slot of each chunk, nothing else.
+the KV of the positions it computes and the state slot of each chunk, nothing else, once every
+chunk passed ``chunk_plans.validated_plans``.
 
 Exactness contract: each position runs through all layers on its own, with tensor shapes that
 depend only on the position (matrix-vector products, attention over ``[0, p]``), and every
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, fields, is_dataclass
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -33,25 +34,12 @@ from hybridcache.engine.model_api import (
     ModelLayout,
     TensorSpec,
 )
-from hybridcache.errors import (
-    InvalidArgumentError,
-    InvalidTypeError,
-    SharedWriteError,
-)
+from hybridcache.errors import InvalidTypeError
 
 from hybridcache.engine.cache_tensors import CacheTensors
 from hybridcache.engine.model_identity import identity_digest, library_versions
-from hybridcache.engine.chunk_checks import (
-    Span,
-    as_index,
-    check_writable,
-    validated_adapter,
-    validated_expert_rows,
-    validated_replays,
-    validated_spans,
-    validated_table,
-    validated_tokens,
-)
+from hybridcache.engine.chunk_checks import Span, as_index
+from hybridcache.engine.chunk_plans import ChunkPlan, validated_plans
 from hybridcache.engine.tiny_config import TinyHybridConfig, torch_dtype
 from hybridcache.engine.tiny_math import rms_norm, route, single_thread, softmax
 from hybridcache.engine.tiny_weights import (
@@ -69,18 +57,16 @@ ADAPTER_MEMO_SIZE = 64
 _ROPE_BASE = 10000.0
 
 
-@dataclass(frozen=True)
-class _ChunkPlan:
-    """A validated chunk in the types the hot loop uses."""
+@dataclass
+class _ChunkRun:
+    """One chunk in progress: its plan, the cache it reads and writes, the recurrent layers'
+    working states, the adapter's weights (None: base model) and the experts each position routed to."""
 
-    tokens: list[int]
-    start: int
-    table: torch.Tensor  # int64 block ids covering [0, start + len)
-    table_ids: list[int]  # the same ids as Python ints, for per-position lookups
-    state_slot: int
-    adapter: str | None
-    spans: tuple[Span, ...]
-    replay: np.ndarray | None  # (len(tokens), routed_expert_width) forced expert ids, or None
+    plan: ChunkPlan
+    cache: CacheTensors
+    states: list[list[torch.Tensor]]
+    adapter: list[AdapterLayer] | None
+    routed: np.ndarray  # (tokens, routed_expert_width)
 
 
 # --- the model ---------------------------------------------------------------------------------
@@ -184,105 +170,31 @@ class TinyHybridModel:
         weights are the softmax of the router's scores at those experts, so replaying what a
         run chose reproduces it bit for bit.
         """
-        plans = self._validated_plans(chunks, cache, replay_experts)
+        plans = validated_plans(self.config, self.dtype, chunks, cache, replay_experts)
         with torch.no_grad(), single_thread():
             return [self._run_chunk(plan, cache) for plan in plans]
 
-    # --- validation --------------------------------------------------------------------------
-
-    def _validated_plans(self, chunks: object, cache: CacheTensors, replay: object) -> list[_ChunkPlan]:
-        self._check_cache(cache)
-        if isinstance(chunks, ForwardChunk) or not isinstance(chunks, Iterable):
-            raise InvalidTypeError("chunks must be a list of ForwardChunk")
-        chunks = list(chunks)
-        replays = validated_replays(replay, len(chunks))
-        plans, slots = [], set()
-        written, written_guarded = set(), set()
-        for chunk, rows in zip(chunks, replays):
-            if not isinstance(chunk, ForwardChunk):
-                raise InvalidTypeError(f"chunks must hold ForwardChunk, got {type(chunk).__name__}")
-            plan, chunk_writes = self._validated_plan(chunk, cache, rows)
-            if self.config.num_recurrent_layers and plan.state_slot in slots:
-                raise InvalidArgumentError(f"state slot {plan.state_slot} used by two chunks")
-            # Two chunks writing one block means neither owns it exclusively. Like the per-chunk
-            # guard, this check only runs for chunks that carry ``writable_blocks``.
-            guarded = chunk.writable_blocks is not None
-            clash = chunk_writes & (written if guarded else written_guarded)
-            if clash:
-                raise SharedWriteError(f"two chunks write KV into blocks {sorted(clash)}")
-            slots.add(plan.state_slot)
-            written |= chunk_writes
-            if guarded:
-                written_guarded |= chunk_writes
-            plans.append(plan)
-        return plans
-
-    def _check_cache(self, cache: CacheTensors) -> None:
-        if not isinstance(cache, CacheTensors):
-            raise InvalidTypeError("cache must be a CacheTensors")
-        if cache.config != self.config:
-            raise InvalidArgumentError("cache was built for a different TinyHybridConfig")
-        if cache.dtype != self.dtype:
-            raise InvalidArgumentError(f"cache dtype {cache.dtype} differs from model dtype {self.dtype}")
-
-    def _validated_plan(self, chunk: ForwardChunk, cache: CacheTensors, rows: object) -> tuple[_ChunkPlan, set[int]]:
-        tokens = validated_tokens(chunk.token_ids, self.config.vocab_size)
-        start = as_index("start", chunk.start)
-        if start < 0:
-            raise InvalidArgumentError(f"start must be >= 0, got {start}")
-        end = start + len(tokens)
-        table = validated_table(chunk.block_table, end, cache)
-        slot = as_index("state_slot", chunk.state_slot)
-        cache.check_slot(slot)
-        # Row 0 is the pool's padding row; a sequence computing into it is an engine bug.
-        if slot == 0 and self.config.num_recurrent_layers:
-            raise InvalidArgumentError("state slot 0 is the reserved padding row")
-        writes = set()
-        if self.config.num_attention_layers:
-            writes = set(table[start // cache.block_size :].tolist())
-        check_writable(writes, chunk.writable_blocks)
-        plan = _ChunkPlan(
-            tokens=tokens,
-            start=start,
-            table=torch.from_numpy(table),
-            table_ids=table.tolist(),
-            state_slot=slot,
-            adapter=validated_adapter(chunk.adapter),
-            spans=validated_spans(chunk.multimodal),
-            replay=self._validated_replay(rows, len(tokens)),
-        )
-        return plan, writes
-
-    def _validated_replay(self, rows: object, tokens: int) -> np.ndarray | None:
-        """Forced experts must be distinct valid ids within each layer's ``experts_per_token``."""
-        config = self.config
-        replay = validated_expert_rows(rows, tokens, config.routed_expert_width)
-        if replay is None:
-            return None
-        if replay.size and (int(replay.min()) < 0 or int(replay.max()) >= config.num_experts):
-            raise InvalidArgumentError(f"replayed expert ids must lie in [0, {config.num_experts})")
-        per_layer = np.sort(replay.reshape(tokens, len(config.layer_pattern), config.experts_per_token), axis=2)
-        if (per_layer[..., 1:] == per_layer[..., :-1]).any():
-            raise InvalidArgumentError("replayed experts repeat an expert within one layer")
-        return replay
-
     # --- one chunk ---------------------------------------------------------------------------
 
-    def _run_chunk(self, plan: _ChunkPlan, cache: CacheTensors) -> ChunkOutput:
+    def _run_chunk(self, plan: ChunkPlan, cache: CacheTensors) -> ChunkOutput:
         """Positions one at a time; only the last position's hidden state reaches the LM head."""
-        states = self._load_states(plan, cache)
-        adapter = self._adapter_layers(plan.adapter) if plan.adapter is not None else None
-        routed = np.empty((len(plan.tokens), self.config.routed_expert_width), dtype=EXPERT_DTYPE)
+        run = _ChunkRun(
+            plan=plan,
+            cache=cache,
+            states=self._load_states(plan, cache),
+            adapter=self._adapter_layers(plan.adapter) if plan.adapter is not None else None,
+            routed=np.empty((len(plan.tokens), self.config.routed_expert_width), dtype=EXPERT_DTYPE),
+        )
         hidden = None
         for offset, token in enumerate(plan.tokens):
             position = plan.start + offset
             hidden = self._embed(token, position, plan.spans)
-            hidden = self._position_step(hidden, position, plan, states, adapter, cache, routed[offset])
-        self._store_states(plan, cache, states)
+            hidden = self._position_step(hidden, position, run)
+        self._store_states(plan, cache, run.states)
         logits = torch.mv(self.embedding, rms_norm(hidden, self._final_norm))
-        return ChunkOutput(int(torch.argmax(logits)), routed, logits.numpy().copy())
+        return ChunkOutput(int(torch.argmax(logits)), run.routed, logits.numpy().copy())
 
-    def _load_states(self, plan: _ChunkPlan, cache: CacheTensors) -> list[list[torch.Tensor]]:
+    def _load_states(self, plan: ChunkPlan, cache: CacheTensors) -> list[list[torch.Tensor]]:
         """Per recurrent layer ``[conv, ssm]`` working copies; zeros for a sequence's first chunk."""
         states = []
         for layer in range(self.config.num_recurrent_layers):
@@ -294,31 +206,24 @@ class TinyHybridModel:
         return states
 
     @staticmethod
-    def _store_states(plan: _ChunkPlan, cache: CacheTensors, states: list[list[torch.Tensor]]) -> None:
+    def _store_states(plan: ChunkPlan, cache: CacheTensors, states: list[list[torch.Tensor]]) -> None:
         for layer, (conv, ssm) in enumerate(states):
             cache.write_state(layer, plan.state_slot, conv, ssm)
 
-    def _position_step(
-        self,
-        hidden: torch.Tensor,
-        position: int,
-        plan: _ChunkPlan,
-        states: list[list[torch.Tensor]],
-        adapter: list[AdapterLayer] | None,
-        cache: CacheTensors,
-        routed_row: np.ndarray,
-    ) -> torch.Tensor:
-        """All layers for one position; fills ``routed_row`` with each layer's expert ids."""
+    def _position_step(self, hidden: torch.Tensor, position: int, run: _ChunkRun) -> torch.Tensor:
+        """All layers for one position; fills its row of ``run.routed`` with each layer's expert ids."""
+        plan = run.plan
         width = self.config.experts_per_token
         forced = None if plan.replay is None else plan.replay[position - plan.start].tolist()
+        routed_row = run.routed[position - plan.start]
         rotation = self._rotation(position) if self.config.num_attention_layers else None
         for layer_number, layer in enumerate(self._layers):
             mixer_in = rms_norm(hidden, layer.mixer_norm)
             if layer.kind == "R":
-                mixed = self._recurrent_step(layer.mixer, mixer_in, states[layer.index])
+                mixed = self._recurrent_step(layer.mixer, mixer_in, run.states[layer.index])
             else:
-                mixed = self._attention_step(layer, mixer_in, position, rotation, plan, cache)
-            hidden = hidden + self._mixer_output(layer, layer_number, mixed, adapter)
+                mixed = self._attention_step(layer, mixer_in, position, rotation, run)
+            hidden = hidden + self._mixer_output(layer, layer_number, mixed, run.adapter)
             columns = slice(layer_number * width, (layer_number + 1) * width)
             layer_forced = None if forced is None else forced[columns]
             ffn_out, experts = self._moe_step(layer.moe, rms_norm(hidden, layer.ffn_norm), layer_forced)
@@ -367,14 +272,9 @@ class TinyHybridModel:
         return y.view(inner) * F.silu(gate)
 
     def _attention_step(
-        self,
-        layer: Layer,
-        x: torch.Tensor,
-        position: int,
-        rotation: torch.Tensor,
-        plan: _ChunkPlan,
-        cache: CacheTensors,
+        self, layer: Layer, x: torch.Tensor, position: int, rotation: torch.Tensor, run: _ChunkRun
     ) -> torch.Tensor:
+        plan, cache = run.plan, run.cache
         heads, dim = self.config.num_attention_heads, self.config.attention_head_dim
         qkv = torch.mv(layer.mixer.qkv_proj, x).view(3, heads, dim)
         pairs = torch.view_as_complex(qkv[:2].view(2, heads, dim // 2, 2))

@@ -47,17 +47,12 @@ class PoolGeometry:
 
 @dataclass
 class Turn:
-    """A request in progress: its sequence, runtime slot, and what its admission reused."""
+    """A request in progress: its sequence, runtime slot, and the tokens its admission reused."""
 
     seq: Sequence
     runtime_slot: int = NO_SLOT
     hit_tokens: int = 0
-    restored_from: int | None = None  # the producer sequence id of the restored checkpoint
-    restored_step: int = 0
     branch: int = 0  # whole-block tokens the cache held as KV when the turn was prepared
-    replica: int = 0  # which replica of the run served it
-    adopted_step: int = 0  # the step restored from a tier before admission (0: none)
-    adopted_tokens: np.ndarray | None = None  # the token ids that checkpoint's verified header carried
 
     @property
     def seq_id(self) -> int:
@@ -106,8 +101,6 @@ class CacheAdapter:
         if not admitted.admitted:
             return None
         turn.runtime_slot, turn.hit_tokens = admitted.runtime_slot, admitted.hit_tokens
-        if admitted.restore is not None:
-            turn.restored_from, turn.restored_step = admitted.restore.producer_id, admitted.restore.step
         if self.eviction is not None:  # an online policy learns from every request
             self.eviction.note_admitted(turn.seq, admitted.restore)
         return admitted.end

@@ -13,13 +13,17 @@ Owns nothing: frozen values and pure functions (the host-memory reading is the m
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence as SequenceLike
 from dataclasses import dataclass
+
+import numpy as np
 
 from hybridcache.errors import InvalidArgumentError
 from hybridcache.policies import Policy
 from hybridcache.profiles import ModelProfile
 from hybridcache.replay.adapter import PoolGeometry
 from hybridcache.types import as_int
+from hybridcache.workloads.records import TraceRequest
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,16 @@ class Budget:
     kv_bytes: int
     state_bytes: int
     cache_bytes: int | None = None  # set when the two were split from one budget
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kv_bytes", as_int("kv_bytes", self.kv_bytes, 0))
+        object.__setattr__(self, "state_bytes", as_int("state_bytes", self.state_bytes, 0))
+        if self.cache_bytes is not None:
+            object.__setattr__(self, "cache_bytes", as_int("cache_bytes", self.cache_bytes, 0))
+
+
+def mean_prompt_tokens(requests: SequenceLike[TraceRequest]) -> float:
+    return float(np.mean([request.prompt_length for request in requests])) if requests else 0.0
 
 
 def split_budget(cache_bytes: int, profile: ModelProfile, policy: Policy, mean_prompt: float) -> Budget:
@@ -44,21 +58,19 @@ POOL_BYTES_PER_STATE_SLOT = 41
 MAX_POOL_ENTRIES = 2**31 - 3
 
 
-def pool_geometry(budget: Budget, profile: ModelProfile, block_size: int, replicas: int = 1) -> PoolGeometry:
-    """The pools ``budget`` buys. Refused when they hold nothing, or when ``replicas`` of them
-    would need more host memory than half this machine's (budgets are nominal bytes of device
-    memory; the replay holds only each entry's metadata, yet a petabyte buys billions)."""
-    block_size = as_int("block_size", block_size, 2)
-    if block_size % 2:
-        raise InvalidArgumentError(f"block_size must be an even int >= 2, got {block_size}")
-    kv_bytes, state_bytes = as_int("kv_bytes", budget.kv_bytes, 0), as_int("state_bytes", budget.state_bytes, 0)
-    kv_blocks = kv_bytes // (profile.kv_bytes_per_token * block_size)
-    slots = state_bytes // profile.state_bytes
+def pool_geometry(budget: Budget, profile: ModelProfile, block_size: int, replicas: int) -> PoolGeometry:
+    """The pools ``budget`` buys with blocks of ``block_size`` tokens (checked by
+    ``run_config.RunConfig``, the only caller). Refused when they hold nothing, or when
+    ``replicas`` of them would need more host memory than half this machine's (budgets are
+    nominal bytes of device memory; the replay holds only each entry's metadata, yet a
+    petabyte buys billions)."""
+    kv_blocks = budget.kv_bytes // (profile.kv_bytes_per_token * block_size)
+    slots = budget.state_bytes // profile.state_bytes
     if kv_blocks < 1 or slots < 1:
         raise InvalidArgumentError(
             f"budget too small for {profile.name}: {kv_blocks} KV blocks, {slots} checkpoint slots"
         )
-    metadata = as_int("replicas", replicas, 1) * (kv_blocks * POOL_BYTES_PER_KV_BLOCK + slots * POOL_BYTES_PER_STATE_SLOT)
+    metadata = replicas * (kv_blocks * POOL_BYTES_PER_KV_BLOCK + slots * POOL_BYTES_PER_STATE_SLOT)
     allowed = _host_memory_bytes() // 2
     if max(kv_blocks, slots) > MAX_POOL_ENTRIES or metadata > allowed:
         raise InvalidArgumentError(

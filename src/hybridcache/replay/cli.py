@@ -24,18 +24,13 @@ from rich.progress import Progress, TaskID
 from hybridcache import cli_args
 from hybridcache.errors import HybridCacheError, InvalidArgumentError
 from hybridcache.profiles import PROFILE_NAMES, ModelProfile, load_profile
-from hybridcache.replay.budgets import Budget, pool_geometry, split_budget
-from hybridcache.replay.driver import (
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_DEVICE_TFLOPS,
-    DEFAULT_PREFILL_CHUNK,
-    mean_prompt_tokens,
-    replay,
-    with_ttft,
-)
+from hybridcache.replay.budgets import Budget, mean_prompt_tokens, split_budget
+from hybridcache.replay.driver import replay
 from hybridcache.replay.policies import ADMISSIONS, EVICTIONS, POLICIES, Policy, resolve_policy
+from hybridcache.replay.record import TraceFacts
 from hybridcache.replay.report import add_oracle_fractions, print_fleet
 from hybridcache.replay.routing import ROUTINGS
+from hybridcache.replay.run_config import DEFAULT_BLOCK_SIZE, DEFAULT_DEVICE_TFLOPS, DEFAULT_PREFILL_CHUNK, RunConfig
 from hybridcache.replay.shared_tier import SHARED_TIERS, check_shared_tier, open_shared_tier
 from hybridcache.replay.tiering import DEFAULT_TIER_CHUNK, TierSetup
 from hybridcache.workloads import (
@@ -136,14 +131,9 @@ def _budgets(args: argparse.Namespace, profile: ModelProfile, policy: Policy, me
 
 
 def _tier_options(args: argparse.Namespace) -> dict:
-    """The tier options, checked before any server starts."""
+    """The tier options of every replica (``TierSetup`` checks them, before any server starts)."""
     check_shared_tier(args.shared_tier, args.store_url)
     host, disk = args.host_bytes or 0, args.disk_bytes or 0
-    if disk and not host:
-        raise InvalidArgumentError("--disk-bytes needs --host-bytes: the disk tier holds host demotions")
-    tiered = host or args.shared_tier != "none"
-    if tiered and args.tier_chunk % args.block_size:
-        raise InvalidArgumentError(f"--tier-chunk must be a positive multiple of --block-size {args.block_size}")
     return {"chunk_size": args.tier_chunk, "host_bytes": host, "disk_bytes": disk,
             "shared_bandwidth": float(args.shared_bandwidth)}
 
@@ -217,42 +207,28 @@ def _trace(args: argparse.Namespace):
 
 def _run(args: argparse.Namespace, console: Console, errors: Console) -> int:
     options = check_options(args)
-    profile = options.profile
     synthesized, bound = _read(args, console)
     requests = synthesized.requests
-    mean_prompt = mean_prompt_tokens(requests)
-    fleets = [(count, routing) for count in args.replicas for routing in args.routing]
-    runs = [(policy, budget) for policy in options.policies for budget in _budgets(args, profile, policy, mean_prompt)]
-    for _, budget in runs:  # every budget of the sweep is checked before the first run starts
-        pool_geometry(budget, profile, args.block_size, max(args.replicas))
-    unique_tokens = bound.prompt_tokens - int(bound.shared_tokens.sum())
-    context = {
-        "trace": args.trace,
-        "bound_token_hit_rate": bound.token_hit_rate,
-        "bound_request_hit_rate": bound.request_hit_rate,
-        "continuations": synthesized.stats.continuations,
-    }
+    trace = TraceFacts(
+        trace=args.trace,
+        bound_token_hit_rate=bound.token_hit_rate,
+        bound_request_hit_rate=bound.request_hit_rate,
+        continuations=synthesized.stats.continuations,
+        unique_tokens=bound.prompt_tokens - int(bound.shared_tokens.sum()),
+    )
     records = []
-    with tempfile.TemporaryDirectory(prefix="hybridcache-replay-") as scratch, \
-            open_shared_tier(args.shared_tier, args.store_url, Path(scratch)) as shared, \
-            Progress(console=errors, transient=True) as progress:
-        tiers = TierSetup(shared=shared, shared_name=args.shared_tier, disk_root=Path(scratch), **options.tier_options)
-        for policy, budget in runs:
-            for replicas, routing in fleets:
-                bars = _RunProgress(progress, f"{policy.name} @ {_budget_label(budget)}, {replicas} x {routing}", len(requests))
-                record = replay(
-                    requests, profile, policy, budget, args.block_size,
-                    prefill_chunk=args.prefill_chunk, progress=bars.advance, tuning_progress=bars.tuned,
-                    replicas=replicas, routing=routing, tiers=tiers if tiers.enabled else None,
-                    device_tflops=args.device_tflops,
-                )
-                record = with_ttft({"trace": args.trace, **record, **context}, args.device_tflops)
-                record["bound_fraction"] = record["token_hit_rate"] / bound.token_hit_rate if bound.token_hit_rate else 0.0
-                if "tiers" in record:
-                    stored = record["tiers"]["stored_bytes_nominal"]
-                    kept = stored["shared"] if shared is not None else stored["host"]
-                    record["tiers"]["stored_bytes_per_unique_token"] = kept / unique_tokens if unique_tokens else 0.0
-                records.append(record)
+    with tempfile.TemporaryDirectory(prefix="hybridcache-replay-") as scratch:
+        configs = _configs(args, options, requests, Path(scratch))  # the whole sweep, checked before any server starts
+        with open_shared_tier(args.shared_tier, args.store_url, Path(scratch)) as shared, \
+                Progress(console=errors, transient=True) as progress:
+            for config in configs:
+                if shared is not None:
+                    config = dataclasses.replace(
+                        config, tiers=dataclasses.replace(config.tiers, shared=shared, shared_name=args.shared_tier))
+                label = f"{config.policy.name} @ {_budget_label(config.budget)}, {config.replicas} x {config.routing}"
+                bars = _RunProgress(progress, label, len(requests))
+                record = replay(requests, config, progress=bars.advance, tuning_progress=bars.tuned)
+                records.append(record.row(trace))
                 bars.close()
     add_oracle_fractions(records)
     _print(records, console)
@@ -260,6 +236,24 @@ def _run(args: argparse.Namespace, console: Console, errors: Console) -> int:
         print_fleet(records, console)
     _write(args, records, errors)
     return 0
+
+
+def _configs(args: argparse.Namespace, options: CheckedOptions, requests, scratch: Path) -> list[RunConfig]:
+    """Every run of the sweep, in order: per policy, per budget, per replica count, per routing.
+    Their tiers (when any is asked for) are the replicas' own; the shared store joins them once
+    it is open."""
+    profile, mean_prompt = options.profile, mean_prompt_tokens(requests)
+    tiers = None
+    if options.tier_options["host_bytes"] or options.tier_options["disk_bytes"] or args.shared_tier != "none":
+        tiers = TierSetup(disk_root=scratch, **options.tier_options)
+    return [
+        RunConfig(profile, policy, budget, block_size=args.block_size, prefill_chunk=args.prefill_chunk,
+                  replicas=replicas, routing=routing, tiers=tiers, device_tflops=args.device_tflops)
+        for policy in options.policies
+        for budget in _budgets(args, profile, policy, mean_prompt)
+        for replicas in args.replicas
+        for routing in args.routing
+    ]
 
 
 def _budget_cell(budget: Budget) -> str:

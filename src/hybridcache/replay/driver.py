@@ -1,362 +1,78 @@
 """Replay a synthesized trace through the cache in arrival order and measure what it saves.
 
-Owns, during one ``replay`` call, one adapter per replica (pools and trie, see ``adapter``),
-the run's tiers when asked for (``tier_run``, through the tier client the engine uses; the
-shared store is the caller's, and the run removes what it put there), and the counters of the
-run. A request goes to the replica ``routing`` chooses; with tiers it first restores the deepest
-verified prefix they hold (``CacheProtocol.adopt``), and after it publishes the chunk-aligned
-prefixes it computed. Each request is one turn: admission (the cache reuses the deepest exact
-checkpoint), then virtual chunks to the ends its admission policy plans, checkpoints where the
-plan asks, its output appended at the prompt end and processed as one more virtual chunk (or
-several, when the policy checkpoints inside it), and release. A request the pools cannot hold
-even when empty is counted as dropped.
-
-Budgets and the pools they buy: ``budgets``.
+Owns, during one ``replay`` call, the run's fleet (``fleet``: each replica's cache, tuning and
+tiers) and its counters (``record.RunCounters``). What a run is asked to do is a
+``run_config.RunConfig``, checked when it is built; what it measured is a ``record.RunRecord``.
+How one request is served: ``serving``; budgets and the pools they buy: ``budgets``.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import time
 from collections.abc import Callable
 from collections.abc import Sequence as SequenceLike
-from dataclasses import dataclass
 
-import numpy as np
-
-from hybridcache.errors import InvalidArgumentError, InvalidTypeError
-from hybridcache.policies import Policy, TurnView, first_end, kind_of_step
-from hybridcache.policies.eviction import MarconiState
-from hybridcache.policies.tuning import AlphaTuner
-from hybridcache.profiles import ModelProfile
-from hybridcache.replay.adapter import CacheAdapter, PoolGeometry, Turn
-from hybridcache.replay.budgets import Budget, pool_geometry
+from hybridcache.errors import InvalidTypeError
+from hybridcache.replay.adapter import CacheAdapter, Turn
+from hybridcache.replay.fleet import Fleet
 from hybridcache.replay.oracle import foresee
-from hybridcache.replay.routing import AnnouncedReplica, check_routing
-from hybridcache.router.policy import choose
-from hybridcache.router.request_key import RequestKey
-from hybridcache.replay.tier_run import TierRun
-from hybridcache.replay.tiering import RecomputeRate, TierSetup
-from hybridcache.types import as_int
-from hybridcache.workloads.records import Request
+from hybridcache.replay.record import RunCounters, RunRecord
+from hybridcache.replay.run_config import RunConfig
+from hybridcache.replay.serving import ServedTurn
+from hybridcache.replay.tuning import TuningProgress
+from hybridcache.workloads.records import TraceRequest
 
-DEFAULT_BLOCK_SIZE = 32  # Marconi's vLLM+ block; interval:32 checkpoints stay block aligned
-DEFAULT_PREFILL_CHUNK = 2048  # the engine's prefill chunk: no chunk allocates more blocks at once
-DEFAULT_DEVICE_TFLOPS = 400.0  # ~40 % of an H100's dense BF16 peak: the TTFT estimate's device
-
-
-@dataclass
-class _Counters:
-    prompt_tokens: int = 0
-    hit_tokens: int = 0
-    hit_requests: int = 0
-    flops_saved: float = 0.0
-    flops_needed: float = 0.0
-    checkpoints_written: int = 0
-    dropped: int = 0
-
-
-# Called after every request with every replica's adapter (``turn.replica`` served it).
-Observer = Callable[[list[CacheAdapter], Request, Turn], None]
-# Called while Marconi's tuning replays its window: (window requests replayed, to replay).
-TuningProgress = Callable[[int, int], None]
-
-
-def _serve(
-    adapter: CacheAdapter,
-    request: Request,
-    policy: Policy,
-    counters: _Counters,
-    chunk: int,
-    before_admission: Callable[[Turn], object] | None = None,
-    forward_ends: list[int] | None = None,
-) -> Turn:
-    """One turn: admission, prefill chunks of at most ``chunk`` tokens from the resume point
-    (as the engine's scheduler cuts them) also ended at every planned checkpoint, the output
-    as one more chunk, release. ``before_admission(turn)`` runs once the turn is prepared (a
-    tier restore); the end of every computed chunk is appended to ``forward_ends``."""
-    admission = policy.admission
-    turn = adapter.start_turn(request.prompt)
-    if before_admission is not None:
-        before_admission(turn)
-    prompt_length = request.prompt_length
-    final_end = prompt_length + max(0, request.output_length - 1)
-    block_size = adapter.geometry.block_size
-
-    def view(start: int) -> TurnView:
-        return TurnView(start, prompt_length, final_end, min(turn.branch, prompt_length), block_size)
-
-    def stop_at(start: int) -> int:
-        return min(start + chunk, first_end(admission.save_steps(view(start)), view(start)))
-
-    first = adapter.admit(turn, prompt_length, stop_at)
-    if first is None:
-        counters.dropped += 1
-        adapter.finish(turn)
-        return turn
-    ends_out = forward_ends if forward_ends is not None else []
-    turn_view = view(turn.hit_tokens)
-    saves = admission.save_steps(turn_view)
-    grid = range(turn.hit_tokens + chunk, prompt_length, chunk)
-    ends = sorted(end for end in {first, *saves, *grid, prompt_length, final_end} if end >= first)
-    kinds = {end: kind_of_step(turn_view, end) for end in saves if end >= first}
-    prompt_ends = [end for end in ends if end <= prompt_length]
-    output_ends = ends[len(prompt_ends):]
-    parent = turn.hit_tokens
-    for group, chunk_ends in enumerate((prompt_ends, output_ends)):
-        if not chunk_ends:
-            continue
-        if group and not adapter.grow(turn, chunk_ends[0]):
-            counters.dropped += 1
-            break
-        published = adapter.forward(turn, chunk_ends, kinds, parent)
-        counters.checkpoints_written += sum(published)
-        parent = max((end for end, done in zip(chunk_ends, published) if done), default=parent)
-        ends_out.extend(chunk_ends[: len(published)])
-        if len(published) < len(chunk_ends):
-            counters.dropped += 1
-            break
-        if chunk_ends[-1] == prompt_length:
-            adapter.append(turn, request.output)
-    adapter.finish(turn)
-    return turn
-
-
-class _Tuning:
-    """Marconi's alpha autotuning inside one replay (``policies.tuning``): a snapshot of the
-    cache at the first eviction, the bootstrap window replayed from it once per weight."""
-
-    def __init__(self, adapter: CacheAdapter, policy: Policy, prefill_chunk: int,
-                 progress: TuningProgress | None = None) -> None:
-        self.adapter, self.policy, self.chunk = adapter, policy, prefill_chunk
-        self.tuner = AlphaTuner() if isinstance(adapter.eviction, MarconiState) else None
-        self.snapshot: CacheAdapter | None = None
-        self.progress = progress
-
-    def after(self, request: Request) -> None:
-        tuner = self.tuner
-        if tuner is None or tuner.tuned:
-            return
-        tuner.record(request)
-        if tuner.wants_snapshot(_evicted(self.adapter)):
-            self.snapshot = copy.deepcopy(self.adapter)
-            tuner.took_snapshot()
-        elif tuner.due():
-            hits = {alpha: self._replay_window(alpha, trial) for trial, alpha in enumerate(tuner.grid)}
-            self.adapter.eviction.set_alpha(tuner.choose(hits))
-            self.snapshot = None
-
-    def _replay_window(self, alpha: float, trial_number: int) -> int:
-        trial = copy.deepcopy(self.snapshot)
-        trial.eviction.set_alpha(alpha)
-        scratch = _Counters()
-        window = self.tuner.window
-        total = len(window) * len(self.tuner.grid)
-        hits = 0
-        for number, request in enumerate(window, start=trial_number * len(window) + 1):
-            hits += _serve(trial, request, self.policy, scratch, self.chunk).hit_tokens
-            if self.progress is not None:
-                self.progress(number, total)
-        return hits
-
-
-def _evicted(adapter: CacheAdapter) -> bool:
-    stats = adapter.stats()
-    return bool(stats["evicted_blocks"] or stats["evicted_checkpoints"] or stats["evicted_checkpoints_for_state_slots"])
-
-
-@dataclass
-class _Replica:
-    """One replica of the run: its device cache, its alpha tuning, what it served."""
-
-    adapter: CacheAdapter
-    tuning: _Tuning
-    announced: AnnouncedReplica | None = None  # what a router would know of it (routed runs only)
-    requests: int = 0
-    hit_tokens: int = 0
+# Called after every request with every replica's adapter and the turn that served it.
+Observer = Callable[[list[CacheAdapter], TraceRequest, Turn], None]
 
 
 def replay(
-    requests: SequenceLike[Request],
-    profile: ModelProfile,
-    policy: Policy,
-    budget: Budget,
-    block_size: int = DEFAULT_BLOCK_SIZE,
+    requests: SequenceLike[TraceRequest],
+    config: RunConfig,
     *,
-    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     progress: Callable[[], None] | None = None,
     tuning_progress: TuningProgress | None = None,
     observer: Observer | None = None,
-    replicas: int = 1,
-    routing: str = "round-robin",
-    tiers: TierSetup | None = None,
-    device_tflops: float = DEFAULT_DEVICE_TFLOPS,
-) -> dict:
-    """Serve ``requests`` in order on ``replicas`` replicas, each with ``budget`` and, when
-    ``tiers`` enables any, its own host and disk tiers and the run's shared one; returns the
-    run's measurements (see ``_record``). ``progress`` is called after every request,
-    ``tuning_progress`` while Marconi's tuning replays its window."""
-    _validate(requests, profile, policy, budget)
-    prefill_chunk = as_int("prefill_chunk", prefill_chunk, 1)
-    replicas = as_int("replicas", replicas, 1)
-    routing = check_routing(routing)
-    if tiers is not None and not isinstance(tiers, TierSetup):
-        raise InvalidTypeError(f"tiers must be a TierSetup, got {type(tiers).__name__}")
-    if not device_tflops > 0:
-        raise InvalidArgumentError(f"device_tflops must be > 0, got {device_tflops!r}")
-    geometry = pool_geometry(budget, profile, block_size, replicas)
-    fitted = policy.admission.fitted(geometry.kv_blocks * block_size, geometry.checkpoint_slots)
-    policy, foresight = foresee(dataclasses.replace(policy, admission=fitted), requests, block_size)
-    tiered = tiers is not None and tiers.enabled
-    if tiered and tiers.chunk_size % block_size:
-        raise InvalidArgumentError(f"--tier-chunk {tiers.chunk_size} must be a multiple of the block size {block_size}")
-    fleet = [_new_replica(geometry, profile, policy, prefill_chunk, tuning_progress) for _ in range(replicas)]
-    if replicas > 1 and routing != "round-robin":
-        for replica in fleet:
-            replica.announced = AnnouncedReplica(replica.adapter.cache, block_size)
-    run = None
-    if tiered:
-        rate = RecomputeRate.of(profile, device_tflops, mean_prompt_tokens(requests))
-        run = TierRun(tiers, profile, block_size, rate, [replica.adapter for replica in fleet])
-    counters = _Counters()
+) -> RunRecord:
+    """Serve ``requests`` in order as ``config`` says (its replicas, each with the whole budget
+    and, when its tiers enable any, its own host and disk tiers and the run's shared one);
+    returns what the run measured. ``progress`` is called after every request,
+    ``tuning_progress`` while Marconi's tuning replays its window, ``observer`` after every
+    request with every replica's adapter (a debugging hook: invariants, exactness)."""
+    if not isinstance(config, RunConfig):
+        raise InvalidTypeError(f"config must be a RunConfig, got {type(config).__name__}")
+    if any(not isinstance(request, TraceRequest) for request in requests):
+        raise InvalidTypeError("requests must be TraceRequest records (see hybridcache.workloads.synthesize)")
+    geometry = config.geometry
+    fitted = config.policy.admission.fitted(geometry.kv_blocks * config.block_size, geometry.checkpoint_slots)
+    policy, foresight = foresee(dataclasses.replace(config.policy, admission=fitted), requests, config.block_size)
+    fleet = Fleet(config, policy, requests, tuning_progress)
+    counters = RunCounters()
     began = time.perf_counter()
     try:
         for number, request in enumerate(requests):
             if foresight is not None:
                 foresight.advance(number)
-            index = _route(fleet, routing, request, number, run)
-            replica = fleet[index]
-            ends: list[int] = []
-            restore = None if run is None else run.replicas[index].adopt_prefix
-            turn = _serve(replica.adapter, request, policy, counters, prefill_chunk, restore, ends if run else None)
-            turn.replica = index
-            if run is not None:
-                run.store_prefix(index, request, turn, ends)
-            if replica.announced is not None:
-                replica.announced.refresh()
-            replica.tuning.after(request)
-            replica.requests += 1
-            replica.hit_tokens += turn.hit_tokens
-            counters.prompt_tokens += request.prompt_length
-            counters.hit_tokens += turn.hit_tokens
-            counters.hit_requests += turn.hit_tokens > 0
-            counters.flops_saved += profile.prefill_flops(0, turn.hit_tokens)
-            counters.flops_needed += profile.prefill_flops(0, request.prompt_length)
+            served = fleet.serve(request, number)
+            _count(counters, config, request, served)
             if observer is not None:
-                observer([r.adapter for r in fleet], request, turn)
+                observer(fleet.adapters, request, served.turn)
             if progress is not None:
                 progress()
         wall_s = time.perf_counter() - began
-        record = _record(fleet, counters, len(requests), wall_s, (profile, policy, budget, block_size))
-        record.update(replicas=replicas, routing=routing, shared_tier=tiers.shared_name if tiers else "none")
-        record["remote_hit_tokens"] = run.remote_hit_tokens() if run is not None else 0
-        if run is not None:
-            record["tiers"] = run.report()
-        return record
+        return RunRecord.measured(config, policy, counters, fleet.measures(), wall_s)
     finally:
-        if run is not None:
-            run.close()
+        fleet.close()
 
 
-def _new_replica(geometry: PoolGeometry, profile: ModelProfile, policy: Policy, prefill_chunk: int,
-                 tuning_progress: TuningProgress | None) -> _Replica:
-    adapter = CacheAdapter(geometry, policy.eviction.new_state(profile))
-    return _Replica(adapter, _Tuning(adapter, policy, prefill_chunk, tuning_progress))
-
-
-def _route(fleet: list[_Replica], routing: str, request: Request, number: int, run: TierRun | None) -> int:
-    """The replica serving ``request``, chosen by the router's policy from what each replica
-    announced (``routing``); with tiers, ``restorable`` counts the steps they make reachable."""
-    if len(fleet) == 1 or routing == "round-robin":
-        return number % len(fleet)
-    key = RequestKey(request.prompt.tolist())
-    depths = [replica.announced.depths(key) for replica in fleet]
-    chain = run.prompt_chain(request) if routing == "restorable" and run is not None else None
-    if chain is not None:
-        depths = run.restorable_depths(chain, depths)
-    return choose(routing, request.prompt_length, depths, [0] * len(fleet), number).index  # served one at a time: nothing queued
-
-
-def _validate(requests: SequenceLike[Request], profile: ModelProfile, policy: Policy, budget: Budget) -> None:
-    for value, kind in ((profile, ModelProfile), (policy, Policy), (budget, Budget)):
-        if not isinstance(value, kind):
-            raise InvalidTypeError(f"expected a {kind.__name__}, got {type(value).__name__}")
-    if any(not isinstance(request, Request) for request in requests):
-        raise InvalidTypeError("requests must be Request records (see hybridcache.workloads.synthesize)")
-
-
-def _merged_stats(fleet: list[_Replica]) -> dict:
-    """The adapters' statistics summed over replicas (one replica: its own, unchanged)."""
-    if len(fleet) == 1:
-        return fleet[0].adapter.stats()
-    merged: dict = {}
-    for replica in fleet:
-        for name, value in replica.adapter.stats().items():
-            if isinstance(value, dict):
-                bucket = merged.setdefault(name, {})
-                for key, count in value.items():
-                    bucket[key] = bucket.get(key, 0) + count
-            else:
-                merged[name] = merged.get(name, 0) + value
-    merged["hit_rate"] = merged["hit_tokens"] / merged["query_tokens"] if merged["query_tokens"] else 0.0
-    return merged
-
-
-def _record(fleet: list[_Replica], counters: _Counters, requests: int, wall_s: float, setup: tuple) -> dict:
-    profile, policy, budget, block_size = setup
-    stats = _merged_stats(fleet)
-    geometry = fleet[0].adapter.geometry
-    record = {
-        "policy": policy.name,
-        "admission": policy.admission.name,
-        "eviction": policy.eviction.name,
-        "model": profile.name,
-        "cache_bytes": budget.cache_bytes,
-        "kv_bytes": budget.kv_bytes,
-        "state_bytes": budget.state_bytes,
-        "block_size": block_size,
-        "kv_blocks": geometry.kv_blocks,
-        "checkpoint_slots": geometry.checkpoint_slots,
-        "requests": requests,
-        "dropped_requests": counters.dropped,
-        "prompt_tokens": counters.prompt_tokens,
-        "token_hit_rate": counters.hit_tokens / counters.prompt_tokens if counters.prompt_tokens else 0.0,
-        "request_hit_rate": counters.hit_requests / requests if requests else 0.0,
-        "prefill_tokens_saved": counters.hit_tokens,
-        "flops_saved": counters.flops_saved,
-        "flops_saved_fraction": counters.flops_saved / counters.flops_needed if counters.flops_needed else 0.0,
-        "checkpoints_written": counters.checkpoints_written,
-        "checkpoint_bytes_written": counters.checkpoints_written * profile.state_bytes,
-        "evictions": {
-            "kv_blocks": stats["evicted_blocks"],
-            "checkpoints_by_trie": stats["evicted_checkpoints"],
-            "checkpoints_for_state_slots": stats["evicted_checkpoints_for_state_slots"],
-            "checkpoints_over_anchor_cap": stats["released_checkpoints_over_anchor_cap"],
-        },
-        "misses": stats["misses"],
-        "shortened": stats["shortened"],
-        "trie_hit_rate": stats["hit_rate"],
-        "wall_s": wall_s,
-        "alpha": getattr(fleet[0].adapter.eviction, "alpha", None),
-    }
-    if len(fleet) > 1:
-        record["per_replica"] = [
-            {"requests": r.requests, "hit_tokens": r.hit_tokens, "alpha": getattr(r.adapter.eviction, "alpha", None)}
-            for r in fleet
-        ]
-    return record
-
-
-def with_ttft(record: dict, device_tflops: float) -> dict:
-    """Add the TTFT saving estimated from the FLOPs saved at ``device_tflops`` sustained."""
-    if not device_tflops > 0:
-        raise InvalidArgumentError(f"device_tflops must be > 0, got {device_tflops!r}")
-    seconds = record["flops_saved"] / (device_tflops * 1e12)
-    requests = max(1, record["requests"])
-    per_request_ms = 1e3 * seconds / requests
-    return {**record, "device_tflops": device_tflops, "ttft_saved_s": seconds, "ttft_saved_ms_per_request": per_request_ms}
-
-
-def mean_prompt_tokens(requests: SequenceLike[Request]) -> float:
-    return float(np.mean([request.prompt_length for request in requests])) if requests else 0.0
+def _count(counters: RunCounters, config: RunConfig, request: TraceRequest, served: ServedTurn) -> None:
+    hit, profile = served.turn.hit_tokens, config.profile
+    counters.requests += 1
+    counters.dropped += served.dropped
+    counters.checkpoints_written += served.checkpoints_written
+    counters.prompt_tokens += request.prompt_length
+    counters.hit_tokens += hit
+    counters.hit_requests += hit > 0
+    counters.flops_saved += profile.prefill_flops(0, hit)
+    counters.flops_needed += profile.prefill_flops(0, request.prompt_length)

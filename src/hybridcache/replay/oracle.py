@@ -46,20 +46,20 @@ from hybridcache.prefix_cache.identity import BlockKeyer
 from hybridcache.profiles import ModelProfile
 from hybridcache.sequence import Sequence
 from hybridcache.workloads.bound import infinite_cache_bound
-from hybridcache.workloads.records import Request
+from hybridcache.workloads.records import TraceRequest
 
 Position = tuple[int, int, int]  # (step, prefix key of the anchor's last block or 0, hash of the tail tokens)
 
 
-def final_end(request: Request) -> int:
+def final_end(request: TraceRequest) -> int:
     """The last position a turn processes: prompt + output - 1 (the last emitted token never runs)."""
     return request.prompt_length + max(0, request.output_length - 1)
 
 
-def resume_points(requests: SequenceLike[Request]) -> np.ndarray:
+def resume_points(requests: SequenceLike[TraceRequest]) -> np.ndarray:
     """``p_q`` for every request (module doc): the bound over what earlier turns computed."""
     computed = [
-        Request(r.index, r.arrival_ms, r.prompt_length, r.tokens[: final_end(r)], r.continues) for r in requests
+        TraceRequest(r.index, r.arrival_ms, r.prompt_length, r.tokens[: final_end(r)], r.continues) for r in requests
     ]
     shared = infinite_cache_bound(computed).shared_tokens
     lengths = np.array([r.prompt_length for r in requests], dtype=np.int64)
@@ -84,7 +84,7 @@ class _Keys:
 class Foresight:
     """The whole trace's future (module doc) and the request being served."""
 
-    requests: tuple[Request, ...]
+    requests: tuple[TraceRequest, ...]
     block_size: int
     resume: np.ndarray = field(init=False)
     plan: tuple[tuple[int, ...], ...] = field(init=False)
@@ -270,7 +270,7 @@ class OracleState:
                 return
 
 
-def foresee(policy: Policy, requests: SequenceLike[Request], block_size: int) -> tuple[Policy, Foresight | None]:
+def foresee(policy: Policy, requests: SequenceLike[TraceRequest], block_size: int) -> tuple[Policy, Foresight | None]:
     """``policy`` with its oracle parts bound to ``requests`` (unchanged when it has none)."""
     oracle_parts = isinstance(policy.admission, OracleAdmission) or isinstance(policy.eviction, OracleEviction)
     if not oracle_parts:

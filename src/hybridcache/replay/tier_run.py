@@ -26,7 +26,7 @@ from hybridcache.replay.tiering import (
 from hybridcache.router.replica_index import Depths
 from hybridcache.sequence import Sequence
 from hybridcache.tiers.keys import KeyChain
-from hybridcache.workloads.records import Request
+from hybridcache.workloads.records import TraceRequest
 
 _REMOVE_BATCH = 512
 
@@ -47,7 +47,7 @@ class TierRun:
             self.close()
             raise
 
-    def prompt_chain(self, request: Request) -> KeyChain | None:
+    def prompt_chain(self, request: TraceRequest) -> KeyChain | None:
         """The key chain a restore of ``request`` looks up (the tier client's; None: too short
         for one chunk), for scoring replicas."""
         return self.replicas[0].client.restore_chain(Sequence(request.prompt))
@@ -69,7 +69,7 @@ class TierRun:
         names += [chain.chunk_key(index).name for index in range(chain.num_chunks)]
         return self.replicas[0].store.locate(names, ["shared"])
 
-    def store_prefix(self, replica: int, request: Request, turn: Turn, ends: list[int]) -> None:
+    def store_prefix(self, replica: int, request: TraceRequest, turn: Turn, ends: list[int]) -> None:
         """Publish what the turn computed beyond its hit: every chunk-aligned chunk end (the engine
         publishes those), the deepest aligned step of the prompt and of the turn end."""
         if not ends:

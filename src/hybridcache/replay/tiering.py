@@ -222,7 +222,6 @@ class ReplicaTiers:
         self.restore_s += self.store.cost.restore_s(moved)
         flops = self.run.profile.prefill_flops(restore.step - outcome.gained, restore.step)
         self.recompute_s += flops / self.run.rate.device_flops
-        turn.adopted_step, turn.adopted_tokens = restore.step, restore.checkpoint.header.tokens
         self.adapter.remeasure_branch(turn)
         return restore
 

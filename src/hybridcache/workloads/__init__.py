@@ -7,7 +7,7 @@ Owns no state: every function returns immutable records (see ``records``).
 from hybridcache.workloads.bound import Bound, infinite_cache_bound
 from hybridcache.workloads.generator import SHAPES, generate, write_trace
 from hybridcache.workloads.readers import FORMATS, read_trace
-from hybridcache.workloads.records import Request, Trace, TraceEntry
+from hybridcache.workloads.records import Trace, TraceEntry, TraceRequest
 from hybridcache.workloads.split import HALVES, half
 from hybridcache.workloads.synthesis import DEFAULT_VOCAB, SynthesisStats, SynthesizedTrace, synthesize
 
@@ -17,11 +17,11 @@ __all__ = [
     "HALVES",
     "SHAPES",
     "Bound",
-    "Request",
     "SynthesisStats",
     "SynthesizedTrace",
     "Trace",
     "TraceEntry",
+    "TraceRequest",
     "generate",
     "half",
     "infinite_cache_bound",

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hybridcache.errors import InvalidTypeError
-from hybridcache.workloads.records import Request
+from hybridcache.workloads.records import TraceRequest
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def _compare(probe: np.ndarray, other: np.ndarray) -> tuple[int, int]:
     return (probe.size > other.size) - (probe.size < other.size), common
 
 
-def _insertion_point(order: list[int], requests: SequenceLike[Request], probe: np.ndarray) -> int:
+def _insertion_point(order: list[int], requests: SequenceLike[TraceRequest], probe: np.ndarray) -> int:
     low, high = 0, len(order)
     while low < high:
         middle = (low + high) // 2
@@ -58,11 +58,11 @@ def _insertion_point(order: list[int], requests: SequenceLike[Request], probe: n
     return low
 
 
-def infinite_cache_bound(requests: SequenceLike[Request]) -> Bound:
+def infinite_cache_bound(requests: SequenceLike[TraceRequest]) -> Bound:
     """For every request, the tokens of its prompt's longest prefix that any earlier request's
     tokens (prompt and output) start with."""
-    if any(not isinstance(request, Request) for request in requests):
-        raise InvalidTypeError("requests must be Request records (see synthesize)")
+    if any(not isinstance(request, TraceRequest) for request in requests):
+        raise InvalidTypeError("requests must be TraceRequest records (see synthesize)")
     order: list[int] = []
     shared = np.zeros(len(requests), dtype=np.int64)
     for position, request in enumerate(requests):

@@ -52,7 +52,7 @@ class Trace:
 
 
 @dataclass(frozen=True)
-class Request:
+class TraceRequest:
     """One request after synthesis: its prompt and output tokens (one read-only int32 array),
     arrival time and, when it continues an earlier request, that request's index."""
 

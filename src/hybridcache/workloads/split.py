@@ -9,12 +9,12 @@ import dataclasses
 from collections.abc import Sequence as SequenceLike
 
 from hybridcache.errors import InvalidArgumentError
-from hybridcache.workloads.records import Request
+from hybridcache.workloads.records import TraceRequest
 
 HALVES = ("first", "second")
 
 
-def half(requests: SequenceLike[Request], which: str) -> tuple[Request, ...]:
+def half(requests: SequenceLike[TraceRequest], which: str) -> tuple[TraceRequest, ...]:
     """The first or second half of ``requests`` (synthesized from the whole trace, so a turn of
     the second half keeps the history an earlier turn gave it), renumbered from 0 and with
     continuations into the other half dropped: a replay of it starts from an empty cache."""

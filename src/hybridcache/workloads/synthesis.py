@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hybridcache.errors import InvalidArgumentError, InvalidTypeError
-from hybridcache.workloads.records import Request, Trace, TraceEntry, frozen_array
+from hybridcache.workloads.records import Trace, TraceEntry, TraceRequest, frozen_array
 
 DEFAULT_VOCAB = 32_000  # Llama-2's vocabulary, the tokenizer behind Marconi's traces
 MAX_CONTINUATION_GAP = 4096  # tokens a new turn may add after the history it continues
@@ -73,7 +73,7 @@ class SynthesisStats:
 @dataclass(frozen=True)
 class SynthesizedTrace:
     trace: Trace
-    requests: tuple[Request, ...]
+    requests: tuple[TraceRequest, ...]
     stats: SynthesisStats
     vocab_size: int
 
@@ -86,7 +86,7 @@ class _Synthesizer:
         self.seen: set[int] = set()
         self.ends_at: dict[tuple[int, int], list[int]] = {}  # (full blocks, last full id) -> requests
         self.by_chat: dict[int, int] = {}
-        self.requests: list[Request] = []
+        self.requests: list[TraceRequest] = []
         self.continuations = self.parents_refused = self.conflicts = 0
 
     def output_of(self, index: int, length: int) -> np.ndarray:
@@ -109,7 +109,7 @@ class _Synthesizer:
             count += 1
         return count
 
-    def parent_for(self, entry: TraceEntry, seen: int) -> Request | None:
+    def parent_for(self, entry: TraceEntry, seen: int) -> TraceRequest | None:
         ids = entry.hash_ids
         if entry.parent_chat_id is None:
             candidates = self.ends_at.get((seen, int(ids[seen - 1])), ()) if seen >= 2 else ()
@@ -123,7 +123,7 @@ class _Synthesizer:
             return None
         return self.requests[index]
 
-    def _continues(self, entry: TraceEntry, parent: Request, seen: int, gap_cap: int | None) -> bool:
+    def _continues(self, entry: TraceEntry, parent: TraceRequest, seen: int, gap_cap: int | None) -> bool:
         parent_ids = self.trace.entries[parent.index].hash_ids
         if parent.prompt_length // self.block != seen or len(entry.hash_ids) <= seen:
             return False
@@ -132,7 +132,7 @@ class _Synthesizer:
         gap = entry.input_length - parent.tokens.size
         return gap >= 0 and (gap_cap is None or gap <= gap_cap)
 
-    def write_history(self, entry: TraceEntry, parent: Request, seen: int, rows: np.ndarray) -> None:
+    def write_history(self, entry: TraceEntry, parent: TraceRequest, seen: int, rows: np.ndarray) -> None:
         """Write the parent's prompt and output into the request's first-seen blocks."""
         history = parent.tokens
         block = self.block
@@ -145,7 +145,7 @@ class _Synthesizer:
             rows[row, : last - first] = history[first:last]
             self.fixed[block_id] = frozen_array(rows[row], np.int32)
 
-    def add(self, entry: TraceEntry) -> Request:
+    def add(self, entry: TraceEntry) -> TraceRequest:
         index = len(self.requests)
         if entry.prompt is not None:
             prompt, parent = entry.prompt, None
@@ -160,7 +160,7 @@ class _Synthesizer:
             self._remember(entry, index)
         output = entry.output if entry.output is not None else self.output_of(index, entry.output_length)
         tokens = frozen_array(np.concatenate([prompt, output]), np.int32)
-        request = Request(index, entry.timestamp_ms, entry.input_length, tokens, None if parent is None else parent.index)
+        request = TraceRequest(index, entry.timestamp_ms, entry.input_length, tokens, None if parent is None else parent.index)
         self.requests.append(request)
         return request
 

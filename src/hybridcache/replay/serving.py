@@ -1,0 +1,105 @@
+"""One request served on one replica's cache, as the engine's scheduler would serve it.
+
+Owns nothing between calls; during ``serve_turn``, the turn being served (its sequence and
+runtime slot, released before it returns). A turn is: admission (the cache reuses the deepest
+exact checkpoint), then virtual chunks to the ends its admission policy plans, checkpoints where
+the plan asks, its output appended at the prompt end and processed as one more virtual chunk (or
+several, when the policy checkpoints inside it), and release. A turn the pools cannot hold even
+when empty is dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from hybridcache.policies import Policy, TurnView, first_end, kind_of_step
+from hybridcache.replay.adapter import CacheAdapter, Turn
+from hybridcache.workloads.records import TraceRequest
+
+
+@dataclass
+class ServedTurn:
+    """What serving one request did: the turn (its hit), the end of every chunk it computed,
+    the checkpoints it published, and whether it was dropped."""
+
+    turn: Turn
+    ends: list[int] = field(default_factory=list)
+    checkpoints_written: int = 0
+    dropped: bool = False
+
+
+def serve_turn(
+    adapter: CacheAdapter,
+    request: TraceRequest,
+    policy: Policy,
+    chunk: int,
+    before_admission: Callable[[Turn], object] | None = None,
+) -> ServedTurn:
+    """One turn: admission, prefill chunks of at most ``chunk`` tokens from the resume point
+    (as the engine's scheduler cuts them) also ended at every planned checkpoint, the output
+    as one more chunk, release. ``before_admission(turn)`` runs once the turn is prepared (a
+    tier restore)."""
+    served = ServedTurn(adapter.start_turn(request.prompt))
+    if before_admission is not None:
+        before_admission(served.turn)
+    plan = _TurnPlan(adapter, request, policy.admission, chunk, served.turn)
+    first = adapter.admit(served.turn, request.prompt_length, plan.stop_at)
+    if first is None:
+        served.dropped = True
+    else:
+        _forward(adapter, request, plan, first, served)
+    adapter.finish(served.turn)
+    return served
+
+
+class _TurnPlan:
+    """Where one turn's chunks end: the prefill chunk grid from the resume point, the
+    checkpoints the admission policy saves, the prompt end and the turn's last token."""
+
+    def __init__(self, adapter: CacheAdapter, request: TraceRequest, admission, chunk: int, turn: Turn) -> None:
+        self.admission, self.chunk, self.turn = admission, chunk, turn
+        self.prompt_length = request.prompt_length
+        self.final_end = request.prompt_length + max(0, request.output_length - 1)
+        self.block_size = adapter.geometry.block_size
+
+    def view(self, start: int) -> TurnView:
+        return TurnView(start, self.prompt_length, self.final_end, min(self.turn.branch, self.prompt_length), self.block_size)
+
+    def stop_at(self, start: int) -> int:
+        view = self.view(start)
+        return min(start + self.chunk, first_end(self.admission.save_steps(view), view))
+
+    def groups(self, first: int) -> tuple[list[int], list[int], dict[int, str]]:
+        """The chunk ends from ``first`` on, of the prompt and of the output, and the reason of
+        every planned checkpoint among them."""
+        start = self.turn.hit_tokens
+        view = self.view(start)
+        saves = self.admission.save_steps(view)
+        grid = range(start + self.chunk, self.prompt_length, self.chunk)
+        ends = sorted(end for end in {first, *saves, *grid, self.prompt_length, self.final_end} if end >= first)
+        kinds = {end: kind_of_step(view, end) for end in saves if end >= first}
+        prompt_ends = [end for end in ends if end <= self.prompt_length]
+        return prompt_ends, ends[len(prompt_ends):], kinds
+
+
+def _forward(adapter: CacheAdapter, request: TraceRequest, plan: _TurnPlan, first: int, served: ServedTurn) -> None:
+    """The prompt's chunks, then the output's; stops (dropped) where blocks cannot be freed."""
+    turn = served.turn
+    prompt_ends, output_ends, kinds = plan.groups(first)
+    parent = turn.hit_tokens
+    for group, chunk_ends in enumerate((prompt_ends, output_ends)):
+        if not chunk_ends:
+            continue
+        if group and not adapter.grow(turn, chunk_ends[0]):
+            served.dropped = True
+            return
+        published = adapter.forward(turn, chunk_ends, kinds, parent)
+        served.checkpoints_written += sum(published)
+        parent = max((end for end, done in zip(chunk_ends, published) if done), default=parent)
+        served.ends.extend(chunk_ends[: len(published)])
+        if len(published) < len(chunk_ends):
+            served.dropped = True
+            return
+        if chunk_ends[-1] == request.prompt_length:
+            adapter.append(turn, request.output)
