@@ -12,9 +12,8 @@ from hybridcache.policies.admission import KINDS
 from hybridcache.policies.reuse import ReuseLearner
 from hybridcache.prefix_cache.checkpoint_record import CheckpointState
 from hybridcache.prefix_cache.identity import BlockKeyer
-from hybridcache.replay import replay
 from hybridcache.sequence import Sequence
-from tests.replay._helpers import PROFILE, ExactnessCheck, budget, request
+from tests.replay._helpers import budget, checked_replay, config, request
 
 BLOCK = 4
 
@@ -110,9 +109,13 @@ def _phase_conversations(rng, first_index, sessions, turns):
     return requests
 
 
-class _LearnerCheck(ExactnessCheck):
+class _LearnerWatch:
+    """After every request (and the exactness check): every learner's invariants; keeps the
+    first replica's learner for the assertions."""
+
+    learner = None
+
     def __call__(self, adapters, request_, turn) -> None:
-        super().__call__(adapters, request_, turn)
         for adapter in adapters:
             adapter.eviction.learner.check_invariants()
         self.learner = adapters[0].eviction.learner
@@ -133,9 +136,8 @@ def test_auto_follows_the_traffic_from_branch_points_to_turn_ends_and_back(share
         talks = _phase_conversations(rng, 0, sessions=4, turns=28)
         shared = _phase_shared_prompts(rng, len(talks), 45)
         requests = talks + shared
-    check = _LearnerCheck(requests)
-    replay(requests, PROFILE, resolve_policy("auto"), budget(400, 4), observer=check)
-    hits = check.hits
+    check = _LearnerWatch()
+    _, hits = checked_replay(requests, config(resolve_policy("auto"), budget(400, 4)), observer=check)
     assert all(hits[r.index] >= 6 * 32 for r in shared[-6:])  # every late question resumes past its system prompt
     for r in talks[-8:]:  # the last two rounds of the conversations
         before = requests[r.index - 4]  # the same session's previous turn
