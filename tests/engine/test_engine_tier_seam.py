@@ -11,7 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from hybridcache.engine import Engine, Request, TinyHybridConfig
+from hybridcache.engine import Engine, Request
 from hybridcache.engine.requests import MultimodalInput
 from hybridcache.errors import InvalidConfigError, StoreTimeoutError
 from hybridcache.tiers.backends import HostMemoryStore

@@ -33,7 +33,7 @@ from ._helpers import (
     leaves,
     tokens,
 )
-from ._hybrid import indexed, make_hybrid, produce, request_key, store_kv, world
+from ._hybrid import indexed, make_hybrid, produce, request_key, world
 
 NS = Namespace()
 

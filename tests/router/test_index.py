@@ -10,7 +10,7 @@ from hybridcache.engine import Request
 from hybridcache.router.policy import choose
 from hybridcache.router.request_key import RequestKey
 from hybridcache.sequence import Sequence
-from tests.router.replicas import BLOCK, LossyForwarder, conversation_prompts, engine, feed_for, streams, sync
+from tests.router.replicas import LossyForwarder, conversation_prompts, engine, feed_for, streams, sync
 
 
 def _cached(built, prompt) -> tuple[int, int]:
