@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 
 import pytest
 
@@ -28,15 +29,8 @@ def figure(dom: str, element_id: str) -> float:
     return float(re.search(rf'id="{element_id}">([^<]*)<', dom).group(1))
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
-def test_the_page_renders_and_its_numbers_equal_the_metrics(server):
-    messages = [{"role": "user", "content": "A question for the live page, long enough to fill blocks."}]
-    for _ in range(2):
-        status, _, _ = request(server, "POST", "/v1/chat/completions", {"model": "tiny", "messages": messages, "max_tokens": 3})
-        assert status == 200
-    dom = rendered_dom(f"{server}/")
-    assert "<svg" in dom and 'id="hit-rate-chart"' in dom and 'id="usage-bars"' in dom
-    expected = {
+def _figures(server: str) -> dict[str, float]:
+    return {
         "query-tokens": metric(server, "vllm:prefix_cache_queries_total"),
         "hit-tokens": metric(server, "vllm:prefix_cache_hits_total"),
         "running": metric(server, "vllm:num_requests_running"),
@@ -46,6 +40,33 @@ def test_the_page_renders_and_its_numbers_equal_the_metrics(server):
         "checkpoints": metric(server, "hybridcache:checkpoints"),
         "hits": metric(server, "hybridcache:checkpoint_hits_total"),
     }
+
+
+def _settled_figures(server: str, attempts: int = 300) -> dict[str, float]:
+    """The figures once nothing runs or waits and two reads agree: an answer is sent with its
+    last token, before the engine's step ends (its turn-end checkpoint, its release), so a
+    page rendered at once could show a state the metrics no longer do (bounded)."""
+    previous = None
+    for _ in range(attempts):
+        figures = _figures(server)
+        if figures == previous and figures["running"] == figures["waiting"] == 0:
+            return figures
+        previous = figures
+        time.sleep(0.1)
+    raise AssertionError("the server never settled")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_the_page_renders_and_its_numbers_equal_the_metrics(server):
+    messages = [{"role": "user", "content": "A question for the live page, long enough to fill blocks."}]
+    for _ in range(2):
+        status, _, _ = request(server, "POST", "/v1/chat/completions", {"model": "tiny", "messages": messages, "max_tokens": 3})
+        assert status == 200
+    settled = _settled_figures(server)
+    dom = rendered_dom(f"{server}/")
+    assert "<svg" in dom and 'id="hit-rate-chart"' in dom and 'id="usage-bars"' in dom
+    expected = _figures(server)
+    assert expected == settled  # nothing changed while the page rendered
     assert {key: figure(dom, key) for key in expected} == expected
     assert figure(dom, "hit-rate") == pytest.approx(expected["hit-tokens"] / expected["query-tokens"])
     for reason, count in re.findall(r'data-reason="([a-z_]+)"><td>[a-z_]+</td><td class="count">(\d+)<', dom):
