@@ -15,7 +15,6 @@ from hybridcache.errors import StoreError
 from hybridcache.profiles import ModelProfile
 from hybridcache.replay.adapter import CacheAdapter, Turn
 from hybridcache.replay.tiering import (
-    TIER_NAMES,
     NominalSizes,
     RecomputeRate,
     ReplicaTiers,
@@ -26,6 +25,7 @@ from hybridcache.replay.tiering import (
 from hybridcache.router.replica_index import Depths
 from hybridcache.sequence import Sequence
 from hybridcache.tiers.keys import KeyChain
+from hybridcache.tiers.tier_calls import TIER_NAMES
 from hybridcache.workloads.records import TraceRequest
 
 _REMOVE_BATCH = 512

@@ -37,12 +37,12 @@ from hybridcache.tiers.fingerprint import DEFAULT_CHUNK_SIZE, NamespaceFingerpri
 from hybridcache.tiers.keys import ObjectKey, ObjectKind
 from hybridcache.tiers.restore_cost import RestoreCost
 from hybridcache.tiers.restore_values import Restore
+from hybridcache.tiers.tier_calls import TIER_NAMES
 from hybridcache.tiers.tiered import TieredStore
 
 DEFAULT_TIER_CHUNK = DEFAULT_CHUNK_SIZE  # 256: the default, LMCache's chunk; see docs/tiers.md
 DEFAULT_SHARED_BANDWIDTH = 12.5e9  # bytes/s: one 100 Gb/s NIC between a replica and the shared store
 STAND_IN = {"virtual": np.zeros(1, dtype=np.uint8)}  # the payload every replay object carries
-TIER_NAMES = ("host", "disk", "shared")
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from hybridcache.engine import Engine, EngineConfig
+from hybridcache.tiers.tier_calls import TIER_NAMES
 
 log = logging.getLogger("hybridcache.serving")
 
@@ -44,7 +45,6 @@ TIER_MISS_ADVICE = {
     "slower_than_recompute": "the measured restore cost exceeded recomputing the prefix",
     "tier_error": "the tier side raised unexpectedly (see the engine's tier counters)",
 }
-TIERS = ("host", "disk", "shared")
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,8 @@ class EngineSnapshot:
             checkpoints_held=engine.states.num_checkpoint,
             evicted_blocks=stats["evicted_blocks"], evicted_checkpoints=stats["evicted_checkpoints"],
             written_checkpoints=stats["written_checkpoints"],
-            tier_checkpoints_written={tier: stored.get(f"{tier}_checkpoints_stored", 0) for tier in TIERS},
-            tier_restored_tokens={tier: tiers.get("restored_tokens", {}).get(tier, 0) for tier in TIERS},
+            tier_checkpoints_written={tier: stored.get(f"{tier}_checkpoints_stored", 0) for tier in TIER_NAMES},
+            tier_restored_tokens={tier: tiers.get("restored_tokens", {}).get(tier, 0) for tier in TIER_NAMES},
             tier_misses={reason: tiers.get("misses", {}).get(reason, 0) for reason in TIER_MISS_ADVICE},
         )
 
