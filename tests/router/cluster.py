@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import http.client
-import json
 import os
 import signal
 import subprocess
@@ -13,6 +12,7 @@ import time
 from pathlib import Path
 
 from hybridcache.bench.routing import events_config
+from hybridcache.router.discovery import read_next_seqs
 from hybridcache.tiers.local_servers import free_port
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -111,28 +111,21 @@ def wait_settled(base: str, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         samples = router_metrics(base)
-        loads = [v for k, v in samples.items() if k.startswith("hybridcache_router_replica_load")]
-        if not any(loads) and all(_applied(samples, url, stream) >= seq - 1
-                                  for url, seqs in _announced(samples).items() for stream, seq in seqs.items()):
+        loads = {k.split('replica="')[1].split('"')[0]: v for k, v in samples.items()
+                 if k.startswith("hybridcache_router_replica_load")}
+        if not any(loads.values()) and all(_caught_up(samples, url) for url in loads):
             return
         time.sleep(0.05)
     raise AssertionError("the replicas never became idle with every event applied")
 
 
-def _announced(samples: dict[str, float]) -> dict[str, dict[str, int]]:
-    """Each replica's queued seq per stream, read after the router's metrics, so a replica
-    idle then has nothing newer to announce."""
-    urls = [k.split('replica="')[1].split('"')[0] for k in samples if k.startswith("hybridcache_router_replica_load")]
-    announced = {}
-    for url in urls:
-        try:
-            status, body = get(url, "/kv_events")
-        except OSError:  # a replica a test stopped: the router no longer routes to it
-            continue
-        if status == 200:
-            announced[url] = {stream: seq for stream, seq in json.loads(body)["next_seq"].items() if seq is not None}
-    return announced
-
-
-def _applied(samples: dict[str, float], url: str, stream: str) -> float:
-    return samples[f'hybridcache_router_replica_applied_seq{{replica="{url}",stream="{stream}"}}']
+def _caught_up(samples: dict[str, float], url: str) -> bool:
+    """Whether the router applied what ``url`` queued; read after the router's metrics, so a
+    replica idle then has nothing newer. A replica a test stopped does not answer: the router
+    no longer routes to it."""
+    expected = read_next_seqs(url, timeout_s=30)
+    if expected is None:
+        return True
+    applied = (samples[f'hybridcache_router_replica_applied_seq{{replica="{url}",stream="{stream}"}}']
+               for stream in ("kv", "state"))
+    return all(not wanted or seen >= wanted - 1 for seen, wanted in zip(applied, expected))
