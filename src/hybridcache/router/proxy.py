@@ -210,18 +210,21 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        tail = b""
+        tail, ended = b"", False
         while True:
             chunk = response.read1(_CHUNK)
             if not chunk:
                 break
             self.router.fleet.answering(relay)
-            if _STREAM_END in chunk:
+            tail = (tail + chunk)[-_CHUNK:]
+            if _STREAM_END in chunk and not ended:  # settled and counted before the client sees the end
+                ended = True
                 self._settle(relay, predicted)
+                self._check_prediction(_last_usage_event(tail), predicted)
             self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
             self.wfile.flush()
-            tail = (tail + chunk)[-_CHUNK:]
-        self._check_prediction(_last_usage_event(tail), predicted)
+        if not ended:
+            self._check_prediction(_last_usage_event(tail), predicted)
         self.wfile.write(b"0\r\n\r\n")
 
     def _settle(self, relay: Relay, predicted: int | None) -> None:
