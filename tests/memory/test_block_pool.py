@@ -660,3 +660,73 @@ class BlockPoolMachine(RuleBasedStateMachine):
 
 BlockPoolMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 TestBlockPoolStateful = BlockPoolMachine.TestCase
+
+
+# --- scalar fast paths ---------------------------------------------------------------------------
+
+
+class ArrayPathPool(BlockPool):
+    """The same pool with every single-id fast path routed to the general array path."""
+
+    def _single_id(self, block_ids: object) -> None:
+        return None
+
+    def _allocate_one(self) -> np.ndarray:
+        return self._allocate_run(1)
+
+
+def _one_id_forms(rng: np.random.Generator, block_id: int) -> object:
+    """One id spelled the ways callers spell it (fast path) or as an array (general path)."""
+    forms = (block_id, np.int64(block_id), np.int32(block_id), [block_id], (block_id,), np.array([block_id]))
+    return forms[int(rng.integers(len(forms)))]
+
+
+def _random_call(rng: np.random.Generator, num_blocks: int) -> tuple[str, tuple, dict]:
+    """One mutating call, often on one id, sometimes invalid (freed, out of range, several ids)."""
+    kind = int(rng.integers(6))
+    if kind == 0:
+        return "allocate", (int(rng.integers(0, 4)),), {}
+    if kind in (1, 2):  # one id, in or out of range
+        block_id = int(rng.integers(-2, num_blocks + 2))
+        return ("ref" if kind == 1 else "unref"), (_one_id_forms(rng, block_id),), {}
+    if kind == 3:
+        return "unref", (_one_id_forms(rng, int(rng.integers(num_blocks))),), {"unique": bool(rng.integers(2))}
+    ids = rng.integers(0, num_blocks, size=int(rng.integers(0, 4))).tolist()
+    return ("ref" if kind == 4 else "unref"), (ids,), {}
+
+
+def _outcome(pool: BlockPool, name: str, args: tuple, kwargs: dict) -> tuple:
+    try:
+        value = getattr(pool, name)(*args, **kwargs)
+    except HybridCacheError as error:
+        return ("raised", type(error))
+    return ("returned", None if value is None else (value.dtype, value.tolist()))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_scalar_and_array_paths_leave_identical_pools(seed):
+    rng = np.random.default_rng(seed)
+    fast, general = BlockPool(12), ArrayPathPool(12)
+    for _ in range(300):
+        name, args, kwargs = _random_call(rng, fast.num_blocks)
+        assert _outcome(fast, name, args, kwargs) == _outcome(general, name, args, kwargs), (name, args, kwargs)
+        fast.check_invariants()
+        general.check_invariants()
+        mine, theirs = snapshot(fast), snapshot(general)
+        for key, value in mine.items():
+            assert np.array_equal(value, theirs[key]), (key, name, args)
+
+
+def test_single_id_fast_path_raises_the_array_paths_errors():
+    pool = BlockPool(4)
+    with pytest.raises(DoubleFreeError):
+        pool.unref(2)
+    with pytest.raises(DoubleFreeError):
+        pool.ref([1])
+    with pytest.raises(InvalidBlockIdError):
+        pool.unref([4])
+    with pytest.raises(InvalidTypeError):
+        pool.unref(True)
+    (block,) = pool.allocate(1).tolist()
+    assert pool.unref((block,)).tolist() == [block] and pool.num_free == 4
+    pool.check_invariants()

@@ -74,17 +74,19 @@ class BlockPool:
             raise InvalidArgumentError(f"count must be a non-negative int, got {count!r}")
         if count > self._num_free:
             raise OutOfBlocksError(f"need {count} blocks, {self._num_free} free")
-        ids = self._free[self._num_free - count : self._num_free][::-1].copy()
-        self._num_free -= count
-        self._refcount[ids] = 1
-        self._stamp[ids] = self.tick()
-        return ids
+        if count == 1:  # the common request (a frozen checkpoint block): scalar indexing
+            return self._allocate_one()
+        return self._allocate_run(count)
 
     def ref(self, block_ids: object, *, unique: bool = False) -> None:
         """Add one reference per occurrence of each id; every id must already be in use.
 
         ``unique=True`` promises the ids are distinct and skips the duplicate count.
         """
+        single = self._single_id(block_ids)
+        if single is not None:
+            self._ref_one(single)
+            return
         ids, low, high = self._validated(block_ids)
         if ids.size == 0:
             return
@@ -103,6 +105,9 @@ class BlockPool:
         Returns the ids that were freed. Dropping more references than a block holds raises
         and changes nothing.
         """
+        single = self._single_id(block_ids)
+        if single is not None:
+            return self._unref_one(single)
         ids, low, high = self._validated(block_ids)
         if ids.size == 0:
             return ids.astype(BLOCK_DTYPE)
@@ -176,6 +181,60 @@ class BlockPool:
         return self._clock
 
     # --- internals -------------------------------------------------------------------------
+
+    # One id is the common case of ``ref``/``unref``/``allocate`` outside a hit (a checkpoint's
+    # frozen block, one swapped block). The array path pays several NumPy calls (asarray, min,
+    # max, unique, fancy indexing) of about a microsecond each; scalar indexing pays none. The
+    # scalar paths make the same changes and raise the same errors as the array path.
+
+    def _single_id(self, block_ids: object) -> int | None:
+        """The id when ``block_ids`` names one valid block as an int, a NumPy integer or a
+        one-element list or tuple of those; None otherwise, so the array path decides
+        (including every error: an id out of range is left to it)."""
+        if type(block_ids) is list or type(block_ids) is tuple:
+            if len(block_ids) != 1:
+                return None
+            block_ids = block_ids[0]
+        if type(block_ids) is int or isinstance(block_ids, np.integer):
+            block_id = int(block_ids)
+            if 0 <= block_id < self.num_blocks:
+                return block_id
+        return None
+
+    def _allocate_run(self, count: int) -> np.ndarray:
+        ids = self._free[self._num_free - count : self._num_free][::-1].copy()
+        self._num_free -= count
+        self._refcount[ids] = 1
+        self._stamp[ids] = self.tick()
+        return ids
+
+    def _allocate_one(self) -> np.ndarray:
+        top = self._num_free - 1
+        ids = self._free[top : top + 1].copy()
+        self._num_free = top
+        block_id = int(ids[0])
+        self._refcount[block_id] = 1
+        self._stamp[block_id] = self.tick()
+        return ids
+
+    def _ref_one(self, block_id: int) -> None:
+        held = int(self._refcount[block_id])
+        if held <= 0:
+            raise DoubleFreeError("cannot reference a free block")
+        self._refcount[block_id] = held + 1
+        self._stamp[block_id] = self.tick()
+
+    def _unref_one(self, block_id: int) -> np.ndarray:
+        held = int(self._refcount[block_id])
+        if held == 0:
+            raise DoubleFreeError("block freed twice")
+        self._refcount[block_id] = held - 1
+        self._stamp[block_id] = self.tick()
+        if held > 1:
+            return np.empty(0, dtype=BLOCK_DTYPE)
+        self._free[self._num_free] = block_id
+        self._num_free += 1
+        return np.array([block_id], dtype=BLOCK_DTYPE)
 
     def _validated(self, block_ids: object) -> tuple[np.ndarray, int, int]:
         """The ids as a flat integer array with their min and max; raises on a bad id."""
