@@ -20,7 +20,7 @@ console = Console()
 errors = Console(stderr=True)
 SCENARIO_NAMES = (
     "match", "match-partial", "kv-match", "admit-many", "miss", "rollback", "rematch", "publish", "evict", "memory",
-    "soak-engine", "router", "lmdeploy-schedule", "serve", "routing",
+    "soak-engine", "router", "lmdeploy-schedule", "serve", "routing", "unit-costs", "admission-stages",
 )
 
 
@@ -47,6 +47,8 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         if args.scenario == "router":
             return _bench_router(args)
+        if args.scenario in ("unit-costs", "admission-stages"):
+            return _bench_floor(args)
         return _soak_engine(args) if args.scenario == "soak-engine" else _bench_scenarios(args, cpu)
     except (HybridCacheError, OSError) as error:  # OSError: an output that could not be written
         return _failed("bench", error)
@@ -96,6 +98,15 @@ def _soak_engine(args: argparse.Namespace) -> int:
     if args.json:
         write_json([record], args.json)
     return 0 if record["leaked_pool_entries"] == 0 and record["exact_samples"].split("/")[0] == record["exact_samples"].split("/")[1] else 1
+
+
+def _bench_floor(args: argparse.Namespace) -> int:
+    from hybridcache.bench import cli_support
+
+    records = cli_support.run_floor_report(args.scenario, args.batch, args.context, args.block_size, args.smoke, console)
+    if args.json:
+        cli_support.write_json(records, args.json)
+    return 0
 
 
 def _bench_router(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 
 from hybridcache.bench.implementations import make_impl
@@ -103,11 +104,13 @@ def print_records(records: list[dict], console: Console, cpu: int | None) -> Non
     memory = [r for r in records if r["scenario"] == "memory"]
     if timed:
         columns = ["scenario", "impl", "batch", "context", "S", "p50 ms", "p99 ms", "µs/req", "ingest ms", "total ms",
-                   "floor ms", "×ref"]
+                   "floor ms", "cpu total", "cpu floor", "cpu ×floor", "×ref"]
         rows = [
             [r["scenario"] + (f" ({r['kind']})" if "kind" in r else ""), r["impl"], str(r["batch"]), str(r["context"]),
              str(r.get("steps", "")), f"{r['p50_ms']:.2f}", f"{r['p99_ms']:.2f}", f"{r['per_request_us']:.1f}",
-             _opt(r, "ingest_p50_ms"), _opt(r, "total_p50_ms"), _opt(r, "floor_p50_ms"), _opt(r, "speedup_p50", "{:.1f}×")]
+             _opt(r, "ingest_p50_ms"), _opt(r, "total_p50_ms"), _opt(r, "floor_p50_ms"),
+             _opt(r, "total_cpu_p50_ms"), _opt(r, "floor_cpu_p50_ms"), _opt(r, "cpu_overhead_over_floor", "{:.2f}×"),
+             _opt(r, "speedup_p50", "{:.1f}×")]
             for r in timed
         ]
         console.print(filled_table(f"hybridcache bench (pinned to cpu {cpu})", columns, rows, left=("scenario", "impl")))
@@ -154,3 +157,32 @@ def plot(records: list[dict], path: str) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
+
+
+# --- the admission floor (issue 25): unit costs and admission stages, tables of their own ----
+
+FLOOR_SCENARIOS = ("unit-costs", "admission-stages")
+
+
+def run_floor_report(scenario: str, batches, contexts, block_size: int, smoke: bool, console: Console) -> list[dict]:
+    """Measure and print ``unit-costs`` or ``admission-stages``; returns the records."""
+    if scenario == "unit-costs":
+        from hybridcache.bench.unit_costs import measure_unit_costs
+
+        records = measure_unit_costs(number=2_000, repeats=2) if smoke else measure_unit_costs()
+        rows = [[escape(r["unit"]), escape(r["statement"]), f"{r['cpu_ns']:.0f}"] for r in records]
+        console.print(filled_table("hybridcache bench unit-costs (CPU ns per operation)", ["unit", "statement", "cpu ns"],
+                                   rows, left=("unit", "statement")))
+        return [{"scenario": scenario, **r} for r in records]
+    from hybridcache.bench.admission_stages import measure_admission_stages
+
+    records = [measure_admission_stages(case) for case in cases_for("admit-many", batches, contexts, None, block_size, smoke)]
+    for record in records:
+        title = (f"hybridcache bench admission-stages, batch {record['batch']} x {record['context']}: "
+                 f"{record['cpu_us_per_request']:.1f} µs CPU ({record['wall_us_per_request']:.1f} wall) per request, "
+                 f"{record['python_calls_per_request']} calls ({record['builtin_calls_per_request']} of C functions)")
+        rows = [[s["stage"], f"{s['calls_per_request']:.2f}", f"{s['python_calls_per_request']:.1f}",
+                 f"{100 * s['share']:.1f}", f"{s['cpu_us_per_request']:.2f}"] for s in record["stages"]]
+        console.print(filled_table(title, ["stage", "calls/req", "calls inside/req", "share %", "cpu µs/req"], rows,
+                                   left=("stage",)))
+    return [{"scenario": scenario, **r} for r in records]

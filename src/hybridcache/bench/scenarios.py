@@ -77,6 +77,14 @@ def _timed(action: Callable[[], object]) -> tuple[object, float]:
     return value, elapsed / 1e6
 
 
+def _timed_cpu(action: Callable[[], object]) -> tuple[object, float, float]:
+    """``_timed`` that also returns the process CPU time in ms: on a loaded machine wall time
+    includes other processes' turns on this CPU, CPU time does not."""
+    started = time.process_time_ns()
+    value, wall_ms = _timed(action)
+    return value, wall_ms, (time.process_time_ns() - started) / 1e6
+
+
 def _with_suffix(prompts: list[np.ndarray], seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     return [np.concatenate([p, rng.integers(0, VOCAB, SUFFIX_TOKENS, dtype=np.int32)]) for p in prompts]
@@ -105,13 +113,14 @@ def _match_scenario(
         progress()
     expected_hit = case.context if save_step is None else save_step
     timings = {impl.name: ([], [], []) for impl in impls}
-    floor = []
+    cpu_totals = {impl.name: [] for impl in impls}
+    floor, floor_cpu = [], []
     for round_index in range(case.rounds):
         request_tokens = _with_suffix(prompts, round_index + 1)
         for impl in impls:
             requests = impl.new_requests(request_tokens)
-            _, ingest_ms = _timed(lambda: impl.ingest(requests))
-            handles, match_ms = _timed(lambda: impl.match(requests))
+            _, ingest_ms, ingest_cpu_ms = _timed_cpu(lambda: impl.ingest(requests))
+            handles, match_ms, match_cpu_ms = _timed_cpu(lambda: impl.match(requests))
             assert all(impl.hit_tokens(r) == expected_hit for r in requests), f"{impl.name} missed in {name}"
             impl.rollback(requests, handles)
             if round_index >= case.warmups:
@@ -119,10 +128,15 @@ def _match_scenario(
                 match_samples.append(match_ms)
                 ingest_samples.append(ingest_ms)
                 total_samples.append(match_ms + ingest_ms)
-        _, floor_ms = _timed(lambda: [np.array_equal(t[: case.context], p) for t, p in zip(request_tokens, prompts)])
+                cpu_totals[impl.name].append(match_cpu_ms + ingest_cpu_ms)
+        _, floor_ms, floor_cpu_ms = _timed_cpu(
+            lambda: [np.array_equal(t[: case.context], p) for t, p in zip(request_tokens, prompts)]
+        )
         if round_index >= case.warmups:
             floor.append(floor_ms)
+            floor_cpu.append(floor_cpu_ms)
     floor_p50 = float(np.percentile(floor, 50))
+    floor_cpu_p50 = float(np.percentile(floor_cpu, 50))
     records = []
     for impl in impls:
         match_samples, ingest_samples, total_samples = timings[impl.name]
@@ -134,9 +148,16 @@ def _match_scenario(
                 total_p50_ms=total_p50,
                 floor_p50_ms=floor_p50,
                 overhead_over_floor=total_p50 / floor_p50 if floor_p50 else float("inf"),
+                **_cpu_columns(cpu_totals[impl.name], floor_cpu_p50),
             )
         )
     return records
+
+
+def _cpu_columns(cpu_totals: list[float], floor_cpu_p50: float) -> dict:
+    total = float(np.percentile(cpu_totals, 50))
+    return {"total_cpu_p50_ms": total, "floor_cpu_p50_ms": floor_cpu_p50,
+            "cpu_overhead_over_floor": total / floor_cpu_p50 if floor_cpu_p50 else float("inf")}
 
 
 def bench_match(impls: list[Impl], case: Case, progress: Progress) -> list[dict]:

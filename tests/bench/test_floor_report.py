@@ -1,0 +1,48 @@
+"""The admission-floor reports (issue 25): unit costs, admission stages and the CPU-time
+columns of the match scenarios report what they promise (no assertions on time)."""
+
+import io
+
+import pytest
+from rich.console import Console
+
+from hybridcache.bench.admission_stages import measure_admission_stages
+from hybridcache.bench.cli_support import FLOOR_SCENARIOS, run_floor_report
+from hybridcache.bench.impl import HybridcacheImpl
+from hybridcache.bench.scenarios import SCENARIOS, Case
+from hybridcache.bench.unit_costs import UNITS, measure_unit_costs
+from hybridcache.cli import SCENARIO_NAMES
+
+
+def test_unit_costs_cover_every_unit_with_a_non_negative_cost():
+    records = measure_unit_costs(number=200, repeats=1)
+    assert [r["unit"] for r in records] == [unit for unit, _ in UNITS]
+    assert all(r["cpu_ns"] >= 0 for r in records)
+
+
+def test_admission_stages_count_the_calls_of_each_stage_per_request():
+    record = measure_admission_stages(Case(batch=3, context=512, warmups=1, samples=1))
+    stages = {stage["stage"]: stage for stage in record["stages"]}
+    for stage in ("match", "grow_table", "commit"):  # one call per admitted request each
+        assert stages[stage]["calls_per_request"] == pytest.approx(1.0)
+        assert stages[stage]["python_calls_per_request"] >= 1
+    assert 0 < sum(stage["share"] for stage in record["stages"]) <= 1 + 1e-9
+    assert record["python_calls_per_request"] > record["builtin_calls_per_request"] > 0
+    assert record["cpu_us_per_request"] > 0 and record["wall_us_per_request"] > 0
+
+
+@pytest.mark.parametrize("scenario", FLOOR_SCENARIOS)
+def test_floor_reports_run_at_smoke_size_and_are_bench_scenarios(scenario):
+    output = io.StringIO()
+    records = run_floor_report(scenario, None, None, 64, True, Console(file=output, width=200))
+    assert records and all(r["scenario"] == scenario for r in records)
+    assert f"bench {scenario}" in output.getvalue()
+    assert scenario in SCENARIO_NAMES
+
+
+@pytest.mark.parametrize("scenario", ["match", "kv-match"])
+def test_match_records_carry_cpu_time_next_to_wall_time(scenario):
+    case = Case(batch=3, context=512, warmups=1, samples=2)
+    (record,) = SCENARIOS[scenario]([HybridcacheImpl()], case, lambda: None)
+    assert record["total_cpu_p50_ms"] > 0 and record["floor_cpu_p50_ms"] > 0
+    assert record["cpu_overhead_over_floor"] == pytest.approx(record["total_cpu_p50_ms"] / record["floor_cpu_p50_ms"])
