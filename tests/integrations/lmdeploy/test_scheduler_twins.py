@@ -128,3 +128,34 @@ def test_routed_experts_are_replayed_for_a_hit():
     replay = observed["seqs"]["replay"]
     assert replay["step"] == 2 * BLOCK
     assert len(replay["experts"]) >= 2 * BLOCK  # replayed rows, then the forward's own
+
+
+
+def _continue_both(twins: Twins, name: str, tokens: list[int]) -> tuple[dict, dict]:
+    twins.step_both(lambda w: w.continue_turn(name, tokens))
+    observed = twins.step_both(lambda w: w.schedule())
+    twins.step_both(lambda w: w.forward())
+    return observed
+
+
+def test_a_continued_ssm_sequence_restores_from_its_checkpoint_as_lmdeploy_does():
+    """lmdeploy's engine continues a session by growing its one sequence (update_token_ids in
+    INPUTS mode, then activate), and its match searches checkpoints from the sequence's cursor,
+    not from its computed step: turn 2 restores the state turn 1 published at its mid-block end,
+    with the same hit, step, restore and table on both tries. Then the first deliberate
+    difference (docs/integrations.md): lmdeploy keeps turn 2's completed block out of the trie,
+    its save at turn 2's end finds no anchor and turn 3 rolls back to turn 1's checkpoint;
+    hybridcache attached that block, so turn 3 resumes at turn 2's end."""
+    twins = Twins(ssm=True, num_gpu_blocks=64)
+    _serve(twins, "s", 0, [1] * (2 * BLOCK + 8))
+    reference, subject = _continue_both(twins, "s", [7] + [2] * 20)
+    ours, theirs = subject["seqs"]["s"], reference["seqs"]["s"]
+    assert subject["hits"] == reference["hits"] == 8  # from the cursor at 32 to the checkpoint at 40
+    for seen in ("step", "restore", "blocks", "tokens", "status"):
+        assert ours[seen] == theirs[seen]
+    assert ours["step"] == 2 * BLOCK + 8 and ours["restore"] >= 0
+    assert theirs["refs"] == [2, 2, 1, 1] and ours["refs"] == [2, 2, 2, 1]  # block 2 joined our trie
+    reference, subject = _continue_both(twins, "s", [7] + [3] * 40)
+    assert reference["seqs"]["s"]["step"] == 2 * BLOCK + 8
+    assert subject["seqs"]["s"]["step"] == 2 * BLOCK + 8 + 22 and subject["seqs"]["s"]["restore"] >= 0
+    twins.step_both(lambda w: w.finish("s"))

@@ -77,6 +77,7 @@ class LmdeployBlockTrie:
         self.block_size = block_size
         self.enabled = bool(enabled)
         states = None if checkpoint_state_manager is None else StateManagerSlots(checkpoint_state_manager)
+        self._uses_checkpoints = states is not None
         self.trie = BlockTrie(
             AllocatorBlocks(allocator),
             block_size,
@@ -123,7 +124,10 @@ class LmdeployBlockTrie:
         shadow = self._shadows.synced(seq)
         self._close_match(shadow)
         before = shadow.seq.num_blocks
+        resumed_at = self._search_checkpoints_from(shadow.seq, initial_step)
         shadow.txn = txn = self.trie.match(shadow.seq)
+        if not txn.hit_tokens and shadow.seq.num_computed != resumed_at:
+            shadow.seq.set_computed(resumed_at)  # a miss leaves a continued turn where it was
         self._mirror_table(shadow, seq, min(before, txn.table_start))
         if txn.hit_tokens:
             seq.set_step(shadow.seq.num_computed)
@@ -136,6 +140,16 @@ class LmdeployBlockTrie:
         if not prefix_cache.suppress_match_stats:
             self.stats.num_query_tokens += int(seq.num_all_ids) - initial_step
             self.stats.num_hit_tokens += max(0, int(seq.num_history_ids) - initial_step) if txn.hit_tokens else 0
+
+    def _search_checkpoints_from(self, hc_seq: object, initial_step: int) -> int:
+        """A continued turn (lmdeploy grows the same sequence) searches checkpoints from its
+        cursor's block boundary, as lmdeploy's match does, not from its computed step: the turn
+        resumes from the checkpoint its previous turn published and restores that state. Returns
+        the computed step to keep on a miss."""
+        computed = hc_seq.num_computed
+        if self._uses_checkpoints and initial_step < computed:
+            hc_seq.set_computed(initial_step)
+        return computed
 
     def _close_match(self, shadow: Shadow) -> None:
         if shadow.txn is not None:
