@@ -159,3 +159,21 @@ def test_a_continued_ssm_sequence_restores_from_its_checkpoint_as_lmdeploy_does(
     assert reference["seqs"]["s"]["step"] == 2 * BLOCK + 8
     assert subject["seqs"]["s"]["step"] == 2 * BLOCK + 8 + 22 and subject["seqs"]["s"]["restore"] >= 0
     twins.step_both(lambda w: w.finish("s"))
+
+
+def test_a_mid_block_checkpoint_replays_routed_experts_where_lmdeploy_recomputes():
+    """The fourth deliberate difference (docs/integrations.md): lmdeploy refuses a partial
+    (mid-block) checkpoint to a request that wants routed experts, since its trie keeps experts
+    per complete block only; hybridcache keeps the checkpoint's tail rows with it, so the hit
+    stands and replays every row up to the checkpoint."""
+    twins = Twins(ssm=True, num_gpu_blocks=64)
+    prompt = [1] * (2 * BLOCK + 8)
+    first = twins.step(lambda w: w.add("a", 0, prompt, experts=True))
+    twins.step(lambda w: w.schedule())
+    computed = twins.step(lambda w: w.forward())["seqs"]["a"]["experts"]
+    assert first["seqs"]["a"]["step"] == 0 and len(computed) == len(prompt)
+    twins.step_both(lambda w: w.add("b", 1, prompt + [5] * 10, experts=True))
+    reference, subject = twins.step_both(lambda w: w.schedule())
+    theirs, ours = reference["seqs"]["b"], subject["seqs"]["b"]
+    assert theirs["step"] == 0 and theirs["restore"] == -1 and theirs["experts"] == []
+    assert ours["step"] == len(prompt) and ours["restore"] >= 0 and ours["experts"] == computed
