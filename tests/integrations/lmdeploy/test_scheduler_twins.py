@@ -177,3 +177,31 @@ def test_a_mid_block_checkpoint_replays_routed_experts_where_lmdeploy_recomputes
     theirs, ours = reference["seqs"]["b"], subject["seqs"]["b"]
     assert theirs["step"] == 0 and theirs["restore"] == -1 and theirs["experts"] == []
     assert ours["step"] == len(prompt) and ours["restore"] >= 0 and ours["experts"] == computed
+
+
+def test_an_allocate_with_no_block_to_complete_returns_before_syncing_the_shadow():
+    """A decode step's allocate inside a block (nothing completes beyond the cursor) returns at
+    once on both tries, before the adapter syncs its shadow; the tables, counts and the next
+    allocation that does complete a block still agree."""
+    twins = Twins(ssm=False, num_gpu_blocks=32)
+    twins.step(lambda w: w.add("a", 0, [1] * (3 * BLOCK + 1)))
+    twins.step(lambda w: w.schedule())
+    syncs = []
+
+    def allocate_again(world) -> None:  # what a decode step's allocate inside the block does
+        trie = world.scheduler.block_trie
+        shadows = getattr(trie, "_shadows", None)
+        if shadows is not None:  # the adapter: count its shadow syncs during the call only
+            real_synced = shadows.synced
+            shadows.synced = lambda seq, **kw: syncs.append(seq) or real_synced(seq, **kw)
+        try:
+            trie.allocate(world.seqs["a"])
+        finally:
+            if shadows is not None:
+                del shadows.synced
+
+    again = twins.step(allocate_again)
+    assert syncs == [] and again["seqs"]["a"]["refs"] == [2, 2, 2, 1]
+    twins.step(lambda w: w.forward())
+    done = twins.step(lambda w: w.finish("a"))
+    assert done["free_gpu"] == 32 - 3

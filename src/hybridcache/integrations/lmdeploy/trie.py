@@ -163,6 +163,9 @@ class LmdeployBlockTrie:
         """Attach the blocks lmdeploy's block manager gave ``seq`` (complete ones join the trie)."""
         if not self.enabled:
             return
+        if self._settled_before_sync(seq):  # a decode step inside a block: lmdeploy returns too
+            seq.prefix_cache.recompute_overlap.clear_fresh_block_range()
+            return
         shadow = self._shadows.synced(seq, with_table=False)
         self._close_match(shadow)
         hc_seq = shadow.seq
@@ -189,6 +192,20 @@ class LmdeployBlockTrie:
         overlap.trie_block_map.update(hc_seq.prefix_state.overlap.trie_block_map)
         overlap.clear_fresh_block_range()
         seq.prefix_cache.trie_cursor = self._cursor_view(shadow, seq)
+
+    def _settled_before_sync(self, seq: object) -> bool:
+        """Nothing to attach, known without syncing the shadow: no open match to commit, no
+        private block or experts to settle, lmdeploy has not released the sequence, and no block
+        beyond the cursor completes. The shadow's tokens and table catch up at the next sync."""
+        shadow = self._shadows.existing(seq)
+        if shadow is None or shadow.txn is not None or seq.return_routed_experts:
+            return False
+        if shadow.seq.prefix_state.overlap.trie_block_map or self._shadows.lmdeploy_released(shadow, seq):
+            return False
+        if not isinstance(seq.prefix_cache.trie_cursor, NodeView) or seq.prefix_cache.trie_cursor is not self._cursor_view(shadow, seq):
+            return False
+        limit = int(seq.num_valid_ids) if seq.kv_token_limit is None else min(int(seq.num_valid_ids), int(seq.kv_token_limit))
+        return self._cursor_depth(shadow.seq) >= limit // self.block_size and self._cursor_depth(shadow.seq) > 0
 
     def _nothing_to_attach(self, hc_seq: object, limit: int) -> bool:
         """No block beyond the cursor completes, and no private block waits to be settled or
