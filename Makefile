@@ -58,9 +58,18 @@ compare-setup: $(STAMP)
 # beside the bench's 0.18.0: the wheel with --no-deps (pip never touches torch, CPU 2.13.0),
 # plus exactly what its scheduler-side imports need, msgspec (hybridcache.cli imports
 # hybridcache.events), plus hybridcache itself (editable).
-LMDEPLOY_VENV := .venv-lmdeploy
-LMDEPLOY_BIN := $(LMDEPLOY_VENV)/bin
-LMDEPLOY_STAMP := $(LMDEPLOY_VENV)/.installed-stamp
+# LMDEPLOY_VENV=<dir> (command line or environment) uses an environment built elsewhere by
+# `make lmdeploy-env` as it is: checked, never rebuilt or reinstalled from this tree. Its
+# editable install may point at another checkout, so the test targets put this tree's src first.
+LMDEPLOY_VENV ?= .venv-lmdeploy
+LMDEPLOY_BIN := $(abspath $(LMDEPLOY_VENV))/bin
+LMDEPLOY_STAMP := $(abspath $(LMDEPLOY_VENV))/.installed-stamp
+LMDEPLOY_RUN := PYTHONPATH=$(CURDIR)/src$${PYTHONPATH:+:$$PYTHONPATH} $(LMDEPLOY_BIN)/python
+ifeq ($(origin LMDEPLOY_VENV),file)
+LMDEPLOY_READY := $(LMDEPLOY_STAMP)
+else
+LMDEPLOY_READY := lmdeploy-venv-check
+endif
 LMDEPLOY16_PKGS := lmdeploy==0.16.0 $(filter-out lmdeploy==0.18.0,$(LMDEPLOY_PKGS))
 
 $(LMDEPLOY_STAMP): pyproject.toml Makefile
@@ -71,11 +80,14 @@ $(LMDEPLOY_STAMP): pyproject.toml Makefile
 	$(LMDEPLOY_BIN)/python -W ignore -c "import lmdeploy.pytorch.paging.scheduler, hybridcache.integrations.lmdeploy as a; import lmdeploy; assert lmdeploy.__version__ == a.SUPPORTED_VERSION, lmdeploy.__version__"
 	touch $(LMDEPLOY_STAMP)
 
-.PHONY: lmdeploy-env test-lmdeploy lmdeploy-conformance
+.PHONY: lmdeploy-env lmdeploy-venv-check test-lmdeploy lmdeploy-conformance
 lmdeploy-env: $(LMDEPLOY_STAMP)
 
-test-lmdeploy: $(LMDEPLOY_STAMP)
-	$(LMDEPLOY_BIN)/python -m pytest -q -p no:cacheprovider --confcutdir=tests/integrations tests/integrations
+lmdeploy-venv-check:
+	@test -f $(LMDEPLOY_STAMP) || { echo "make: $(LMDEPLOY_VENV) is not an environment built by make lmdeploy-env (no .installed-stamp)" >&2; exit 1; }
+
+test-lmdeploy: $(LMDEPLOY_READY)
+	$(LMDEPLOY_RUN) -m pytest -q -p no:cacheprovider --confcutdir=tests/integrations tests/integrations
 
 # lmdeploy's own tests (tag v0.16.0, from a snapshot of the public repository: never in this
 # repository) against the adapter: LMDEPLOY_TESTS=<dir holding tests/pytorch>. Local only.
@@ -91,11 +103,11 @@ LMDEPLOY_NOT_APPLICABLE := $(LMDEPLOY_TRIE_TESTS)::test_recompute_overlap_cursor
 	$(LMDEPLOY_LIFECYCLE_TESTS)::test_ssm_checkpoint_publish_index_error_rolls_back_publication \
 	$(LMDEPLOY_LIFECYCLE_TESTS)::test_ssm_checkpoint_replaces_partial_variant_at_same_anchor \
 	$(LMDEPLOY_LIFECYCLE_TESTS)::test_evict_ssm_releases_state_checkpoint
-lmdeploy-conformance: $(LMDEPLOY_STAMP)
+lmdeploy-conformance: $(LMDEPLOY_READY)
 	test -n "$(LMDEPLOY_TESTS)" || (echo "set LMDEPLOY_TESTS to a directory holding lmdeploy v0.16.0's tests/pytorch" && false)
-	cd $(LMDEPLOY_TESTS) && $(CURDIR)/$(LMDEPLOY_BIN)/python -m pytest -q -p no:cacheprovider \
+	cd $(LMDEPLOY_TESTS) && $(LMDEPLOY_RUN) -m pytest -q -p no:cacheprovider \
 		-p hybridcache.integrations.lmdeploy.pytest_plugin $(LMDEPLOY_CONFORMANCE) \
 		$(addprefix --deselect ,$(LMDEPLOY_NOT_APPLICABLE))
 
 clean:
-	rm -rf $(VENV) $(LMDEPLOY_VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) .venv-lmdeploy build src/*.egg-info .pytest_cache

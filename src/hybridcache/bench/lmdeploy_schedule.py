@@ -19,6 +19,12 @@ and step together (``total``), and the step less the time spent inside the trie'
 both tries are counted the same way). ``bound_p50`` / ``bound_p99`` on lmdeploy's record: its
 step over its floor, the most any trie could gain on lmdeploy's Scheduler.
 
+CPU time (the thread's, ``time.thread_time``) is taken beside the wall time of the step
+(``cpu``) and of arrival plus step (``cpu_total``): on a shared, loaded host the wall clock also
+counts the time other processes hold the core, the thread's CPU time does not. Our record
+carries ``cpu_speedup_p50`` / ``cpu_speedup_p99`` (lmdeploy's step CPU over ours) and
+``cpu_total_speedup_p50`` (the same for arrival plus step).
+
 Needs lmdeploy 0.16.0 importable (``make lmdeploy-env``; run with ``.venv-lmdeploy/bin/python``).
 """
 
@@ -121,18 +127,26 @@ class _TrieClock:
         return elapsed / 1e6
 
 
-def _one_round(scheduler, clock: _TrieClock, requests: list, context: int) -> tuple[float, float, float]:
-    """(arrival ms, step ms, step ms inside the trie) of one round of ``requests`` (tensors)."""
+def _timed_with_cpu(action) -> tuple[object, float, float]:
+    """``action``'s value, wall ms and this thread's CPU ms."""
+    started = time.thread_time_ns()
+    value, wall_ms = _timed(action)
+    return value, wall_ms, (time.thread_time_ns() - started) / 1e6
+
+
+def _one_round(scheduler, clock: _TrieClock, requests: list, context: int) -> tuple[float, ...]:
+    """(arrival ms, step ms, step ms inside the trie, arrival CPU ms, step CPU ms) of one round
+    of ``requests`` (tensors)."""
     session = scheduler.add_session(len(scheduler.sessions) + 1)
-    seqs, arrival_ms = _timed(lambda: [session.add_sequence(tokens) for tokens in requests])
+    seqs, arrival_ms, arrival_cpu_ms = _timed_with_cpu(lambda: [session.add_sequence(tokens) for tokens in requests])
     clock.take_ms()
-    output, step_ms = _timed(lambda: scheduler.schedule(is_prefill=True))
+    output, step_ms, step_cpu_ms = _timed_with_cpu(lambda: scheduler.schedule(is_prefill=True))
     trie_ms = clock.take_ms()
     if len(output.running) != len(seqs) or any(seq.num_history_ids != context for seq in seqs):
         raise RuntimeError("a request was not admitted with its aligned hit")
     scheduler.block_trie.state_checkpoints.unpin_restores(output.running)
     scheduler.end_session(session.session_id)
-    return arrival_ms, step_ms, trie_ms
+    return arrival_ms, step_ms, trie_ms, arrival_cpu_ms, step_cpu_ms
 
 
 def bench_lmdeploy_schedule(case: Case, progress=lambda: None) -> list[dict]:
@@ -144,7 +158,7 @@ def bench_lmdeploy_schedule(case: Case, progress=lambda: None) -> list[dict]:
         _cache_prompts(scheduler, prompts, torch)
         progress()
     clocks = {name: _TrieClock(scheduler.block_trie) for name, scheduler in schedulers.items()}
-    samples: dict[str, list[tuple[float, float, float]]] = {name: [] for name in IMPLEMENTATIONS}
+    samples: dict[str, list[tuple[float, ...]]] = {name: [] for name in IMPLEMENTATIONS}
     for round_index in range(case.rounds):
         requests = [torch.from_numpy(tokens.astype(np.int64)) for tokens in _with_suffix(prompts, round_index + 1)]
         for name, scheduler in schedulers.items():
@@ -156,15 +170,20 @@ def bench_lmdeploy_schedule(case: Case, progress=lambda: None) -> list[dict]:
     reference = records[0]
     reference["bound_p50"] = reference["p50_ms"] / reference["floor_p50_ms"]
     reference["bound_p99"] = reference["p99_ms"] / reference["floor_p99_ms"]
+    ours = records[1]
+    ours["cpu_speedup_p50"] = reference["cpu_p50_ms"] / ours["cpu_p50_ms"]
+    ours["cpu_speedup_p99"] = reference["cpu_p99_ms"] / ours["cpu_p99_ms"]
+    ours["cpu_total_speedup_p50"] = reference["cpu_total_p50_ms"] / ours["cpu_total_p50_ms"]
     return records
 
 
-def _record(name: str, case: Case, timings: list[tuple[float, float, float]]) -> dict:
-    arrival, step, inside = (np.array(column) for column in zip(*timings))
+def _record(name: str, case: Case, timings: list[tuple[float, ...]]) -> dict:
+    arrival, step, inside, arrival_cpu, step_cpu = (np.array(column) for column in zip(*timings))
     record = dict(scenario="lmdeploy-schedule", impl=name, batch=case.batch, context=case.context, block_size=case.block_size)
     record.update(_percentiles(step.tolist()), samples_ms=step.tolist())
     record["per_request_us"] = record["p50_ms"] * 1000 / case.batch
-    for label, values in (("ingest", arrival), ("total", arrival + step), ("floor", step - inside), ("trie", inside)):
+    for label, values in (("ingest", arrival), ("total", arrival + step), ("floor", step - inside), ("trie", inside),
+                          ("cpu", step_cpu), ("cpu_total", arrival_cpu + step_cpu)):
         record[f"{label}_p50_ms"], record[f"{label}_p99_ms"] = _percentiles(values.tolist()).values()
     record["arrival_samples_ms"], record["trie_samples_ms"] = arrival.tolist(), inside.tolist()
     return record

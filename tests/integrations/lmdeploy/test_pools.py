@@ -33,6 +33,17 @@ def test_block_references_are_lmdeploys_own_counts():
     blocks.check_invariants(expected)
 
 
+def test_a_reference_writes_no_lmdeploy_access_time_but_moves_the_tries_recency():
+    allocator = LogicalAllocator(num_cpu_blocks=0, num_gpu_blocks=8)
+    blocks = AllocatorBlocks(allocator)
+    ids = blocks.allocate(2)
+    allocator._log_mem.access_time[ids] = 0  # lmdeploy stamps wall-clock times at allocate
+    before = blocks.stamp_of(int(ids[0]))
+    blocks.ref(ids[:1])
+    assert allocator.get_access_time(ids).tolist() == [0, 0]
+    assert blocks.stamp_of(int(ids[0])) > before and allocator.get_ref_count(ids).tolist() == [2, 1]
+
+
 def test_duplicates_free_once_and_in_the_callers_order():
     allocator = LogicalAllocator(num_cpu_blocks=0, num_gpu_blocks=8)
     blocks = AllocatorBlocks(allocator)

@@ -128,3 +128,80 @@ def test_routed_experts_are_replayed_for_a_hit():
     replay = observed["seqs"]["replay"]
     assert replay["step"] == 2 * BLOCK
     assert len(replay["experts"]) >= 2 * BLOCK  # replayed rows, then the forward's own
+
+
+
+def _continue_both(twins: Twins, name: str, tokens: list[int]) -> tuple[dict, dict]:
+    twins.step_both(lambda w: w.continue_turn(name, tokens))
+    observed = twins.step_both(lambda w: w.schedule())
+    twins.step_both(lambda w: w.forward())
+    return observed
+
+
+def test_a_continued_ssm_sequence_restores_from_its_checkpoint_as_lmdeploy_does():
+    """lmdeploy's engine continues a session by growing its one sequence (update_token_ids in
+    INPUTS mode, then activate), and its match searches checkpoints from the sequence's cursor,
+    not from its computed step: turn 2 restores the state turn 1 published at its mid-block end,
+    with the same hit, step, restore and table on both tries. Then the first deliberate
+    difference (docs/integrations.md): lmdeploy keeps turn 2's completed block out of the trie,
+    its save at turn 2's end finds no anchor and turn 3 rolls back to turn 1's checkpoint;
+    hybridcache attached that block, so turn 3 resumes at turn 2's end."""
+    twins = Twins(ssm=True, num_gpu_blocks=64)
+    _serve(twins, "s", 0, [1] * (2 * BLOCK + 8))
+    reference, subject = _continue_both(twins, "s", [7] + [2] * 20)
+    ours, theirs = subject["seqs"]["s"], reference["seqs"]["s"]
+    assert subject["hits"] == reference["hits"] == 8  # from the cursor at 32 to the checkpoint at 40
+    for seen in ("step", "restore", "blocks", "tokens", "status"):
+        assert ours[seen] == theirs[seen]
+    assert ours["step"] == 2 * BLOCK + 8 and ours["restore"] >= 0
+    assert theirs["refs"] == [2, 2, 1, 1] and ours["refs"] == [2, 2, 2, 1]  # block 2 joined our trie
+    reference, subject = _continue_both(twins, "s", [7] + [3] * 40)
+    assert reference["seqs"]["s"]["step"] == 2 * BLOCK + 8
+    assert subject["seqs"]["s"]["step"] == 2 * BLOCK + 8 + 22 and subject["seqs"]["s"]["restore"] >= 0
+    twins.step_both(lambda w: w.finish("s"))
+
+
+def test_a_mid_block_checkpoint_replays_routed_experts_where_lmdeploy_recomputes():
+    """The fourth deliberate difference (docs/integrations.md): lmdeploy refuses a partial
+    (mid-block) checkpoint to a request that wants routed experts, since its trie keeps experts
+    per complete block only; hybridcache keeps the checkpoint's tail rows with it, so the hit
+    stands and replays every row up to the checkpoint."""
+    twins = Twins(ssm=True, num_gpu_blocks=64)
+    prompt = [1] * (2 * BLOCK + 8)
+    first = twins.step(lambda w: w.add("a", 0, prompt, experts=True))
+    twins.step(lambda w: w.schedule())
+    computed = twins.step(lambda w: w.forward())["seqs"]["a"]["experts"]
+    assert first["seqs"]["a"]["step"] == 0 and len(computed) == len(prompt)
+    twins.step_both(lambda w: w.add("b", 1, prompt + [5] * 10, experts=True))
+    reference, subject = twins.step_both(lambda w: w.schedule())
+    theirs, ours = reference["seqs"]["b"], subject["seqs"]["b"]
+    assert theirs["step"] == 0 and theirs["restore"] == -1 and theirs["experts"] == []
+    assert ours["step"] == len(prompt) and ours["restore"] >= 0 and ours["experts"] == computed
+
+
+def test_an_allocate_with_no_block_to_complete_returns_before_syncing_the_shadow():
+    """A decode step's allocate inside a block (nothing completes beyond the cursor) returns at
+    once on both tries, before the adapter syncs its shadow; the tables, counts and the next
+    allocation that does complete a block still agree."""
+    twins = Twins(ssm=False, num_gpu_blocks=32)
+    twins.step(lambda w: w.add("a", 0, [1] * (3 * BLOCK + 1)))
+    twins.step(lambda w: w.schedule())
+    syncs = []
+
+    def allocate_again(world) -> None:  # what a decode step's allocate inside the block does
+        trie = world.scheduler.block_trie
+        shadows = getattr(trie, "_shadows", None)
+        if shadows is not None:  # the adapter: count its shadow syncs during the call only
+            real_synced = shadows.synced
+            shadows.synced = lambda seq, **kw: syncs.append(seq) or real_synced(seq, **kw)
+        try:
+            trie.allocate(world.seqs["a"])
+        finally:
+            if shadows is not None:
+                del shadows.synced
+
+    again = twins.step(allocate_again)
+    assert syncs == [] and again["seqs"]["a"]["refs"] == [2, 2, 2, 1]
+    twins.step(lambda w: w.forward())
+    done = twins.step(lambda w: w.finish("a"))
+    assert done["free_gpu"] == 32 - 3

@@ -59,6 +59,13 @@ class World:
         seq.prefix_cache.recompute_overlap.recompute_blocks = recompute_blocks
         self.seqs[name] = seq
 
+    def continue_turn(self, name: str, tokens: list[int]) -> None:
+        """A new turn of a stopped sequence, as lmdeploy's engine adds one to a live session:
+        the same sequence grows by the turn's tokens and waits again."""
+        seq = self.seqs[name]
+        seq.update_token_ids(torch.tensor(tokens), mode=UpdateTokenMode.INPUTS)
+        seq.state.activate()
+
     def schedule(self) -> None:
         self.running = list(self.scheduler.schedule(is_prefill=True).running)
 

@@ -1,7 +1,8 @@
 """Pool facades: lmdeploy's ``LogicalAllocator`` and ``StateManager`` as hybridcache pools.
 
 Owns: the recency stamps of lmdeploy's blocks and their logical clock (lmdeploy's own access
-times have one clock-second resolution in ties), and the set of state rows the trie holds as
+times have one clock-second resolution in ties; the facade writes none of them, as nothing but
+lmdeploy's replaced trie reads them), and the set of state rows the trie holds as
 checkpoints. The block ids, their reference counts and the state rows stay lmdeploy's: every
 reference the trie takes or drops is one ``add_ref_count`` or ``free`` on lmdeploy's
 allocator, so lmdeploy's ``get_ref_count`` shows one reference per block per holder.
@@ -78,7 +79,8 @@ class AllocatorBlocks:
         if int(np.asarray(self.allocator.get_ref_count(ids)).min()) <= 0:
             raise DoubleFreeError("cannot reference a free block")
         self.allocator.add_ref_count(ids, 1)
-        self.allocator.update_access_time(ids)
+        # No lmdeploy access-time write: only lmdeploy's own trie reads those times (its LRU),
+        # and this trie evicts by the stamps below; lmdeploy's allocate and free keep theirs.
         self._stamp[ids] = self.tick()
 
     def unref(self, block_ids: object, *, unique: bool = False) -> np.ndarray:

@@ -123,7 +123,7 @@ class ShadowBook:
         shadow.verified = None
         seq = shadow.seq
         self._append_tokens(seq, lmd_seq, num_valid)
-        if self._lmdeploy_released(shadow, lmd_seq):
+        if self.lmdeploy_released(shadow, lmd_seq):
             self.forget(shadow)
         if with_table:
             self.sync_table(shadow, lmd_seq)
@@ -171,7 +171,7 @@ class ShadowBook:
             return ours.tolist() == theirs.tolist()
         return bool(np.array_equal(ours, theirs))
 
-    def _lmdeploy_released(self, shadow: Shadow, lmd_seq: object) -> bool:
+    def lmdeploy_released(self, shadow: Shadow, lmd_seq: object) -> bool:
         """lmdeploy freed the sequence's blocks or reset its cursor since the shadow last saw it."""
         seq = shadow.seq
         position = seq.prefix_state.trie

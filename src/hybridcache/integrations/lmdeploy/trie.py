@@ -77,6 +77,7 @@ class LmdeployBlockTrie:
         self.block_size = block_size
         self.enabled = bool(enabled)
         states = None if checkpoint_state_manager is None else StateManagerSlots(checkpoint_state_manager)
+        self._uses_checkpoints = states is not None
         self.trie = BlockTrie(
             AllocatorBlocks(allocator),
             block_size,
@@ -123,7 +124,10 @@ class LmdeployBlockTrie:
         shadow = self._shadows.synced(seq)
         self._close_match(shadow)
         before = shadow.seq.num_blocks
+        resumed_at = self._search_checkpoints_from(shadow.seq, initial_step)
         shadow.txn = txn = self.trie.match(shadow.seq)
+        if not txn.hit_tokens and shadow.seq.num_computed != resumed_at:
+            shadow.seq.set_computed(resumed_at)  # a miss leaves a continued turn where it was
         self._mirror_table(shadow, seq, min(before, txn.table_start))
         if txn.hit_tokens:
             seq.set_step(shadow.seq.num_computed)
@@ -137,6 +141,16 @@ class LmdeployBlockTrie:
             self.stats.num_query_tokens += int(seq.num_all_ids) - initial_step
             self.stats.num_hit_tokens += max(0, int(seq.num_history_ids) - initial_step) if txn.hit_tokens else 0
 
+    def _search_checkpoints_from(self, hc_seq: object, initial_step: int) -> int:
+        """A continued turn (lmdeploy grows the same sequence) searches checkpoints from its
+        cursor's block boundary, as lmdeploy's match does, not from its computed step: the turn
+        resumes from the checkpoint its previous turn published and restores that state. Returns
+        the computed step to keep on a miss."""
+        computed = hc_seq.num_computed
+        if self._uses_checkpoints and initial_step < computed:
+            hc_seq.set_computed(initial_step)
+        return computed
+
     def _close_match(self, shadow: Shadow) -> None:
         if shadow.txn is not None:
             if shadow.txn.open:
@@ -148,6 +162,9 @@ class LmdeployBlockTrie:
     def allocate(self, seq: object) -> None:
         """Attach the blocks lmdeploy's block manager gave ``seq`` (complete ones join the trie)."""
         if not self.enabled:
+            return
+        if self._settled_before_sync(seq):  # a decode step inside a block: lmdeploy returns too
+            seq.prefix_cache.recompute_overlap.clear_fresh_block_range()
             return
         shadow = self._shadows.synced(seq, with_table=False)
         self._close_match(shadow)
@@ -175,6 +192,20 @@ class LmdeployBlockTrie:
         overlap.trie_block_map.update(hc_seq.prefix_state.overlap.trie_block_map)
         overlap.clear_fresh_block_range()
         seq.prefix_cache.trie_cursor = self._cursor_view(shadow, seq)
+
+    def _settled_before_sync(self, seq: object) -> bool:
+        """Nothing to attach, known without syncing the shadow: no open match to commit, no
+        private block or experts to settle, lmdeploy has not released the sequence, and no block
+        beyond the cursor completes. The shadow's tokens and table catch up at the next sync."""
+        shadow = self._shadows.existing(seq)
+        if shadow is None or shadow.txn is not None or seq.return_routed_experts:
+            return False
+        if shadow.seq.prefix_state.overlap.trie_block_map or self._shadows.lmdeploy_released(shadow, seq):
+            return False
+        if not isinstance(seq.prefix_cache.trie_cursor, NodeView) or seq.prefix_cache.trie_cursor is not self._cursor_view(shadow, seq):
+            return False
+        limit = int(seq.num_valid_ids) if seq.kv_token_limit is None else min(int(seq.num_valid_ids), int(seq.kv_token_limit))
+        return self._cursor_depth(shadow.seq) >= limit // self.block_size and self._cursor_depth(shadow.seq) > 0
 
     def _nothing_to_attach(self, hc_seq: object, limit: int) -> bool:
         """No block beyond the cursor completes, and no private block waits to be settled or
