@@ -169,13 +169,16 @@ class Fleet:
         with self._lock:
             relay.replica.in_flight -= 1
 
-    def settle(self, replica: Replica, timeout_s: float = _SETTLE_S) -> bool:
-        """Apply every batch ``replica`` published so far (its ``next_seq``), waiting at most
+    def settle(self, replica: Replica, timeout_s: float = _SETTLE_S,
+               expected: tuple[int | None, int | None] | None = None) -> bool:
+        """Apply every batch ``replica`` published up to ``expected`` (the ``next_seq`` its
+        answer carried; without it, read from its ``/kv_events``), waiting at most
         ``timeout_s``; True once applied. Called as a relayed answer ends, before its last
         bytes reach the client: the client's next turn is then routed with the events of the
         step that finished this one (they travel on another socket, and could arrive after the
         turn did). False when the replica does not say or they do not arrive in time."""
-        expected = read_next_seqs(replica.url, timeout_s)
+        if expected is None:
+            expected = read_next_seqs(replica.url, timeout_s)
         deadline = time.monotonic() + timeout_s
         while expected is not None:
             with self._lock:
