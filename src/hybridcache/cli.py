@@ -182,13 +182,14 @@ def _routing_bench(args: argparse.Namespace) -> int:
         bench = RoutingBench(clients=args.clients, turns=args.turns, conversations=args.conversations,
                              system_tokens=args.system_tokens or RoutingBench.system_tokens,
                              num_state_slots=args.state_slots, checkpoint_budget=max(1, args.state_slots // 2),
-                             load_tokens=args.load_tokens)
+                             load_tokens=args.load_tokens, system_prompts=args.system_prompts,
+                             user_tokens=args.user_tokens)
     try:
         records = run_routing_bench(bench)
     except (HybridCacheError, OSError, RuntimeError) as error:  # RuntimeError: a process that did not start
         return _failed("bench", error)
-    columns = ["policy", "requests", "errors", "token_hit_rate", "ttft_p50_s", "ttft_p99_s", "predictions_exact",
-               "restorable_over_this"]
+    columns = ["policy", "requests", "errors", "token_hit_rate", "hit_depth_mean", "ttft_p50_s", "ttft_p99_s",
+               "predictions", "restorable_over_this"]
     title = f"hybridcache bench routing ({bench.replicas} replicas, {bench.conversations} conversations x {bench.turns} turns)"
     table = cli_args.compact_table(title, columns)
     for record in records:
@@ -255,6 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="routing: conversations, dealt to the clients (default: 16)")
     bench.add_argument("--state-slots", type=cli_args.int_in(5, 2**20), default=8,
                        help="routing: each replica's --num-state-slots (default: 8, scarce against its KV)")
+    bench.add_argument("--system-prompts", type=cli_args.int_in(1, 10**4), default=2,
+                       help="routing: distinct shared system prompts the conversations open with (default: 2)")
+    bench.add_argument("--user-tokens", type=cli_args.int_in(1, MAX_BENCH_CONTEXT), default=24,
+                       help="routing: each later turn's new user tokens (default: 24)")
     bench.add_argument("--load-tokens", type=cli_args.positive_float,
                        help="routing: the router's --load-tokens (default: the router's own)")
     bench.add_argument("--duration", type=cli_args.positive_float, help="serve: keep the clients going this many seconds")

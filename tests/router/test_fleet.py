@@ -86,3 +86,45 @@ def test_settle_applies_the_replicas_events_up_to_its_next_seq(monkeypatch):
     assert fleet.settle(replica)
     monkeypatch.setattr(fleet_module, "read_next_seqs", lambda url, timeout: None)  # a replica that does not say
     assert not fleet.settle(replica)
+
+
+def test_settle_uses_the_next_seq_the_answer_carried_without_asking(monkeypatch):
+    import hybridcache.router.fleet as fleet_module
+
+    fleet = Fleet(["http://127.0.0.1:9"], "restorable")
+    replica = fleet.replicas[0]
+    asked = []
+    monkeypatch.setattr(fleet_module, "read_next_seqs", lambda url, timeout: asked.append(url))
+    replica.feed = _Feed((3, 1), [(4, 2)])
+    assert fleet.settle(replica, expected=(5, 3)) and asked == []
+
+
+class _ClosableFeed(_Feed):
+    closed = False
+
+    def catch_up(self):
+        return None
+
+    def close(self):
+        self.closed = True
+
+
+def test_a_replica_whose_seqs_went_back_is_forgotten_then_subscribed_anew(monkeypatch):
+    """Restarted between two health checks, before a live batch of its new run arrived: its
+    next_seq is below what the router applied, so the old index goes and is rebuilt."""
+    import hybridcache.router.fleet as fleet_module
+
+    fleet = Fleet(["http://127.0.0.1:9"], "restorable")
+    replica = fleet.replicas[0]
+    monkeypatch.setattr(fleet_module, "read_load", lambda url, timeout: 0.0)
+    subscribed = []
+    monkeypatch.setattr(fleet, "_subscribe", lambda r: (subscribed.append(r), (None, None))[1])
+    old = replica.feed = _ClosableFeed((40, 12), [])
+    monkeypatch.setattr(fleet_module, "read_next_seqs", lambda url, timeout: (41, 13))  # the same run: kept
+    fleet.check_health()
+    assert replica.feed is old and not old.closed
+    monkeypatch.setattr(fleet_module, "read_next_seqs", lambda url, timeout: (3, 0))  # restarted: seq from 0
+    fleet.check_health()
+    assert old.closed and replica.feed is None and replica.index is None and replica.healthy
+    fleet.check_health()
+    assert subscribed == [replica]  # the next check subscribes anew (catch-up from the replay sockets)

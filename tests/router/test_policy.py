@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from hybridcache.errors import InvalidArgumentError
-from hybridcache.router.policy import check_policy, choose
+from hybridcache.router.policy import Decision, check_policy, choose
 from hybridcache.router.replica_index import Depths
 
 
@@ -40,3 +42,28 @@ def test_round_robin_ignores_the_caches():
 def test_unknown_policies_are_refused():
     with pytest.raises(InvalidArgumentError):
         check_policy("fastest")
+
+
+def test_restorable_never_restores_less_than_kv_overlaps_choice():
+    # kv-overlap takes replica 1 (the deepest KV, its state at 160); by cost alone restorable
+    # would take replica 0 (less queued, state at 100) and restore less than kv-overlap does.
+    depths, queued = [Depths(160, 100), Depths(800, 160)], [0.0, 100.0]
+    assert choose("kv-overlap", 1000, depths, queued, 0).index == 1
+    assert choose("restorable", 1000, depths, queued, 0) == Decision(1, "restorable", 160)
+
+
+def test_among_replicas_restoring_as_deep_load_decides():
+    depths, queued = [Depths(800, 160), Depths(160, 160), Depths(0, 0)], [300.0, 0.0, 0.0]
+    assert choose("kv-overlap", 1000, depths, queued, 0).index == 0
+    assert choose("restorable", 1000, depths, queued, 0).index == 1  # as deep a restore, less queued
+
+
+def test_restorable_is_at_least_as_deep_as_kv_overlap_on_random_fleets():
+    rng = random.Random(23)
+    for number in range(2000):
+        count = rng.randint(2, 8)
+        kv = [rng.randrange(0, 65) * 16 for _ in range(count)]
+        depths = [Depths(k, rng.choice([0, k, rng.randrange(0, k + 1)])) for k in kv]
+        queued = [float(rng.choice([0, rng.randrange(0, 2000)])) for _ in range(count)]
+        overlap = choose("kv-overlap", 1024, depths, queued, number)
+        assert choose("restorable", 1024, depths, queued, number).predicted_tokens >= overlap.predicted_tokens

@@ -61,6 +61,11 @@ def _conversation_turns(front, client, model: str, system: str, users: tuple[str
     return usages
 
 
+def _settle_reads(front) -> float:
+    """Settles that had to GET the replica's /kv_events: its answer lacked ``next_seq``."""
+    return router_metrics(front.url)["hybridcache_router_settles_read_total"]
+
+
 def _counters(front) -> tuple[float, float, float]:
     samples = router_metrics(front.url)
     return tuple(samples[f"hybridcache_router_{name}_total"] for name in ("predictions_checked", "predictions_exact",
@@ -71,6 +76,7 @@ def test_chat_turns_are_predicted_exactly_and_later_turns_hit(cluster):
     front, _ = cluster
     client = _client(front)
     checked, exact, reported = _counters(front)
+    reads = _settle_reads(front)
     usages = []
     for index, model in enumerate(("tiny", "tiny", "support-bot")):  # the adapter's blocks carry its name
         usages += _conversation_turns(front, client, model, SYSTEMS[index % 2], (f"Question {index}?", "Why?", "Thanks."))
@@ -79,12 +85,14 @@ def test_chat_turns_are_predicted_exactly_and_later_turns_hit(cluster):
     assert (now_exact - exact) / (now_checked - checked) >= 0.99
     cached = sum(u.prompt_tokens_details.cached_tokens for u in usages)
     assert now_reported - reported == cached > 0
+    assert _settle_reads(front) == reads  # every answer carried its replica's next_seq
 
 
 def test_token_id_prompts_and_streaming_are_relayed(cluster):
     front, _ = cluster
     client = _client(front)
     checked, exact, _ = _counters(front)
+    reads = _settle_reads(front)
     prompt = list(range(1, 60))
     first = client.completions.create(model="tiny", prompt=prompt, temperature=0, max_tokens=4,
                                       extra_body={"ignore_eos": True, "return_token_ids": True})
@@ -96,6 +104,7 @@ def test_token_id_prompts_and_streaming_are_relayed(cluster):
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
     now_checked, now_exact, _ = _counters(front)
     assert (now_checked - checked, now_exact - exact) == (2, 2)
+    assert _settle_reads(front) == reads  # the JSON answer's header and the usage event's next_seq
 
 
 def test_a_killed_replica_loses_no_request_and_a_restarted_empty_one_serves_again():

@@ -86,6 +86,8 @@ def router_process(urls: list[str], policy: str, load_tokens: float | None):
 
 
 def _conversations(bench: RoutingBench) -> list[list[int]]:
+    """Each conversation's opening: one of ``system_prompts`` shared prompts (dealt in turn, so
+    fewer prompts mean more conversations sharing each prefix), then its own first message."""
     rng = np.random.default_rng(7)
     systems = [rng.integers(2, _VOCAB, bench.system_tokens).tolist() for _ in range(bench.system_prompts)]
     return [systems[i % bench.system_prompts] + rng.integers(2, _VOCAB, bench.opening_tokens).tolist()
@@ -157,6 +159,9 @@ def _summary(policy: str, tally: _Tally, wall: float, counters: dict[str, float]
         "ttft_p50_s": float(np.percentile(ttft, 50)) if ttft else float("nan"),
         "ttft_p99_s": float(np.percentile(ttft, 99)) if ttft else float("nan"),
         "predictions_exact": counters.get("hybridcache_router_predictions_exact_total", 0.0) / checked if checked else 0.0,
+        "predictions": f"{counters.get('hybridcache_router_predictions_exact_total', 0.0):.0f}/{checked:.0f}",
+        "hit_depth_mean": cached / len(turns) if turns else 0.0,  # cached tokens a request restored, on average
+        "settles_read": counters.get("hybridcache_router_settles_read_total", 0.0),
         "predicted_cached_tokens": counters.get("hybridcache_router_predicted_cached_tokens_total", 0.0),
         "reported_cached_tokens": counters.get("hybridcache_router_reported_cached_tokens_total", 0.0),
         "retries": counters.get("hybridcache_router_retries_total", 0.0), "wall_s": wall,

@@ -75,6 +75,19 @@ class StreamSubscriber:
         self._replay_from(0 if self.last_delivered is None else self.last_delivered + 1, out)
         return out
 
+    def restart(self) -> list[Delivered | None]:
+        """The publisher is known to have restarted (its other stream said so; the two count
+        from 0 together): ``RESET``, then everything its replay buffer holds from seq 0. Without
+        this a stream whose new batches were all published before the subscriber reconnected
+        waits for a live batch below its old seq, and a catch-up asks for seqs past its old
+        last one, which the new run has not reached."""
+        self.resets += 1
+        out: list[Delivered | None] = []
+        self._reset(out)
+        self.last_live = None
+        self._replay_from(0, out)
+        return out
+
     def _accept(self, seq: int, payload: bytes, out: list) -> None:
         if self.last_live is not None and seq < self.last_live:
             self.resets += 1

@@ -51,13 +51,40 @@ def read_next_seqs(url: str, timeout_s: float) -> tuple[int | None, int | None] 
     None when the replica does not say."""
     try:
         with urllib.request.urlopen(url.rstrip("/") + "/kv_events", timeout=timeout_s) as response:
-            seqs = json.loads(response.read())["next_seq"]
-        kv, state = seqs.get("kv"), seqs.get("state")
+            return next_seqs_from(json.loads(response.read())["next_seq"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    if not all(seq is None or (isinstance(seq, int) and not isinstance(seq, bool)) for seq in (kv, state)):
+
+
+def next_seqs_from(described: object) -> tuple[int | None, int | None] | None:
+    """``{"kv": int | None, "state": int | None}`` (as ``/kv_events``, an answer's
+    ``hybridcache.next_seq`` and its ``x-hybridcache-next-seq`` header give it) as a pair, or
+    None when it is not that shape."""
+    if not isinstance(described, dict) or "kv" not in described:
+        return None
+    kv, state = described.get("kv"), described.get("state")
+    if not all(seq is None or (isinstance(seq, int) and not isinstance(seq, bool) and seq >= 0) for seq in (kv, state)):
         return None
     return kv, state
+
+
+def answer_next_seqs(header: str | None, answer: bytes | None) -> tuple[int | None, int | None] | None:
+    """The ``next_seq`` a replica's answer carries: its header, else its body's (or last usage
+    event's) ``hybridcache.next_seq``; None when it carries neither."""
+    for source in (header, answer):
+        if not source:
+            continue
+        try:
+            described = json.loads(source)
+        except ValueError:
+            continue
+        if source is answer:
+            described = described.get("hybridcache", {}).get("next_seq") if isinstance(described, dict) else None
+            described = described if isinstance(described, dict) else None
+        seqs = next_seqs_from(described)
+        if seqs is not None:
+            return seqs
+    return None
 
 
 def _stream(described: dict, host: str) -> StreamInfo:

@@ -3,7 +3,9 @@
 Owns: the subscribers of the replica's KV stream and checkpoint stream
 (``events.StreamSubscriber``) and the count of batches that failed to decode. A reset on a
 stream (the replica restarted, or a gap its replay buffer no longer covers) clears what that
-stream built; a batch that does not decode is skipped and counted.
+stream built, and a restart seen on one stream restarts the other too (a replica's two
+counters restart together; the other's new batches may all have been sent before its
+subscriber reconnected); a batch that does not decode is skipped and counted.
 """
 
 from __future__ import annotations
@@ -39,13 +41,16 @@ class ReplicaFeed:
 
     def catch_up(self) -> None:
         """Read what the replay sockets hold (a router joining, or restarted)."""
+        before = self._restarts()
         self._apply_kv(self._kv.catch_up())
         if self._state is not None:
             self._apply_state(self._state.catch_up())
+        self._follow_restart(before)
 
     def poll(self, timeout_ms: int = 0) -> int:
         """Apply every batch that arrived (waiting at most ``timeout_ms`` on the KV stream);
         returns how many were delivered."""
+        before = self._restarts()
         delivered = self._kv.receive(timeout_ms)
         self._apply_kv(delivered)
         count = len(delivered)
@@ -53,7 +58,25 @@ class ReplicaFeed:
             state = self._state.receive(0)
             self._apply_state(state)
             count += len(state)
-        return count
+        return count + self._follow_restart(before)
+
+    def _restarts(self) -> tuple[int, int]:
+        return self._kv.resets, 0 if self._state is None else self._state.resets
+
+    def _follow_restart(self, before: tuple[int, int]) -> int:
+        """One stream showed its replica restarted: the other restarted with it (both count
+        from 0 again), even if none of its new batches reached us live. Rebuild it from its
+        replay from 0; returns the batches that delivered."""
+        kv_restarted, state_restarted = (now > then for now, then in zip(self._restarts(), before))
+        if self._state is None or kv_restarted == state_restarted:
+            return 0
+        if kv_restarted:
+            delivered = self._state.restart()
+            self._apply_state(delivered)
+        else:
+            delivered = self._kv.restart()
+            self._apply_kv(delivered)
+        return sum(item is not RESET for item in delivered)
 
     def _apply_kv(self, delivered: list) -> None:
         for item in delivered:

@@ -80,6 +80,15 @@ def _status(replica: Replica) -> ReplicaStatus:
     return ReplicaStatus(replica.url, replica.healthy, replica.load, feed.undecodable, feed.last_seqs)
 
 
+def _restarted(applied: tuple[int | None, int | None], expected: tuple[int | None, int | None]) -> bool:
+    """Whether a stream's ``next_seq`` is at or below the seq already applied from it: its
+    counter went back, so the replica restarted (seq from 0 again) and the index describes a
+    cache it no longer has. ``applied`` must be read before ``expected`` (an answer's next_seq
+    is older than batches applied since, and cannot be used). The live stream shows this only once the new seqs are seen, and not
+    at all when they pass the old ones before the subscriber reconnects."""
+    return any(seen is not None and wanted is not None and wanted <= seen for seen, wanted in zip(applied, expected))
+
+
 def _applied(applied: tuple[int | None, int | None], expected: tuple[int | None, int | None]) -> bool:
     """Whether each stream's applied seq reached ``next_seq - 1`` (a stream with nothing sent is)."""
     return all(not wanted or (seen is not None and seen >= wanted - 1) for seen, wanted in zip(applied, expected))
@@ -169,13 +178,16 @@ class Fleet:
         with self._lock:
             relay.replica.in_flight -= 1
 
-    def settle(self, replica: Replica, timeout_s: float = _SETTLE_S) -> bool:
-        """Apply every batch ``replica`` published so far (its ``next_seq``), waiting at most
+    def settle(self, replica: Replica, timeout_s: float = _SETTLE_S,
+               expected: tuple[int | None, int | None] | None = None) -> bool:
+        """Apply every batch ``replica`` published up to ``expected`` (the ``next_seq`` its
+        answer carried; without it, read from its ``/kv_events``), waiting at most
         ``timeout_s``; True once applied. Called as a relayed answer ends, before its last
         bytes reach the client: the client's next turn is then routed with the events of the
         step that finished this one (they travel on another socket, and could arrive after the
         turn did). False when the replica does not say or they do not arrive in time."""
-        expected = read_next_seqs(replica.url, timeout_s)
+        if expected is None:
+            expected = read_next_seqs(replica.url, timeout_s)
         deadline = time.monotonic() + timeout_s
         while expected is not None:
             with self._lock:
@@ -226,6 +238,25 @@ class Fleet:
                     replica.feed, replica.index = feed, index
                 elif replica.feed is not None:
                     replica.feed.catch_up()
+            if feed is None and replica.feed is not None:
+                self._check_continuity(replica)
+
+    def _check_continuity(self, replica: Replica) -> None:
+        """Forget the index of a replica whose streams restarted since it was built (see
+        ``_restarted``); it is rebuilt at the next health check."""
+        with self._lock:  # read before next_seq: of one run of the replica it is then below next_seq
+            feed = replica.feed
+            applied = None if feed is None else feed.last_seqs
+        expected = None if applied is None else read_next_seqs(replica.url, self._timeout)
+        with self._lock:
+            if expected is not None and replica.feed is feed and _restarted(applied, expected):
+                self._forget(replica)
+
+    def _forget(self, replica: Replica) -> None:
+        """Close the feed and clear the index, but keep routing to the replica (it answers)."""
+        healthy = replica.healthy
+        self._drop(replica)
+        replica.healthy = healthy
 
     def _subscribe(self, replica: Replica) -> tuple[ReplicaFeed | None, ReplicaIndex | None]:
         try:

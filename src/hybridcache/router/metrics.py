@@ -2,7 +2,8 @@
 
 Owns: decisions by reason and replica, retries, requests that found no replica, and the
 comparison of each predicted restorable depth with the ``cached_tokens`` the replica then
-reported (``usage.prompt_tokens_details.cached_tokens``). Thread safe (one lock).
+reported (``usage.prompt_tokens_details.cached_tokens``), and how each answer's settle learnt
+its replica's ``next_seq`` (from the answer, or read from ``/kv_events``). Thread safe (one lock).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class RouterMetrics:
             for (reason, replica), count in sorted(self._decisions.items()):
                 lines.append(f'hybridcache_router_decisions_total{{reason="{reason}",replica="{replica}"}} {count}')
             for name in ("requests", "retries", "no_replica", "predictions_checked", "predictions_exact",
-                         "predicted_cached_tokens", "reported_cached_tokens"):
+                         "predicted_cached_tokens", "reported_cached_tokens", "settles_from_answer", "settles_read"):
                 lines.append(f"# TYPE hybridcache_router_{name}_total counter")
                 lines.append(f"hybridcache_router_{name}_total {self._counters[name]}")
         lines.append("# TYPE hybridcache_router_replica_healthy gauge")

@@ -4,8 +4,9 @@ For each replica the router knows its ``Depths`` for the request (``replica_inde
 tokens it must compute before it can start this request's prefill (``queued_tokens``, see
 ``fleet.Replica.queued_tokens``). The cost is in tokens, the unit both terms share:
 
-* ``restorable`` (default): tokens to compute, ``prompt - restorable depth``, plus the
-  replica's queued tokens; equal costs go to the replica holding more of the prompt's KV (where
+* ``restorable`` (default): among the replicas restoring at least as deep as ``kv-overlap``'s
+  choice would (so it never restores less than ``kv-overlap`` for the same state), tokens to
+  compute, ``prompt - restorable depth``, plus the replica's queued tokens; equal costs go to the replica holding more of the prompt's KV (where
   the conversation's next checkpoint will land: the engine saves one where it computes, and
   where its KV is it can place one at the prompt's branch point), then round robin from the
   request's number.
@@ -55,7 +56,11 @@ def choose(policy: str, prompt_tokens: int, depths: Sequence[Depths], queued_tok
     credit = [d.restorable if policy == "restorable" else d.kv_tokens for d in depths]
     costs = [prompt_tokens - hit + queued for hit, queued in zip(credit, queued_tokens)]
     affinity = [d.kv_tokens if policy == "restorable" else 0 for d in depths]
-    best = min(order, key=lambda i: (costs[i], -affinity[i]))
+    eligible = order
+    if policy == "restorable":  # never a shallower restore than kv-overlap's own choice would get
+        floor = depths[choose("kv-overlap", prompt_tokens, depths, queued_tokens, number).index].restorable
+        eligible = [i for i in order if depths[i].restorable >= floor]
+    best = min(eligible, key=lambda i: (costs[i], -affinity[i]))
     return Decision(best, _reason(policy, best, credit, costs, affinity), depths[best].restorable)
 
 

@@ -10,7 +10,9 @@ back unchanged. A connection that fails before the first byte of the answer mark
 dead and is retried once on the next choice; after the first byte a failure ends the answer.
 Before the end of an answer to a request routed by its cache reaches the client (the body, or
 the stream's ``[DONE]``), the router applies the replica's events up to its ``next_seq``
-(bounded, ``Fleet.settle``), so a turn that follows at once is routed with them.
+(bounded, ``Fleet.settle``), so a turn that follows at once is routed with them: the answer
+carries it (``x-hybridcache-next-seq``, ``hybridcache.next_seq`` in the body or the usage
+event); only an answer without it costs a ``GET /kv_events``.
 ``GET /metrics`` gives the router's own counters, ``GET /health`` its liveness, and other
 ``GET``s (``/v1/models``) go to any healthy replica.
 """
@@ -23,6 +25,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
+from hybridcache.router.discovery import answer_next_seqs
 from hybridcache.router.fleet import Fleet, Relay, Replica
 from hybridcache.router.metrics import RouterMetrics
 from hybridcache.router.request_key import RequestKey
@@ -32,6 +35,7 @@ _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length
 _MAX_BODY = 64 * 1024 * 1024
 _CHUNK = 64 * 1024
 _STREAM_END = b"data: [DONE]"
+NEXT_SEQ_HEADER = "x-hybridcache-next-seq"  # the replica's event next_seq as its answer ended (JSON)
 
 
 class RouterServer:
@@ -202,7 +206,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self.send_header(name, value)
         if length is not None:
             data = response.read()
-            self._settle(relay, predicted)
+            self._settle(relay, predicted, answer_next_seqs(response.getheader(NEXT_SEQ_HEADER), data))
             self._check_prediction(data, predicted)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
@@ -219,19 +223,23 @@ class _Handler(BaseHTTPRequestHandler):
             tail = (tail + chunk)[-_CHUNK:]
             if _STREAM_END in chunk and not ended:  # settled and counted before the client sees the end
                 ended = True
-                self._settle(relay, predicted)
-                self._check_prediction(_last_usage_event(tail), predicted)
+                usage_event = _last_usage_event(tail)
+                self._settle(relay, predicted, answer_next_seqs(None, usage_event))
+                self._check_prediction(usage_event, predicted)
             self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
             self.wfile.flush()
         if not ended:
             self._check_prediction(_last_usage_event(tail), predicted)
         self.wfile.write(b"0\r\n\r\n")
 
-    def _settle(self, relay: Relay, predicted: int | None) -> None:
+    def _settle(self, relay: Relay, predicted: int | None, next_seqs: tuple[int | None, int | None] | None) -> None:
         """Before the client sees the answer end: a request routed by its cache waits (bounded)
-        for its replica's events, so the conversation's next turn finds this turn's checkpoint."""
+        for its replica's events up to the ``next_seqs`` its answer carried (read from the
+        replica when it carried none), so the conversation's next turn finds this turn's
+        checkpoint."""
         if predicted is not None:
-            self.router.fleet.settle(relay.replica)
+            self.router.metrics.count("settles_from_answer" if next_seqs is not None else "settles_read")
+            self.router.fleet.settle(relay.replica, expected=next_seqs)
 
     def _check_prediction(self, data: bytes | None, predicted: int | None) -> None:
         if predicted is None or not data:

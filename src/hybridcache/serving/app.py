@@ -12,6 +12,7 @@ returned app.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from contextlib import asynccontextmanager
 
@@ -83,7 +84,10 @@ async def _generate(http: HttpRequest, runtime: ServingRuntime, kind: str) -> Re
         return Response(status_code=499)  # the client left before its request was accepted
     if body.stream:
         return StreamingResponse(session.stream(), media_type="text/event-stream")
-    return JSONResponse(await session.complete())
+    answer = await session.complete()
+    next_seq = (answer.get("hybridcache") or {}).get("next_seq")
+    headers = None if next_seq is None else {"x-hybridcache-next-seq": json.dumps(next_seq, separators=(",", ":"))}
+    return JSONResponse(answer, headers=headers)
 
 
 async def _read_body(http: HttpRequest, limit: int) -> bytes:

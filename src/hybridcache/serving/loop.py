@@ -40,6 +40,7 @@ class Update:
     miss_reason: str | None = None
     finish_reason: str | None = None
     error: BaseException | None = None
+    next_seq: dict[str, int | None] | None = None  # the event streams' next_seq once the answer ended
 
     @property
     def final(self) -> bool:
@@ -190,6 +191,11 @@ class EngineLoop:
         update = Update(tokens, result.cached_tokens, miss, None if error else finish, error)
         ticket.sent = len(tokens)
         if update.final:
+            # What a router waits for before the conversation's next turn: this step's events,
+            # and a stop token's release (published now, not at the next step).
+            if self._engine.events is not None:
+                self._engine.events.publish_changes()
+                update.next_seq = self._engine.events.next_seqs()
             self._finish(ticket_id, update)
         else:
             _notify(ticket, update)

@@ -70,8 +70,10 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
 
 
 def cache_block(update: Update) -> dict:
-    """Our extension: the restored depth, and why a cached prefix was not (fully) restored."""
-    return {"cached_tokens": update.cached_tokens, "miss_reason": update.miss_reason}
+    """Our extension: the restored depth, why a cached prefix was not (fully) restored, and
+    (with event streams) their ``next_seq`` once the answer ended, for a router to settle on."""
+    block = {"cached_tokens": update.cached_tokens, "miss_reason": update.miss_reason}
+    return block if update.next_seq is None else {**block, "next_seq": update.next_seq}
 
 
 @dataclass(frozen=True)
