@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from hybridcache.engine import Engine, EngineConfig, Request, TinyHybridConfig
-from hybridcache.errors import InvalidArgumentError, InvalidTypeError, StoreClosedError
+from hybridcache.errors import InvalidArgumentError, InvalidConfigError, InvalidTypeError, StoreClosedError
 from hybridcache.tiers import encode_checkpoint
 from hybridcache.tiers.backends import DiskStore, HostMemoryStore
 from hybridcache.tiers.restore_cost import RestoreCost
@@ -220,3 +220,27 @@ def test_a_read_only_disk_tier_under_a_tiered_store_serves_and_refuses_demotions
     publish(reader, other, 3 * CHUNK)  # its evicted objects are new to the disk, which cannot take them
     assert reader.counters["disk_demotion_refused"] >= 1 and reader.counters["demoted_to_disk"] == 0
     reader.check_invariants()
+
+
+@pytest.mark.parametrize("huge", [86_400.5, 1e10, np.float64(1e300), 10**30])
+def test_timeouts_over_one_day_are_refused_at_every_boundary(huge, tmp_path):
+    """1e10 s used to be accepted, then every Redis call raised OverflowError."""
+    with pytest.raises(InvalidArgumentError, match="one day"):
+        TieredStore(shared=HostMemoryStore(1 << 20), timeout=huge)
+    with pytest.raises(InvalidArgumentError, match="one day"):
+        HostMemoryStore(1 << 20, default_timeout=huge)
+    with pytest.raises(InvalidArgumentError, match="one day"):
+        DiskStore(tmp_path / "disk", capacity_bytes=1 << 20, default_timeout=huge)
+    store = HostMemoryStore(1 << 20)
+    with pytest.raises(InvalidArgumentError, match="one day"):
+        store.get(["k"], timeout=huge)
+    assert TieredStore(shared=store, timeout=86_400).timeout == 86_400.0
+
+
+@pytest.mark.parametrize("query", ["socket_timeout=1e10", "socket_connect_timeout=1e10", "socket_timeout=-1"])
+def test_a_redis_url_cannot_smuggle_a_bad_timeout(query):
+    pytest.importorskip("redis")
+    from hybridcache.tiers.backends import RedisStore
+
+    with pytest.raises(InvalidConfigError, match="timeout"):
+        RedisStore(f"redis://127.0.0.1:1/0?{query}")
