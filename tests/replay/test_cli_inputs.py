@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from hybridcache.profiles import BUILTIN_CONFIGS
-from hybridcache.replay import budgets
+from hybridcache import machine
 from hybridcache.workloads import readers
 from tests.cli_runner import run_main, run_process
 from tests.workloads._traces import mooncake, write_lines
@@ -49,7 +49,7 @@ def test_budgets_that_cannot_be_allocated_are_refused(trace, capsys, options, me
 
 
 def test_a_fleet_is_refused_when_all_its_replicas_cannot_be_allocated(trace, capsys, monkeypatch):
-    monkeypatch.setattr(budgets, "_host_memory_bytes", lambda: 2**30)  # a 1 GiB machine
+    monkeypatch.setattr(machine, "host_memory_bytes", lambda: 2**30)  # a 1 GiB machine
     assert run_main(["replay", trace, "--cache-bytes", "400GB"], capsys)[0] == 0
     assert "budget too large to replay" in _refused(["replay", trace, "--cache-bytes", "400GB", "--replicas", "1,1024"], capsys)
 
