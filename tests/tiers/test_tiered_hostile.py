@@ -4,6 +4,7 @@ a tier off for good; forged objects fail without the deployment key; one store s
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 
@@ -244,3 +245,34 @@ def test_a_redis_url_cannot_smuggle_a_bad_timeout(query):
 
     with pytest.raises(InvalidConfigError, match="timeout"):
         RedisStore(f"redis://127.0.0.1:1/0?{query}")
+
+
+def test_disk_shards_linked_elsewhere_under_a_running_engine_cost_misses_and_write_nothing_there(tmp_path):
+    """Another user replaces every shard of a shared disk tier by a link to their folder: a
+    second engine's restore is a miss with the uncached tokens, its publishes land nowhere."""
+    model = TinyHybridConfig(vocab_size=64, hidden_size=16, attention_head_dim=8, ssm_head_dim=8, expert_hidden_size=16)
+    config = EngineConfig(block_size=8, num_kv_blocks=96, num_state_slots=10, checkpoint_budget=6, max_batch_tokens=64,
+                          prefill_chunk=24, tier_chunk_size=CHUNK, model=model)
+    disk = DiskStore(tmp_path / "disk", 1 << 26)
+    tiers = TieredStore(disk=disk)
+    base = np.random.default_rng(2).integers(1, 64, 100).tolist()
+    Engine(config, tiers=tiers).generate([Request(base, max_new_tokens=2)])
+    assert disk.used_bytes > 0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for shard in (tmp_path / "disk" / "objects").iterdir():
+        for name in os.listdir(shard):
+            (elsewhere / name).write_bytes((shard / name).read_bytes())  # forgeries that verify
+            (shard / name).unlink()
+        shard.rmdir()
+        shard.symlink_to(elsewhere)
+    planted = sorted(os.listdir(elsewhere))
+    engine = Engine(config, tiers=tiers)
+    follow = Request(base + [5, 6, 7], max_new_tokens=3)
+    (result,) = engine.generate([follow])
+    (reference,) = Engine(EngineConfig(**{**config.__dict__, "prefix_caching": False})).generate([follow])
+    assert result.error is None and result.tokens == reference.tokens
+    assert engine.stats()["tiers"]["remote_hit_tokens"] == 0
+    assert sorted(os.listdir(elsewhere)) == planted  # nothing written, nothing removed there
+    engine.check_invariants()
+    disk.close()
