@@ -298,3 +298,15 @@ def test_an_objects_folder_linked_elsewhere_while_open_is_never_written(tmp_path
         (root / "scratch").symlink_to(elsewhere)
         assert store.put_if_absent([("c", b"new")]) == [PutOutcome.REJECTED]
     assert list(elsewhere.iterdir()) == []
+
+
+def test_a_host_tier_larger_than_the_machine_is_refused_unless_its_budget_is_nominal(monkeypatch):
+    from hybridcache import machine
+    from hybridcache.errors import InvalidConfigError
+
+    monkeypatch.setattr(machine, "host_memory_bytes", lambda: 1 << 20)
+    with pytest.raises(InvalidConfigError, match="more than this machine's memory"):
+        HostMemoryStore((1 << 20) + 1)
+    assert HostMemoryStore(1 << 20).capacity_bytes == 1 << 20
+    nominal = HostMemoryStore(1 << 40, charge=lambda key, size: size * 1000)  # the replay's stand-ins
+    assert nominal.capacity_bytes == 1 << 40

@@ -63,3 +63,12 @@ def test_good_mooncake_urls_are_read(url, expected):
 def test_mooncake_store_refuses_bad_addresses_before_connecting(master, metadata):
     with pytest.raises(InvalidConfigError):
         MooncakeStore(master, metadata, setup_timeout=0.5)
+
+
+@pytest.mark.parametrize("field", ["segment_bytes", "local_buffer_bytes"])
+def test_mooncake_buffers_larger_than_the_machine_are_refused_before_connecting(field, monkeypatch):
+    from hybridcache import machine
+
+    monkeypatch.setattr(machine, "host_memory_bytes", lambda: 1 << 30)
+    with pytest.raises(InvalidConfigError, match="more than this machine's memory"):
+        MooncakeStore("127.0.0.1:1", META, setup_timeout=0.5, **{field: 10**30})

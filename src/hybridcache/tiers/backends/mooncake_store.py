@@ -28,6 +28,7 @@ import time
 from typing import Callable, TypeVar
 from urllib.parse import urlsplit
 
+from hybridcache import machine
 from hybridcache.errors import InvalidConfigError, InvalidTypeError, StoreError, StoreUnavailableError
 from hybridcache.tiers.backends.base import DEFAULT_TIMEOUT_S, DeadlineRunner, ObjectStore, PutOutcome, checked_timeout
 
@@ -81,6 +82,10 @@ class MooncakeStore(ObjectStore):
                 raise InvalidConfigError(f"{name} must be a non-negative int")
         if local_buffer_bytes == 0:
             raise InvalidConfigError("local_buffer_bytes must be positive: every transfer stages through it")
+        memory = machine.host_memory_bytes()
+        for name, value in (("segment_bytes", segment_bytes), ("local_buffer_bytes", local_buffer_bytes)):
+            if value > memory:  # both are allocated in this process
+                raise InvalidConfigError(f"{name} {value:,} is more than this machine's memory ({memory:,} bytes)")
         self.max_object_bytes = local_buffer_bytes
         setup_timeout = checked_timeout(setup_timeout)
         _probe_cluster(master_address, metadata_server, setup_timeout)
