@@ -150,7 +150,19 @@ class _Fields:
             raise InvalidConfigError(
                 f"{self.model_type} config: {name} holds unknown layer kinds {_shown(unknown[:3])}; known: {', '.join(allowed)}"
             )
+        self._check_layer_count(name, len(listed))
         return [allowed[kind] for kind in listed]
+
+    def _check_layer_count(self, name: str, listed: int) -> None:
+        """A layer list must name every layer: transformers builds ``num_hidden_layers`` of them,
+        so a shorter or longer list would size some other model."""
+        if "num_hidden_layers" not in self.config:
+            return
+        layers = self.int("num_hidden_layers", 1, _MAX_LAYERS)
+        if layers != listed:
+            raise InvalidConfigError(
+                f"{self.model_type} config: {name} lists {listed} layer kinds but num_hidden_layers is {layers}"
+            )
 
     def dtype_bytes(self, name: str, default: str | None) -> int:
         dtype = self.config.get(name) or default

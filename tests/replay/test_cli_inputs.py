@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from hybridcache.profiles import BUILTIN_CONFIGS
-from hybridcache.replay import budgets
+from hybridcache import machine
 from hybridcache.workloads import readers
 from tests.cli_runner import run_main, run_process
 from tests.workloads._traces import mooncake, write_lines
@@ -49,7 +49,7 @@ def test_budgets_that_cannot_be_allocated_are_refused(trace, capsys, options, me
 
 
 def test_a_fleet_is_refused_when_all_its_replicas_cannot_be_allocated(trace, capsys, monkeypatch):
-    monkeypatch.setattr(budgets, "_host_memory_bytes", lambda: 2**30)  # a 1 GiB machine
+    monkeypatch.setattr(machine, "host_memory_bytes", lambda: 2**30)  # a 1 GiB machine
     assert run_main(["replay", trace, "--cache-bytes", "400GB"], capsys)[0] == 0
     assert "budget too large to replay" in _refused(["replay", trace, "--cache-bytes", "400GB", "--replicas", "1,1024"], capsys)
 
@@ -175,9 +175,9 @@ def _config(name: str, **changes) -> dict:
     (_config("qwen3-next-80b-a3b", hidden_size=2048.0), "hidden_size must be an int"),
     (_config("qwen3-next-80b-a3b", hidden_size=10**30), "hidden_size must be an int"),
     (_config("qwen3-next-80b-a3b", num_experts_per_tok=600), "routes to 600 of only 512 experts"),
-    (_config("qwen3-next-80b-a3b", layer_types=["linear_attention"] * 4), "not a hybrid model"),
+    (_config("qwen3-next-80b-a3b", layer_types=["linear_attention"] * 48), "not a hybrid model"),
     (_config("granite-4.0-h-small", mamba_n_groups=0), "mamba_n_groups must be an int"),
-    (_config("granite-4.0-h-small", layer_types=["attention"] * 4), "not a hybrid model"),
+    (_config("granite-4.0-h-small", layer_types=["attention"] * 40), "not a hybrid model"),
     (_config("nemotron-h-8b", hybrid_override_pattern="M*X"), "unknown layer kinds"),
     (_config("nemotron-h-8b", n_groups="8"), "n_groups must be an int"),
     (_config("falcon-h1-7b", num_hidden_layers=10**9), "num_hidden_layers must be an int"),

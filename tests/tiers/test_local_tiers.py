@@ -247,3 +247,66 @@ def test_folders_linked_elsewhere_are_never_indexed_or_written(tmp_path):
     with pytest.raises(NotAStoreRootError):
         DiskStore(root, 1 << 20)
     assert (elsewhere / "ab" / "a.obj").read_bytes() == b"someone's file"
+
+
+def _keys_in_one_shard(count: int) -> list[str]:
+    from hybridcache.tiers.backends.disk import _shard_name
+
+    keys = [f"k{index}" for index in range(4096)]
+    target = _shard_name(keys[0])
+    return [key for key in keys if _shard_name(key) == target][:count]
+
+
+def _tree(path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def test_a_shard_linked_elsewhere_while_open_costs_misses_never_a_file_outside_the_root(tmp_path):
+    """Another user swaps a shard for a link to their folder, holding a same-size forgery under
+    the object's name: the read is a miss, a put is rejected, a removal unlinks nothing there."""
+    stored, fresh, evicted = _keys_in_one_shard(3)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / f"{stored}.obj").write_bytes(b"XYZ")  # the size the index recorded for ``stored``
+    (elsewhere / f"{evicted}.obj").write_bytes(b"theirs")
+    before = _tree(elsewhere)
+    with DiskStore(tmp_path / "store", 1 << 20) as store:
+        assert store.put_if_absent([(stored, b"abc"), (evicted, b"mine")]) == [PutOutcome.STORED] * 2
+        shard = store._path(stored).parent
+        for name in os.listdir(shard):
+            (shard / name).unlink()
+        shard.rmdir()
+        shard.symlink_to(elsewhere)
+        assert store.get([stored]) == [None]
+        assert store.put_if_absent([(fresh, b"new")]) == [PutOutcome.REJECTED]
+        assert store.remove([evicted]) == [True]
+        assert store.exists([stored, fresh, evicted]) == [False, False, False]
+    assert _tree(elsewhere) == before
+
+
+def test_an_objects_folder_linked_elsewhere_while_open_is_never_written(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    root = tmp_path / "store"
+    with DiskStore(root, 1 << 20) as store:
+        store.put_if_absent([("a", b"abc")])
+        os.rename(root / "objects", tmp_path / "moved")
+        (root / "objects").symlink_to(elsewhere)
+        assert store.get(["a"]) == [None]
+        assert store.put_if_absent([("b", b"new")]) == [PutOutcome.REJECTED]
+        (root / "scratch").rename(tmp_path / "scratch-moved")
+        (root / "scratch").symlink_to(elsewhere)
+        assert store.put_if_absent([("c", b"new")]) == [PutOutcome.REJECTED]
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_host_tier_larger_than_the_machine_is_refused_unless_its_budget_is_nominal(monkeypatch):
+    from hybridcache import machine
+    from hybridcache.errors import InvalidConfigError
+
+    monkeypatch.setattr(machine, "host_memory_bytes", lambda: 1 << 20)
+    with pytest.raises(InvalidConfigError, match="more than this machine's memory"):
+        HostMemoryStore((1 << 20) + 1)
+    assert HostMemoryStore(1 << 20).capacity_bytes == 1 << 20
+    nominal = HostMemoryStore(1 << 40, charge=lambda key, size: size * 1000)  # the replay's stand-ins
+    assert nominal.capacity_bytes == 1 << 40

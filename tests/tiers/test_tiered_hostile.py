@@ -4,6 +4,7 @@ a tier off for good; forged objects fail without the deployment key; one store s
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from hybridcache.engine import Engine, EngineConfig, Request, TinyHybridConfig
-from hybridcache.errors import InvalidArgumentError, InvalidTypeError, StoreClosedError
+from hybridcache.errors import InvalidArgumentError, InvalidConfigError, InvalidTypeError, StoreClosedError
 from hybridcache.tiers import encode_checkpoint
 from hybridcache.tiers.backends import DiskStore, HostMemoryStore
 from hybridcache.tiers.restore_cost import RestoreCost
@@ -220,3 +221,58 @@ def test_a_read_only_disk_tier_under_a_tiered_store_serves_and_refuses_demotions
     publish(reader, other, 3 * CHUNK)  # its evicted objects are new to the disk, which cannot take them
     assert reader.counters["disk_demotion_refused"] >= 1 and reader.counters["demoted_to_disk"] == 0
     reader.check_invariants()
+
+
+@pytest.mark.parametrize("huge", [86_400.5, 1e10, np.float64(1e300), 10**30])
+def test_timeouts_over_one_day_are_refused_at_every_boundary(huge, tmp_path):
+    """1e10 s used to be accepted, then every Redis call raised OverflowError."""
+    with pytest.raises(InvalidArgumentError, match="one day"):
+        TieredStore(shared=HostMemoryStore(1 << 20), timeout=huge)
+    with pytest.raises(InvalidArgumentError, match="one day"):
+        HostMemoryStore(1 << 20, default_timeout=huge)
+    with pytest.raises(InvalidArgumentError, match="one day"):
+        DiskStore(tmp_path / "disk", capacity_bytes=1 << 20, default_timeout=huge)
+    store = HostMemoryStore(1 << 20)
+    with pytest.raises(InvalidArgumentError, match="one day"):
+        store.get(["k"], timeout=huge)
+    assert TieredStore(shared=store, timeout=86_400).timeout == 86_400.0
+
+
+@pytest.mark.parametrize("query", ["socket_timeout=1e10", "socket_connect_timeout=1e10", "socket_timeout=-1"])
+def test_a_redis_url_cannot_smuggle_a_bad_timeout(query):
+    pytest.importorskip("redis")
+    from hybridcache.tiers.backends import RedisStore
+
+    with pytest.raises(InvalidConfigError, match="timeout"):
+        RedisStore(f"redis://127.0.0.1:1/0?{query}")
+
+
+def test_disk_shards_linked_elsewhere_under_a_running_engine_cost_misses_and_write_nothing_there(tmp_path):
+    """Another user replaces every shard of a shared disk tier by a link to their folder: a
+    second engine's restore is a miss with the uncached tokens, its publishes land nowhere."""
+    model = TinyHybridConfig(vocab_size=64, hidden_size=16, attention_head_dim=8, ssm_head_dim=8, expert_hidden_size=16)
+    config = EngineConfig(block_size=8, num_kv_blocks=96, num_state_slots=10, checkpoint_budget=6, max_batch_tokens=64,
+                          prefill_chunk=24, tier_chunk_size=CHUNK, model=model)
+    disk = DiskStore(tmp_path / "disk", 1 << 26)
+    tiers = TieredStore(disk=disk)
+    base = np.random.default_rng(2).integers(1, 64, 100).tolist()
+    Engine(config, tiers=tiers).generate([Request(base, max_new_tokens=2)])
+    assert disk.used_bytes > 0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for shard in (tmp_path / "disk" / "objects").iterdir():
+        for name in os.listdir(shard):
+            (elsewhere / name).write_bytes((shard / name).read_bytes())  # forgeries that verify
+            (shard / name).unlink()
+        shard.rmdir()
+        shard.symlink_to(elsewhere)
+    planted = sorted(os.listdir(elsewhere))
+    engine = Engine(config, tiers=tiers)
+    follow = Request(base + [5, 6, 7], max_new_tokens=3)
+    (result,) = engine.generate([follow])
+    (reference,) = Engine(EngineConfig(**{**config.__dict__, "prefix_caching": False})).generate([follow])
+    assert result.error is None and result.tokens == reference.tokens
+    assert engine.stats()["tiers"]["remote_hit_tokens"] == 0
+    assert sorted(os.listdir(elsewhere)) == planted  # nothing written, nothing removed there
+    engine.check_invariants()
+    disk.close()

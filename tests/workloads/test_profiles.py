@@ -114,3 +114,22 @@ def test_parse_size(text, value):
 def test_parse_size_rejects(text):
     with pytest.raises(InvalidArgumentError):
         parse_size(text)
+
+
+
+@pytest.mark.parametrize("delta", [-1, 1, -30])
+@pytest.mark.parametrize("name", ["qwen3-next-80b-a3b", "granite-4.0-h-small"])
+def test_layer_kinds_that_disagree_with_num_hidden_layers_are_refused(name, delta):
+    config = dict(BUILTIN_CONFIGS[name])
+    config["num_hidden_layers"] = len(config["layer_types"]) + delta
+    with pytest.raises(InvalidConfigError, match="lists .* layer kinds but num_hidden_layers is"):
+        profile_from_config(config)
+
+
+def test_a_nemotron_pattern_shorter_than_its_layers_is_refused():
+    config = dict(BUILTIN_CONFIGS["nemotron-h-8b"])
+    config["num_hidden_layers"] = len(config["hybrid_override_pattern"])
+    profile_from_config(config)  # agreeing counts are read
+    config["hybrid_override_pattern"] = config["hybrid_override_pattern"][:-1]
+    with pytest.raises(InvalidConfigError, match="lists 51 layer kinds but num_hidden_layers is 52"):
+        profile_from_config(config)

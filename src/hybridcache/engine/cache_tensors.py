@@ -19,6 +19,7 @@ from typing import Iterable
 import numpy as np
 import torch
 
+from hybridcache.engine.storage_alloc import zeros_within_memory
 from hybridcache.engine.tensor_io import checked_names, to_array, write_into
 from hybridcache.engine.tiny_config import TinyHybridConfig, torch_dtype
 from hybridcache.errors import InvalidArgumentError, InvalidBlockIdError, InvalidTypeError
@@ -71,14 +72,11 @@ class CacheTensors:
             config.num_attention_heads,
             config.attention_head_dim,
         )
-        self.kv = torch.zeros(kv_shape, dtype=self.dtype)
         recurrent, slots = config.num_recurrent_layers, num_state_slots
-        self.conv_states = torch.zeros(
-            (recurrent, slots, config.conv_kernel - 1, config.conv_channels), dtype=self.dtype
-        )
-        self.ssm_states = torch.zeros(
-            (recurrent, slots, config.num_ssm_heads, config.ssm_head_dim, config.ssm_state_size),
-            dtype=self.dtype,
+        conv_shape = (recurrent, slots, config.conv_kernel - 1, config.conv_channels)
+        ssm_shape = (recurrent, slots, config.num_ssm_heads, config.ssm_head_dim, config.ssm_state_size)
+        self.kv, self.conv_states, self.ssm_states = zeros_within_memory(
+            [(kv_shape, self.dtype), (conv_shape, self.dtype), (ssm_shape, self.dtype)], "the KV blocks and state slots"
         )
 
     @property

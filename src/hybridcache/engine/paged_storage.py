@@ -17,6 +17,7 @@ import torch
 
 from hybridcache.engine.cache_tensors import _as_id_list, _require_count
 from hybridcache.engine.model_api import ModelLayout
+from hybridcache.engine.storage_alloc import zeros_within_memory
 from hybridcache.engine.tensor_io import checked_names, to_array, write_into
 from hybridcache.errors import InvalidArgumentError, InvalidBlockIdError, InvalidTypeError
 
@@ -61,15 +62,18 @@ class PagedStorage:
         self.num_blocks = _require_count("num_blocks", num_blocks, 0)
         self.block_size = _require_count("block_size", block_size, 1)
         self.num_state_slots = _require_count("num_state_slots", num_state_slots, 1)
+        kv_keys = [(layer.index, spec) for layer in layout.kv_layers for spec in layer.kv]
+        state_keys = [(layer.index, spec) for layer in layout.state_layers for spec in layer.state]
+        tensors = zeros_within_memory(
+            [((num_blocks, block_size, *spec.shape), _dtype(spec.dtype)) for _, spec in kv_keys]
+            + [((num_state_slots, *spec.shape), _dtype(spec.dtype)) for _, spec in state_keys],
+            "the KV blocks and state slots",
+        )
         self.kv: dict[TensorKey, torch.Tensor] = {
-            (layer.index, spec.name): torch.zeros((num_blocks, block_size, *spec.shape), dtype=_dtype(spec.dtype))
-            for layer in layout.kv_layers
-            for spec in layer.kv
+            (index, spec.name): tensor for (index, spec), tensor in zip(kv_keys, tensors[: len(kv_keys)])
         }
         self.states: dict[TensorKey, torch.Tensor] = {
-            (layer.index, spec.name): torch.zeros((num_state_slots, *spec.shape), dtype=_dtype(spec.dtype))
-            for layer in layout.state_layers
-            for spec in layer.state
+            (index, spec.name): tensor for (index, spec), tensor in zip(state_keys, tensors[len(kv_keys) :])
         }
 
     @property

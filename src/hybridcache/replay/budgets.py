@@ -12,12 +12,12 @@ Owns nothing: frozen values and pure functions (the host-memory reading is the m
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence as SequenceLike
 from dataclasses import dataclass
 
 import numpy as np
 
+from hybridcache import machine
 from hybridcache.errors import InvalidArgumentError
 from hybridcache.policies import Policy
 from hybridcache.profiles import ModelProfile
@@ -71,7 +71,7 @@ def pool_geometry(budget: Budget, profile: ModelProfile, block_size: int, replic
             f"budget too small for {profile.name}: {kv_blocks} KV blocks, {slots} checkpoint slots"
         )
     metadata = replicas * (kv_blocks * POOL_BYTES_PER_KV_BLOCK + slots * POOL_BYTES_PER_STATE_SLOT)
-    allowed = _host_memory_bytes() // 2
+    allowed = machine.host_memory_bytes() // 2
     if max(kv_blocks, slots) > MAX_POOL_ENTRIES or metadata > allowed:
         raise InvalidArgumentError(
             f"budget too large to replay: {kv_blocks:,} KV blocks and {slots:,} checkpoint slots per replica "
@@ -79,23 +79,3 @@ def pool_geometry(budget: Budget, profile: ModelProfile, block_size: int, replic
             f"{allowed / 2**30:,.1f} GiB (half its memory) and at most {MAX_POOL_ENTRIES:,} entries a pool"
         )
     return PoolGeometry(block_size, int(kv_blocks), int(slots))
-
-
-_CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
-
-
-def _host_memory_bytes() -> int:
-    """Physical memory, or the container's limit when lower (cgroup v2 or v1)."""
-    try:
-        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):  # not reported on this platform: assume a small machine
-        memory = 16 * 2**30
-    for path in _CGROUP_LIMITS:
-        try:
-            with open(path, encoding="ascii") as limit:
-                text = limit.read(32).strip()
-        except (OSError, UnicodeDecodeError):
-            continue
-        if text.isdigit():
-            memory = min(memory, int(text))
-    return memory

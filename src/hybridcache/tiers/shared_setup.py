@@ -19,10 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from hybridcache.errors import InvalidArgumentError
+from hybridcache.errors import InvalidArgumentError, InvalidConfigError
 from hybridcache.tiers import local_servers
 from hybridcache.tiers.backends.base import ObjectStore
-from hybridcache.tiers.backends.mooncake_store import MooncakeStore
+from hybridcache.tiers.backends.mooncake_store import MooncakeStore, master_host_port, metadata_host_port
 from hybridcache.tiers.backends.redis_store import RedisStore
 
 SHARED_TIERS = ("none", "redis", "mooncake")
@@ -43,13 +43,23 @@ def check_shared_tier(kind: object, url: object) -> None:
 
 
 def mooncake_address(url: str) -> tuple[str, str]:
-    """``mooncake://HOST:PORT?metadata=http://HOST:PORT/metadata`` -> (master, metadata server)."""
-    parts = urlsplit(url)
-    metadata = parse_qs(parts.query).get("metadata", [])
-    if parts.scheme != "mooncake" or not parts.netloc or len(metadata) != 1:
-        raise InvalidArgumentError(
-            f"bad Mooncake store url {url!r}; use mooncake://MASTER_HOST:PORT?metadata=http://HOST:PORT/metadata"
-        )
+    """``mooncake://HOST:PORT?metadata=http://HOST:PORT/metadata`` -> (master, metadata server),
+    both checked whole (a bad bracket or port is an :class:`InvalidConfigError`, never urllib's
+    ``ValueError``)."""
+    usage = "use mooncake://MASTER_HOST:PORT?metadata=http://HOST:PORT/metadata"
+    try:
+        parts = urlsplit(url)
+    except ValueError as error:
+        raise InvalidConfigError(f"bad Mooncake store url {url!r} ({error}); {usage}") from error
+    query = parse_qs(parts.query, keep_blank_values=True)
+    metadata = query.get("metadata", [])
+    if (
+        parts.scheme != "mooncake" or not parts.netloc or parts.path not in ("", "/") or parts.fragment
+        or len(metadata) != 1 or set(query) != {"metadata"}
+    ):
+        raise InvalidConfigError(f"bad Mooncake store url {url!r}; {usage}")
+    master_host_port(parts.netloc, "the Mooncake master in the store url")
+    metadata_host_port(metadata[0])
     return parts.netloc, metadata[0]
 
 

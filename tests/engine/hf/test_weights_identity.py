@@ -70,3 +70,13 @@ def test_the_same_weights_under_another_config_never_share_tier_state(original, 
     assert engine.stats()["tiers"]["remote_hit_tokens"] == 0
     assert result.tokens == reference.tokens
     engine.check_invariants()
+
+
+def test_another_attention_implementation_is_another_identity(original, tmp_path):
+    """Eager attention softmaxes in float32, SDPA does not: same weights, other numerics."""
+    eager = _copy(original, tmp_path / "eager", lambda config: config.update(attn_implementation="eager"))
+    default = HFModel(HFModelConfig(original, "float64"))
+    changed = HFModel(HFModelConfig(eager, "float64"))
+    assert changed.transformers_model.config._attn_implementation == "eager"
+    assert default.transformers_model.config._attn_implementation != "eager"
+    assert changed.weights_identity() != default.weights_identity()

@@ -38,7 +38,7 @@ from hybridcache.engine.chunk_checks import (
     validated_table,
     validated_tokens,
 )
-from hybridcache.engine.model_identity import identity_digest, library_versions
+from hybridcache.engine.model_identity import identity_digest, implementation_choices, library_versions
 from hybridcache.engine.model_api import (
     CHUNK_RESUME,
     TOKEN_BY_TOKEN_RESUME,
@@ -104,12 +104,18 @@ class HFModel:
         """The digest of everything this checkpoint computes with: its family and whole config
         (``rope_theta``, norm epsilons, embedding multipliers, experts per token, ...), every
         parameter and buffer (non-persistent ones such as a rotary ``inv_freq`` included), the
-        dtype and thread count it runs with, and the torch and transformers versions. The
+        dtype, thread count and attention/expert implementations it runs with, and the torch and
+        transformers versions and optional kernels installed. The
         checkpoint's path is not part of it: a copy elsewhere is the same model."""
         import transformers
 
         config = {k: v for k, v in self._model.config.to_dict().items() if k not in _LOCATION_KEYS}
-        described = {"config": config, "dtype": self.config.dtype, "num_threads": self.config.num_threads}
+        described = {
+            "config": config,
+            "implementations": implementation_choices(self._model.config),
+            "dtype": self.config.dtype,
+            "num_threads": self.config.num_threads,
+        }
         module = self._model
         tensors = itertools.chain(module.named_parameters(), (("buffer:" + n, b) for n, b in module.named_buffers()))
         return identity_digest(self._model.config.model_type, described, tensors, library_versions(transformers))

@@ -41,6 +41,7 @@ from hybridcache.errors import (
 )
 
 DEFAULT_TIMEOUT_S = 5.0
+MAX_TIMEOUT_S = 86_400.0  # one day: longer is a mistake, and C socket timeouts overflow
 MAX_KEY_CHARS = 250
 _KEY = re.compile(rf"[A-Za-z0-9._:\-]{{1,{MAX_KEY_CHARS}}}")
 _T = TypeVar("_T")
@@ -188,13 +189,15 @@ def _checked_item(item: object) -> tuple[str, bytes]:
         raise InvalidArgumentError(f"value for {key!r} is empty")
     return key, value
 
-
 def checked_timeout(timeout: object) -> float:
-    """A timeout in seconds: a real number (NumPy's too, never a bool), positive and finite."""
+    """A timeout in seconds: a real number (NumPy's too, never a bool), positive, finite and at
+    most ``MAX_TIMEOUT_S`` (clients turn it into C timeouts: 1e10 s overflows in every call)."""
     if isinstance(timeout, (bool, np.bool_)) or not isinstance(timeout, numbers.Real):
         raise InvalidTypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
     if not math.isfinite(timeout) or timeout <= 0:
         raise InvalidArgumentError(f"timeout must be positive and finite, got {timeout}")
+    if timeout > MAX_TIMEOUT_S:
+        raise InvalidArgumentError(f"timeout must be at most {MAX_TIMEOUT_S} s (one day), got {timeout}")
     return float(timeout)
 
 

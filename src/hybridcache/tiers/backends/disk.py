@@ -15,6 +15,11 @@ either no object or the complete one; leftover scratch files (only names of that
 deleted on the next open. Recency survives a restart through file modification times,
 refreshed on every read when the directory is writable.
 
+Every per-object call (open, link, unlink, stat, utime) runs relative to its shard directory,
+opened with ``O_DIRECTORY | O_NOFOLLOW`` (through ``objects/``, opened the same way): a shard or
+``objects/``/``scratch/`` replaced by a link to somewhere else, even after the store opened,
+costs a miss or a rejected put, never a file read or written outside the root.
+
 Reads trust nothing about the file under an object name: it is opened without following links
 and without blocking, and used only when it is a regular file of the size the index recorded
 (else it is forgotten, a miss). A store opened with ``read_only=True`` never writes: its puts
@@ -23,6 +28,7 @@ are ``REJECTED``, removals and evictions do nothing, and a warm cache on a read-
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -33,7 +39,7 @@ import stat
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from hybridcache.errors import (
     InvalidArgumentError,
@@ -51,6 +57,8 @@ _MARKER_TEXT = b"hybridcache disk tier, layout 2: objects/<shard>/<key>.obj, scr
 _SCRATCH_NAME = re.compile(r"[0-9]+-[0-9]+\.tmp")
 _OWN_NAMES = {MARKER_NAME, "lock", "objects", "scratch"}
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_NOT_OUR_DIRECTORY = (errno.ELOOP, errno.ENOTDIR)  # a link, or a file, where a directory belongs
 
 
 class DiskStore(ObjectStore):
@@ -204,8 +212,25 @@ class DiskStore(ObjectStore):
     # --- operations ----------------------------------------------------------------------------
 
     def _path(self, key: str) -> Path:
-        shard = hashlib.blake2b(key.encode(), digest_size=1).hexdigest()
-        return self._objects_dir / shard / f"{key}{_SUFFIX}"
+        return self._objects_dir / _shard_name(key) / _object_name(key)
+
+    @contextlib.contextmanager
+    def _shard(self, key: str, *, create: bool = False) -> Iterator[int | None]:
+        """A descriptor of ``key``'s shard directory, opened without following links (None when
+        it is missing, or is not a real directory of this root: a planted link is a miss)."""
+        with _directory(self._objects_dir) as objects:
+            if objects is None:
+                yield None
+                return
+            name = _shard_name(key)
+            if create:
+                try:
+                    os.mkdir(name, 0o755, dir_fd=objects)
+                    os.fsync(objects)  # the new shard's entry must survive a crash
+                except FileExistsError:
+                    pass
+            with _directory(name, dir_fd=objects) as shard:
+                yield shard
 
     def _exists(self, keys: list[str], timeout: float) -> list[bool]:
         with self._lock:
@@ -236,36 +261,46 @@ class DiskStore(ObjectStore):
         if self.read_only or size > self.capacity_bytes:
             return PutOutcome.REJECTED
         self._evict_until_fits(size)
-        if not self._write_atomically(self._path(key), value):
-            return PutOutcome.PRESENT
+        outcome = self._write_atomically(key, value)
+        if outcome is not PutOutcome.STORED:
+            return outcome
         self._index[key] = size
         self._sizes[key] = len(value)
         self._used += size
         return PutOutcome.STORED
 
-    def _write_atomically(self, final: Path, value: bytes) -> bool:
-        """Write, fsync, link into place; False when an object already sits at ``final``."""
-        temporary = self._scratch_dir / f"{os.getpid()}-{next(self._names)}.tmp"
+    def _write_atomically(self, key: str, value: bytes) -> PutOutcome:
+        """Write, fsync, link into place: ``PRESENT`` when an object already sits under the
+        key's name, ``REJECTED`` when its shard or the scratch folder is not this root's own."""
+        temporary = f"{os.getpid()}-{next(self._names)}.tmp"
         try:
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                _write_all(fd, value)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            if not final.parent.is_dir():
-                final.parent.mkdir()
-                _fsync_directory(self._objects_dir)  # the new shard's entry must survive a crash
-            try:
-                os.link(temporary, final)
-            except FileExistsError:
-                return False
-            _fsync_directory(final.parent)
-            return True
+            with _directory(self._scratch_dir) as scratch:
+                if scratch is None:
+                    return PutOutcome.REJECTED
+                try:
+                    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=scratch)
+                    try:
+                        _write_all(fd, value)
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                    return self._link_into_shard(key, scratch, temporary)
+                finally:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(temporary, dir_fd=scratch)
         except OSError as error:
-            raise StoreError(f"cannot write {final.name}: {error}") from error
-        finally:
-            temporary.unlink(missing_ok=True)
+            raise StoreError(f"cannot write {_object_name(key)}: {error}") from error
+
+    def _link_into_shard(self, key: str, scratch: int, temporary: str) -> PutOutcome:
+        with self._shard(key, create=True) as shard:
+            if shard is None:
+                return PutOutcome.REJECTED
+            try:
+                os.link(temporary, _object_name(key), src_dir_fd=scratch, dst_dir_fd=shard, follow_symlinks=False)
+            except FileExistsError:
+                return PutOutcome.PRESENT
+            os.fsync(shard)
+            return PutOutcome.STORED
 
     def _get(self, keys: list[str], timeout: float) -> list[bytes | None]:
         with self._lock:
@@ -274,24 +309,25 @@ class DiskStore(ObjectStore):
     def _read_one(self, key: str) -> bytes | None:
         if key not in self._index:
             return None
-        path = self._path(key)
         try:
-            data = self._read_regular(path, self._sizes[key])
+            with self._shard(key) as shard:
+                data = None if shard is None else self._read_regular(shard, _object_name(key), self._sizes[key])
         except FileNotFoundError:  # removed behind our back: forget it
             data = None
         except OSError as error:
-            raise StoreError(f"cannot read {path.name}: {error}") from error
+            raise StoreError(f"cannot read {_object_name(key)}: {error}") from error
         if data is None:
             self._forget(key)
             return None
         self._index.move_to_end(key)
         return data
 
-    def _read_regular(self, path: Path, size: int) -> bytes | None:
-        """The file's bytes when it is a regular file of ``size`` bytes (None otherwise: a link,
-        a FIFO, a device, or a file that changed size is not the object that was stored)."""
+    def _read_regular(self, shard: int, name: str, size: int) -> bytes | None:
+        """The bytes of ``name`` in the ``shard`` directory when it is a regular file of ``size``
+        bytes (None otherwise: a link, a FIFO, a device, or a file that changed size is not the
+        object that was stored)."""
         try:
-            fd = os.open(path, _READ_FLAGS)
+            fd = os.open(name, _READ_FLAGS, dir_fd=shard)
         except OSError as error:
             if error.errno in (errno.ELOOP, errno.ENXIO, errno.EMLINK):
                 return None  # a symbolic link, or a FIFO or socket with nothing behind it
@@ -301,13 +337,13 @@ class DiskStore(ObjectStore):
             if not stat.S_ISREG(info.st_mode) or info.st_size != size:
                 return None
             data = _read_exactly(fd, size)
+            if data is not None and not self.read_only:
+                try:
+                    os.utime(fd)  # persists recency for the next open, on the very file read
+                except OSError:
+                    pass  # recency is a hint; a read that succeeded stays a hit
         finally:
             os.close(fd)
-        if data is not None and not self.read_only:
-            try:
-                os.utime(path, follow_symlinks=False)  # persists recency for the next open
-            except OSError:
-                pass  # recency is a hint; a read that succeeded stays a hit
         return data
 
     def _forget(self, key: str) -> None:
@@ -323,7 +359,10 @@ class DiskStore(ObjectStore):
             return False
         self._forget(key)
         try:
-            self._path(key).unlink(missing_ok=True)
+            with self._shard(key) as shard:
+                if shard is not None:  # a planted link: nothing of ours to remove behind it
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(_object_name(key), dir_fd=shard)
         except OSError as error:
             raise StoreError(f"cannot remove {key}: {error}") from error
         return True
@@ -360,6 +399,33 @@ def _read_exactly(fd: int, size: int) -> bytes | None:
         parts.append(piece)
         left -= len(piece)
     return None if os.read(fd, 1) else b"".join(parts)
+
+
+def _shard_name(key: str) -> str:
+    return hashlib.blake2b(key.encode(), digest_size=1).hexdigest()
+
+
+def _object_name(key: str) -> str:
+    return f"{key}{_SUFFIX}"
+
+
+@contextlib.contextmanager
+def _directory(path: str | Path, *, dir_fd: int | None = None) -> Iterator[int | None]:
+    """A descriptor of the directory at ``path`` (relative to ``dir_fd``), never through a link;
+    None when it is missing, a link or not a directory."""
+    try:
+        fd = os.open(path, _DIRECTORY_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        fd = None
+    except OSError as error:
+        if error.errno not in _NOT_OUR_DIRECTORY:
+            raise
+        fd = None
+    try:
+        yield fd
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def _fsync_directory(path: Path) -> None:

@@ -12,7 +12,8 @@ import threading
 from collections import OrderedDict
 from typing import Callable
 
-from hybridcache.errors import InvalidArgumentError, InvalidTypeError, LifecycleError
+from hybridcache import machine
+from hybridcache.errors import InvalidArgumentError, InvalidConfigError, InvalidTypeError, LifecycleError
 from hybridcache.tiers.backends.base import DEFAULT_TIMEOUT_S, ObjectStore, PutOutcome
 
 
@@ -39,6 +40,11 @@ class HostMemoryStore(ObjectStore):
             raise InvalidTypeError("capacity_bytes must be an int")
         if capacity_bytes <= 0:
             raise InvalidArgumentError(f"capacity_bytes must be positive, got {capacity_bytes}")
+        memory = machine.host_memory_bytes()
+        if charge is None and capacity_bytes > memory:  # charged budgets are nominal, not held here
+            raise InvalidConfigError(
+                f"capacity_bytes {capacity_bytes:,} is more than this machine's memory ({memory:,} bytes)"
+            )
         self.capacity_bytes = capacity_bytes
         self._objects: OrderedDict[str, bytes] = OrderedDict()
         self._used = 0

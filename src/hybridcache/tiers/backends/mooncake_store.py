@@ -28,6 +28,7 @@ import time
 from typing import Callable, TypeVar
 from urllib.parse import urlsplit
 
+from hybridcache import machine
 from hybridcache.errors import InvalidConfigError, InvalidTypeError, StoreError, StoreUnavailableError
 from hybridcache.tiers.backends.base import DEFAULT_TIMEOUT_S, DeadlineRunner, ObjectStore, PutOutcome, checked_timeout
 
@@ -72,15 +73,19 @@ class MooncakeStore(ObjectStore):
         workers: int = 4,
     ) -> None:
         super().__init__(default_timeout=default_timeout)
-        for name, value in (("master_address", master_address), ("metadata_server", metadata_server),
-                            ("local_hostname", local_hostname)):
-            if not isinstance(value, str) or not value:
-                raise InvalidTypeError(f"{name} must be a non-empty str")
+        if not isinstance(local_hostname, str) or not local_hostname:
+            raise InvalidTypeError("local_hostname must be a non-empty str")
+        master_host_port(master_address)  # both addresses checked whole before anything runs
+        metadata_host_port(metadata_server)
         for name, value in (("segment_bytes", segment_bytes), ("local_buffer_bytes", local_buffer_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InvalidConfigError(f"{name} must be a non-negative int")
         if local_buffer_bytes == 0:
             raise InvalidConfigError("local_buffer_bytes must be positive: every transfer stages through it")
+        memory = machine.host_memory_bytes()
+        for name, value in (("segment_bytes", segment_bytes), ("local_buffer_bytes", local_buffer_bytes)):
+            if value > memory:  # both are allocated in this process
+                raise InvalidConfigError(f"{name} {value:,} is more than this machine's memory ({memory:,} bytes)")
         self.max_object_bytes = local_buffer_bytes
         setup_timeout = checked_timeout(setup_timeout)
         _probe_cluster(master_address, metadata_server, setup_timeout)
@@ -171,27 +176,59 @@ class MooncakeStore(ObjectStore):
             self._runner.shutdown()
 
 
-def _host_port(address: str, what: str) -> tuple[str, int]:
+def master_host_port(address: object, what: str = "master_address") -> tuple[str, int]:
+    """``HOST:PORT`` (an IPv6 host in brackets) -> (host, port); anything else, an unclosed
+    bracket or a port outside 1..65535 included, raises :class:`InvalidConfigError`."""
+    if not isinstance(address, str) or not address:
+        raise InvalidTypeError(f"{what} must be a non-empty str")
     host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise InvalidConfigError(f"{what} must be HOST:PORT, got {address!r}")
-    return host.strip("[]"), int(port)
+    if host.startswith("[") or host.endswith("]"):
+        inner = host[1:-1] if host.startswith("[") and host.endswith("]") else ""
+        host = inner if _is_ipv6(inner) else ""
+    elif ":" in host:
+        host = ""  # an IPv6 host must be bracketed, or its last group reads as the port
+    if not host or any(c.isspace() or c in "/?#@[]" for c in host) or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidConfigError(f"{what} must be HOST:PORT ([IPV6]:PORT), got {address!r}")
+    return host, int(port)
+
+
+def metadata_host_port(url: object) -> tuple[str, int, str]:
+    """``http://HOST[:PORT]/PATH`` -> (host, port, path); anything else raises
+    :class:`InvalidConfigError` (urllib's own ``ValueError`` for a bad bracket or port included)."""
+    if not isinstance(url, str) or not url:
+        raise InvalidTypeError("metadata_server must be a non-empty str")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as error:
+        raise InvalidConfigError(f"metadata_server {url!r} is not a valid URL: {error}") from error
+    if parts.scheme != "http" or not parts.hostname or parts.username is not None or parts.fragment:
+        raise InvalidConfigError(f"metadata_server must be an http://HOST:PORT/PATH URL, got {url!r}")
+    if port == 0:
+        raise InvalidConfigError(f"metadata_server {url!r} has port 0")
+    return parts.hostname, port or 80, parts.path or "/"
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        socket.inet_pton(socket.AF_INET6, text)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def _probe_cluster(master_address: str, metadata_server: str, timeout: float) -> None:
     """Raise StoreUnavailableError unless the master accepts a connection and the metadata
     server answers an HTTP request, both within ``timeout`` seconds in all."""
     deadline = time.monotonic() + timeout
-    master = _host_port(master_address, "master_address")
-    parts = urlsplit(metadata_server)
-    if parts.scheme != "http" or not parts.hostname:
-        raise InvalidConfigError(f"metadata_server must be an http:// URL, got {metadata_server!r}")
+    master = master_host_port(master_address)
+    host, port, path = metadata_host_port(metadata_server)
     try:
         with socket.create_connection(master, timeout=max(deadline - time.monotonic(), 1e-3)):
             pass
-        connection = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=max(deadline - time.monotonic(), 1e-3))
+        connection = http.client.HTTPConnection(host, port, timeout=max(deadline - time.monotonic(), 1e-3))
         try:
-            connection.request("GET", (parts.path or "/") + "?key=hybridcache-probe")
+            connection.request("GET", path + "?key=hybridcache-probe")
             connection.getresponse().read()  # any status: the server is there and answering
         finally:
             connection.close()

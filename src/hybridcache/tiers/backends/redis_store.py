@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Callable, TypeVar
 
-from hybridcache.errors import InvalidConfigError, InvalidTypeError, StoreError, StoreTimeoutError, StoreUnavailableError
-from hybridcache.tiers.backends.base import DEFAULT_TIMEOUT_S, DeadlineRunner, ObjectStore, PutOutcome, check_key
+from hybridcache.errors import InvalidArgumentError, InvalidConfigError, InvalidTypeError, StoreError, StoreTimeoutError, StoreUnavailableError
+from hybridcache.tiers.backends.base import DEFAULT_TIMEOUT_S, DeadlineRunner, ObjectStore, PutOutcome, check_key, checked_timeout
 
 _T = TypeVar("_T")
 
@@ -58,10 +58,23 @@ class RedisStore(ObjectStore):
             )
         except (ValueError, TypeError, self._errors.RedisError) as error:
             raise InvalidConfigError(f"bad Redis url {url!r}: {error}") from error
-        if self._client.connection_pool.connection_kwargs.get("decode_responses"):
+        self._check_url_options(url)
+        self._runner = DeadlineRunner("redis-store", workers=max_connections)
+
+    def _check_url_options(self, url: str) -> None:
+        """Options the URL's query sets override ours: refuse text replies and timeouts no
+        store accepts (a ``socket_timeout`` of 1e10 s overflows in every call)."""
+        options = self._client.connection_pool.connection_kwargs
+        if options.get("decode_responses"):
             self._client.close()
             raise InvalidConfigError(f"Redis url {url!r} sets decode_responses: objects are bytes, not text")
-        self._runner = DeadlineRunner("redis-store", workers=max_connections)
+        try:
+            for name in ("socket_timeout", "socket_connect_timeout"):
+                if options.get(name) is not None:
+                    checked_timeout(options[name])
+        except InvalidArgumentError as error:
+            self._client.close()
+            raise InvalidConfigError(f"Redis url {url!r}: {error}") from error
 
     def _call(self, action: Callable[[], _T], timeout: float, what: str) -> _T:
         return self._runner.run(lambda: self._mapped(action, what), timeout, what)
