@@ -38,6 +38,47 @@ CASES = [
 ]
 
 
+HUGE = b"9" * 5000  # more digits than Python's JSON reader converts (sys.get_int_max_str_digits)
+TOKENIZE = "/tokenize"
+# Raw bodies: integers no reader converts, JSON's non-numbers, and lone UTF-16 surrogates spelled
+# as escapes (valid JSON, no Unicode text: they cannot be tokenized, hashed or encoded back).
+RAW_CASES = [
+    (COMPLETIONS, b'{"model": "tiny", "prompt": "hi", "max_tokens": ' + HUGE + b"}", None),
+    (COMPLETIONS, b'{"model": "tiny", "prompt": "hi", "seed": ' + HUGE + b"}", None),
+    (COMPLETIONS, b'{"model": "tiny", "prompt": "hi", "temperature": ' + HUGE + b"}", None),
+    (COMPLETIONS, b'{"model": "tiny", "prompt": [1, ' + HUGE + b"]}", None),
+    (COMPLETIONS, b'{"model": "tiny", "prompt": "hi", "top_p": NaN}', None),
+    (COMPLETIONS, b'{"model": "tiny", "prompt": "hi", "temperature": -Infinity}', None),
+    (COMPLETIONS, b'{"model": "tiny", "prompt": "\\ud800"}', "prompt"),
+    (COMPLETIONS, b'{"model": "tiny", "prompt": "ok \\udfff then"}', "prompt"),
+    (COMPLETIONS, b'{"model": "tiny", "prompt": "hi", "stop": ["\\ud83d"]}', "stop"),
+    (COMPLETIONS, b'{"model": "tiny", "prompt": "hi", "cache_salt": "\\ud800"}', "cache_salt"),
+    (COMPLETIONS, b'{"model": "\\ud800", "prompt": "hi"}', "model"),
+    (COMPLETIONS, b'{"model": "tiny", "prompt": "hi", "user": "\\ud800"}', "user"),
+    (COMPLETIONS, b'{"model": "tiny", "prompt": "hi", "\\ud800": 1}', None),
+    (CHAT, b'{"model": "tiny", "messages": [{"role": "user", "content": "\\ud800"}]}', "messages"),
+    (CHAT, b'{"model": "tiny", "messages": [{"role": "user", "content": [{"type": "text", "text": "\\udc00"}]}]}',
+     "messages"),
+    (CHAT, b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": ' + HUGE + b"}",
+     None),
+    (TOKENIZE, b'{"model": "tiny", "prompt": "\\ud800"}', "prompt"),
+    (TOKENIZE, b'{"model": "tiny", "prompt": [' + HUGE + b"]}", None),
+]
+
+
+@pytest.mark.parametrize("path, body, param", RAW_CASES)
+def test_unreadable_numbers_and_lone_surrogates_are_a_malformed_body(server, path, body, param):
+    got, _, raw = request(server, "POST", path, body)
+    error = json.loads(raw)["error"]
+    assert (got, error["type"], error["code"], error["param"]) == (400, "invalid_request_error", "malformed_body", param)
+
+
+def test_a_surrogate_pair_is_text_not_a_malformed_body(server):
+    body = b'{"model": "tiny", "prompt": "\\ud83d\\ude00", "max_tokens": 1}'  # one emoji, as JSON escapes it
+    status, _, raw = request(server, "POST", COMPLETIONS, body)
+    assert status == 200 and json.loads(raw)["usage"]["prompt_tokens"] == 4  # its four UTF-8 bytes
+
+
 @pytest.mark.parametrize("path, body, status, code, param", CASES)
 def test_bad_input_gets_an_openai_error_object(server, path, body, status, code, param):
     got, _, raw = request(server, "POST", path, body)

@@ -2,7 +2,8 @@
 
 Owns nothing mutable: pydantic models (frozen) and pure parsing. ``parse_body`` refuses, with a
 ``hybridcache.errors`` exception whose ``param`` names the offending field: bytes that are not
-UTF-8 or not a JSON object (``MalformedRequestError``), fields of the wrong type or missing
+UTF-8, not JSON (``NaN``, integers longer than Python reads), not a JSON object or holding a
+lone UTF-16 surrogate (``MalformedRequestError``), fields of the wrong type or missing
 (``InvalidTypeError``), values out of range (``InvalidArgumentError``). Unknown fields are
 ignored, as OpenAI-compatible servers do; known options this server does not implement with a
 non-default value (``n`` > 1, ``logprobs``, ``tools``, ...) are refused rather than ignored.
@@ -11,6 +12,7 @@ non-default value (``n`` > 1, ``logprobs``, ``tools``, ...) are refused rather t
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -114,16 +116,66 @@ def parse_body(raw: bytes, schema: type[Body]) -> Body:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
         raise rejected(MalformedRequestError, f"the body is not valid UTF-8 (byte {error.start})", None) from None
+    data = _json_object(text)
+    _refuse_lone_surrogates(data)
     try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as error:
-        raise rejected(MalformedRequestError, f"the body is not valid JSON: {error}", None) from None
-    if not isinstance(data, dict):
-        raise rejected(MalformedRequestError, "the body must be a JSON object", None)
-    try:
-        return schema.model_validate(data)
+        body = schema.model_validate(data)
     except ValidationError as error:
         raise _validation_error(error) from None
+    return body
+
+
+def _json_object(text: str) -> dict:
+    """``text`` as a JSON object. Python's reader also takes ``NaN`` / ``Infinity`` (not JSON)
+    and stops at integers longer than ``sys.get_int_max_str_digits()`` with a bare ValueError:
+    both are a malformed body here, not a value to validate or a 500."""
+    try:
+        data = json.loads(text, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as error:
+        raise rejected(MalformedRequestError, f"the body is not valid JSON: {error}", None) from None
+    except RecursionError:
+        raise rejected(MalformedRequestError, "the body is not valid JSON: nested too deeply", None) from None
+    except MalformedRequestError:
+        raise
+    except ValueError:  # only the integer-length limit is left: JSONDecodeError was caught above
+        limit = sys.get_int_max_str_digits()
+        raise rejected(MalformedRequestError,
+                       f"the body holds an integer longer than the {limit} digits the server reads", None) from None
+    if not isinstance(data, dict):
+        raise rejected(MalformedRequestError, "the body must be a JSON object", None)
+    return data
+
+
+def _refuse_constant(name: str) -> float:
+    raise rejected(MalformedRequestError, f"the body is not valid JSON: {name} is not a JSON number", None)
+
+
+def _refuse_lone_surrogates(data: dict) -> None:
+    """JSON's ``\\ud800`` escapes can spell half of a UTF-16 pair, which is no Unicode text:
+    it cannot be encoded, tokenized or hashed into a cache key, so the body is malformed. The
+    walk is iterative because the reader accepts nesting deeper than this stack leaves room for."""
+    for field, value in data.items():
+        pending = [field, value]
+        while pending:
+            item = pending.pop()
+            if isinstance(item, dict):
+                pending.extend(item.keys())
+                pending.extend(item.values())
+            elif isinstance(item, list):
+                pending.extend(item)
+            elif isinstance(item, str) and not _is_unicode(item):
+                param = field if _is_unicode(field) else None  # the message must encode itself
+                raise rejected(MalformedRequestError,
+                               f"{param or 'a field name'} holds a lone UTF-16 surrogate (\\ud800-\\udfff), "
+                               "which is not Unicode text", param)
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _validation_error(error: ValidationError) -> HybridCacheError:
