@@ -6,7 +6,8 @@ UTF-8, not JSON (``NaN``, integers longer than Python reads), not a JSON object 
 lone UTF-16 surrogate (``MalformedRequestError``), fields of the wrong type or missing
 (``InvalidTypeError``), values out of range (``InvalidArgumentError``). Unknown fields are
 ignored, as OpenAI-compatible servers do; known options this server does not implement with a
-non-default value (``n`` > 1, ``logprobs``, ``tools``, ...) are refused rather than ignored.
+non-default value (``n`` > 1, penalties, ``logit_bias``, ``logprobs``, ``tools``, ... in
+``UNIMPLEMENTED``) are refused with a message naming the field, rather than ignored.
 """
 
 from __future__ import annotations
@@ -22,10 +23,21 @@ from hybridcache.serving.api_errors import rejected
 
 MAX_STOP_STRINGS = 4
 MAX_SEED = 2**63 - 1
+# Options this server does not implement, with the values that mean "off" (JSON's spelling in
+# the message); any other value is refused. None (the field omitted or null) is always off.
+UNIMPLEMENTED = (
+    ("n", (1,)), ("best_of", (1,)), ("logprobs", (False, 0)), ("top_logprobs", (0,)), ("echo", (False,)),
+    ("presence_penalty", (0.0,)), ("frequency_penalty", (0.0,)), ("logit_bias", ({},)), ("suffix", ("",)),
+    ("repetition_penalty", (1.0,)), ("top_k", (-1, 0)), ("min_p", (0.0,)), ("min_tokens", (0,)),
+    ("stop_token_ids", ([],)), ("use_beam_search", (False,)), ("tools", ([],)),
+)
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
+
+    def refuse_unimplemented(self) -> None:
+        """Raise if the body asks for an option this server would otherwise ignore."""
 
 
 class StreamOptions(_Body):
@@ -44,14 +56,26 @@ class _Sampling(_Body):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     stop: str | list[str] | None = None
-    n: Literal[1] = 1
+    n: int = Field(default=1, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
     cache_salt: str | None = Field(default=None, min_length=1)
     adapter: str | None = Field(default=None, min_length=1)
     user: str | None = None
-    logprobs: Literal[False] | None = None
-    echo: Literal[False] = False
+    logprobs: bool | int | None = None  # chat: a flag; completions: how many (0 = none)
+    top_logprobs: int | None = Field(default=None, ge=0)
+    echo: bool = False
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    best_of: int | None = Field(default=None, ge=1)
+    # vLLM's sampling extensions, at their "off" values
+    repetition_penalty: float = Field(default=1.0, gt=0.0)
+    top_k: int | None = None
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    min_tokens: int = Field(default=0, ge=0)
+    stop_token_ids: list[int] | None = None
+    use_beam_search: bool = False
     ignore_eos: bool = False  # vLLM's extension: generate max_tokens whatever the model says
     return_token_ids: bool = False  # vLLM's extension: the prompt's and the completion's token ids
 
@@ -65,11 +89,22 @@ class _Sampling(_Body):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    def refuse_unimplemented(self) -> None:
+        """A client that sends a penalty, a bias or several candidates expects them applied;
+        ignoring them would answer something else than asked, silently."""
+        for field, off in UNIMPLEMENTED:
+            value = getattr(self, field, None)
+            if value is not None and not any(value == plain and type(value) is type(plain) for plain in off):
+                shown = " or ".join(json.dumps(plain) for plain in off)
+                raise rejected(InvalidArgumentError,
+                               f"{field} is not implemented by this server; omit it or send {shown}", field)
+
 
 class CompletionRequest(_Sampling):
     """``prompt``: a string, or one prompt as token ids (a list of several prompts is refused)."""
 
     prompt: str | list[int] = Field(min_length=1)
+    suffix: str | None = None
     max_tokens: int | None = Field(default=16, ge=1)
 
 
@@ -90,7 +125,7 @@ class ChatMessage(_Body):
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    tools: None = None
+    tools: list | None = None
     tool_choice: Literal["none"] | None = None
     response_format: dict[str, Literal["text"]] | None = None
 
@@ -122,6 +157,7 @@ def parse_body(raw: bytes, schema: type[Body]) -> Body:
         body = schema.model_validate(data)
     except ValidationError as error:
         raise _validation_error(error) from None
+    body.refuse_unimplemented()
     return body
 
 
