@@ -128,13 +128,19 @@ def plot_path(text: str) -> str:
 
 def compact_table(title: str, columns: list[str], left: tuple[str, ...] = ()) -> Table:
     """A table without vertical rules or edges, fitted to the console's width: a cell too wide
-    folds onto more lines of its row, never truncated. Headers break at their spaces, so a
-    column is as wide as its values. ``left`` columns are left-justified, the others
-    (numbers) right-justified."""
+    folds onto more lines of its row, never truncated. Headers break at their spaces and after
+    their underscores (``server_rss_before_mb``, a JSON key, stays readable instead of folding
+    mid-word), so a column is as wide as its values. ``left`` columns are left-justified, the
+    others (numbers) right-justified."""
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
     for column in columns:
-        table.add_column(column.replace(" ", "\n"), justify="left" if column in left else "right", overflow="fold")
+        table.add_column(header_lines(column), justify="left" if column in left else "right", overflow="fold")
     return table
+
+
+def header_lines(column: str) -> str:
+    """``column`` with a line break at each space and after each underscore."""
+    return column.replace(" ", "\n").replace("_", "_\n")
 
 
 def filled_table(title: str, columns: list[str], rows: list[list[str]], left: tuple[str, ...] = ()) -> Table:

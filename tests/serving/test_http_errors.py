@@ -28,6 +28,9 @@ CASES = [
     (COMPLETIONS, {"model": "tiny", "prompt": [1, 2, 100000]}, 400, "invalid_value", "prompt"),
     (COMPLETIONS, {"model": "tiny", "prompt": [1, -2]}, 400, "invalid_value", "prompt"),
     (COMPLETIONS, {"model": "tiny", "prompt": "hi", "n": 2}, 400, "invalid_value", "n"),
+    (COMPLETIONS, {"model": "tiny", "prompt": "hi", "n": 0}, 400, "invalid_value", "n"),
+    (COMPLETIONS, {"model": "tiny", "prompt": "hi", "presence_penalty": 3}, 400, "invalid_value", "presence_penalty"),
+    (COMPLETIONS, {"model": "tiny", "prompt": "hi", "logit_bias": [1]}, 422, "invalid_type", "logit_bias"),
     (COMPLETIONS, {"model": "tiny", "prompt": "hi", "temperature": 5}, 400, "invalid_value", "temperature"),
     (COMPLETIONS, {"model": "tiny", "prompt": "x" * 5000}, 400, "request_too_large", "prompt"),
     (CHAT, {"model": "tiny", "messages": []}, 400, "invalid_value", "messages"),
@@ -36,6 +39,84 @@ CASES = [
     (CHAT, {"model": "tiny", "messages": "hello"}, 422, "invalid_type", "messages"),
     (CHAT, {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stop": ["a"] * 5}, 400, "invalid_value", "stop"),
 ]
+
+
+HUGE = b"9" * 5000  # more digits than Python's JSON reader converts (sys.get_int_max_str_digits)
+TOKENIZE = "/tokenize"
+# Raw bodies: integers no reader converts, JSON's non-numbers, and lone UTF-16 surrogates spelled
+# as escapes (valid JSON, no Unicode text: they cannot be tokenized, hashed or encoded back).
+RAW_CASES = [
+    (COMPLETIONS, b'{"model": "tiny", "prompt": "hi", "max_tokens": ' + HUGE + b"}", None),
+    (COMPLETIONS, b'{"model": "tiny", "prompt": "hi", "seed": ' + HUGE + b"}", None),
+    (COMPLETIONS, b'{"model": "tiny", "prompt": "hi", "temperature": ' + HUGE + b"}", None),
+    (COMPLETIONS, b'{"model": "tiny", "prompt": [1, ' + HUGE + b"]}", None),
+    (COMPLETIONS, b'{"model": "tiny", "prompt": "hi", "top_p": NaN}', None),
+    (COMPLETIONS, b'{"model": "tiny", "prompt": "hi", "temperature": -Infinity}', None),
+    (COMPLETIONS, b'{"model": "tiny", "prompt": "\\ud800"}', "prompt"),
+    (COMPLETIONS, b'{"model": "tiny", "prompt": "ok \\udfff then"}', "prompt"),
+    (COMPLETIONS, b'{"model": "tiny", "prompt": "hi", "stop": ["\\ud83d"]}', "stop"),
+    (COMPLETIONS, b'{"model": "tiny", "prompt": "hi", "cache_salt": "\\ud800"}', "cache_salt"),
+    (COMPLETIONS, b'{"model": "\\ud800", "prompt": "hi"}', "model"),
+    (COMPLETIONS, b'{"model": "tiny", "prompt": "hi", "user": "\\ud800"}', "user"),
+    (COMPLETIONS, b'{"model": "tiny", "prompt": "hi", "\\ud800": 1}', None),
+    (CHAT, b'{"model": "tiny", "messages": [{"role": "user", "content": "\\ud800"}]}', "messages"),
+    (CHAT, b'{"model": "tiny", "messages": [{"role": "user", "content": [{"type": "text", "text": "\\udc00"}]}]}',
+     "messages"),
+    (CHAT, b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": ' + HUGE + b"}",
+     None),
+    (TOKENIZE, b'{"model": "tiny", "prompt": "\\ud800"}', "prompt"),
+    (TOKENIZE, b'{"model": "tiny", "prompt": [' + HUGE + b"]}", None),
+]
+
+
+@pytest.mark.parametrize("path, body, param", RAW_CASES)
+def test_unreadable_numbers_and_lone_surrogates_are_a_malformed_body(server, path, body, param):
+    got, _, raw = request(server, "POST", path, body)
+    error = json.loads(raw)["error"]
+    assert (got, error["type"], error["code"], error["param"]) == (400, "invalid_request_error", "malformed_body", param)
+
+
+# Options the server does not implement: refused by name rather than silently ignored.
+UNIMPLEMENTED_CASES = [
+    (COMPLETIONS, "presence_penalty", 0.5), (CHAT, "presence_penalty", -1), (COMPLETIONS, "frequency_penalty", 1.0),
+    (CHAT, "frequency_penalty", 0.2), (COMPLETIONS, "logit_bias", {"65": 100}), (CHAT, "logit_bias", {"65": -100}),
+    (COMPLETIONS, "best_of", 3), (COMPLETIONS, "suffix", " the end"), (CHAT, "top_logprobs", 2),
+    (CHAT, "logprobs", True), (COMPLETIONS, "logprobs", 3), (COMPLETIONS, "echo", True), (CHAT, "n", 2),
+    (COMPLETIONS, "top_k", 40), (CHAT, "repetition_penalty", 1.2), (COMPLETIONS, "min_p", 0.1),
+    (COMPLETIONS, "min_tokens", 4), (CHAT, "stop_token_ids", [257]), (COMPLETIONS, "use_beam_search", True),
+    (CHAT, "tools", [{"type": "function", "function": {"name": "f"}}]),
+]
+# The same options at the values that mean "off" are served as if omitted.
+OFF_VALUES = {"presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "best_of": 1, "suffix": "",
+              "top_logprobs": 0, "logprobs": False, "echo": False, "n": 1, "top_k": -1, "repetition_penalty": 1,
+              "min_p": 0, "min_tokens": 0, "stop_token_ids": [], "use_beam_search": False}
+
+
+def _generation_body(path: str, **extra) -> dict:
+    prompt = {"messages": [{"role": "user", "content": "hi"}]} if path == CHAT else {"prompt": "hi"}
+    return {"model": "tiny", **prompt, "max_tokens": 2, **extra}
+
+
+@pytest.mark.parametrize("path, field, value", UNIMPLEMENTED_CASES)
+def test_an_option_this_server_does_not_implement_is_refused_by_name(server, path, field, value):
+    got, _, raw = request(server, "POST", path, _generation_body(path, **{field: value}))
+    error = json.loads(raw)["error"]
+    assert (got, error["code"], error["param"]) == (400, "invalid_value", field)
+    assert error["message"].startswith(f"{field} is not implemented by this server")
+
+
+@pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
+def test_unimplemented_options_at_their_off_values_are_served(server, path):
+    plain = json.loads(request(server, "POST", path, _generation_body(path, temperature=0))[2])
+    status, _, raw = request(server, "POST", path, _generation_body(path, temperature=0, **OFF_VALUES))
+    answered = json.loads(raw)
+    assert status == 200 and answered["choices"] == plain["choices"]
+
+
+def test_a_surrogate_pair_is_text_not_a_malformed_body(server):
+    body = b'{"model": "tiny", "prompt": "\\ud83d\\ude00", "max_tokens": 1}'  # one emoji, as JSON escapes it
+    status, _, raw = request(server, "POST", COMPLETIONS, body)
+    assert status == 200 and json.loads(raw)["usage"]["prompt_tokens"] == 4  # its four UTF-8 bytes
 
 
 @pytest.mark.parametrize("path, body, status, code, param", CASES)

@@ -2,7 +2,8 @@
 
 Owns, per unfinished request: the logits kept for it when it asked for them (one row per
 generated token), the tier miss reason its restore reported when it was queued, and whether
-its prompt head was served before (``served_heads``); and the engine's record of the prompt
+its prompt head was served before, in its namespace or in another of the same tenant
+(``served_heads``); and the engine's record of the prompt
 heads it served. Everything per request is dropped when its result is handed out or it is
 cancelled.
 """
@@ -21,6 +22,8 @@ from hybridcache.prefix_cache.stats import MissReason
 from hybridcache.scheduler.scheduler import ServingSequence
 from hybridcache.tiers.restore_values import EVICTED
 
+NAMESPACE = "namespace"  # the same tenant computed the prompt's head under another adapter
+
 
 class Outcomes:
     def __init__(self, block_size: int, vocab_size: int) -> None:
@@ -28,14 +31,17 @@ class Outcomes:
         self._logits: dict[int, list[np.ndarray]] = {}  # per request asking for them, one row per token
         self._tier_misses: dict[int, str] = {}  # per unfinished request the tiers served less than expected
         self._heads = ServedHeads(block_size)
-        self._head_seen: set[int] = set()  # unfinished requests whose prompt head was served before
+        # unfinished requests whose prompt head was served before -> the reason that says so
+        self._head_seen: dict[int, str] = {}
 
     def queued(self, entry: ServingSequence, tier_miss: str | None, caching: bool) -> None:
         """A request was queued; ``tier_miss``: what its tier restore reported (None: nothing)."""
         if tier_miss is not None:
             self._tier_misses[entry.request_id] = tier_miss
         if caching and self._heads.seen(entry.seq):
-            self._head_seen.add(entry.request_id)
+            self._head_seen[entry.request_id] = EVICTED
+        elif caching and self._heads.seen_under_another_adapter(entry.seq):
+            self._head_seen[entry.request_id] = NAMESPACE
 
     def keep_logits(self, entry: ServingSequence, output: ChunkOutput) -> None:
         """The logits a generated token was chosen from, for requests that asked for them."""
@@ -46,7 +52,7 @@ class Outcomes:
         """A cancelled request: nothing of it is kept."""
         self._logits.pop(request_id, None)
         self._tier_misses.pop(request_id, None)
-        self._head_seen.discard(request_id)
+        self._head_seen.pop(request_id, None)
 
     def result(self, entry: ServingSequence, error: HybridCacheError | None = None) -> Result:
         """The finished request's result; its head is recorded as served when it succeeded."""
@@ -56,7 +62,7 @@ class Outcomes:
             logits = np.stack(rows) if rows else np.empty((0, self.vocab_size))
         summary = self.summary(entry)
         self._tier_misses.pop(entry.request_id, None)
-        self._head_seen.discard(entry.request_id)
+        self._head_seen.pop(entry.request_id, None)
         if error is None:
             self._heads.served(entry.seq)
         return replace(summary, routed_experts=entry.final_routed_experts, logits=logits, error=error)
@@ -74,13 +80,14 @@ class Outcomes:
         )
 
     def _miss_reason(self, entry: ServingSequence) -> str | None:
-        """The admission's reason; ``evicted`` for a prompt that restored nothing although
-        this engine computed its first block before (its blocks were evicted, or cleared)."""
-        if entry.miss_reason == MissReason.NO_CACHED_PREFIX.value and entry.request_id in self._head_seen:
-            return EVICTED
+        """The admission's reason; for a prompt that restored nothing although this engine
+        computed its first block before: ``evicted`` (its blocks were evicted, or cleared) or,
+        when only another adapter of the same tenant computed it, ``namespace``."""
+        if entry.miss_reason == MissReason.NO_CACHED_PREFIX.value:
+            return self._head_seen.get(entry.request_id, entry.miss_reason)
         return entry.miss_reason
 
     def check_invariants(self, unfinished: set[int]) -> None:
         assert self._tier_misses.keys() <= unfinished, "a finished request kept its tier miss"
-        assert self._head_seen <= unfinished, "a finished request kept its served-head mark"
+        assert self._head_seen.keys() <= unfinished, "a finished request kept its served-head mark"
         self._heads.check_invariants()

@@ -1,10 +1,13 @@
 """Which prompt heads this engine has served, so that a prompt the cache restores nothing for,
-though the engine computed its first block before, is told apart as ``evicted``.
+though the engine computed its first block before, is told apart as ``evicted`` (in its own
+namespace) or ``namespace`` (the same tenant computed it under another adapter).
 
-Owns: a bounded, least-recently-served-first record of heads, each the namespace (adapter,
-cache salt) and the tokens of a prompt's first block. A head whose block overlaps a multimodal
-span is never recorded nor claimed (the same tokens may stand for another image). Nothing here
-reads the cache: the record says only what this engine computed, not what the cache holds.
+Owns: a bounded, least-recently-served-first record of heads, each a tenant (the cache salt)
+and the tokens of a prompt's first block, with the adapters it was served under. Heads are
+keyed by salt so that nothing is ever said about another tenant's prompts. A head whose block
+overlaps a multimodal span is never recorded nor claimed (the same tokens may stand for another
+image). Nothing here reads the cache: the record says only what this engine computed, not what
+the cache holds.
 """
 
 from __future__ import annotations
@@ -21,28 +24,38 @@ class ServedHeads:
     def __init__(self, block_size: int, max_heads: int = DEFAULT_MAX_HEADS) -> None:
         self.block_size = as_int("block_size", block_size, 1)
         self.max_heads = as_int("max_heads", max_heads, 1)
-        self._heads: OrderedDict[tuple, None] = OrderedDict()
+        self._heads: OrderedDict[tuple, tuple[str | None, ...]] = OrderedDict()  # head -> its adapters
 
     def _head(self, seq: Sequence) -> tuple | None:
         """A prompt's head, when it has a whole block before its last token and no span in it."""
         block = self.block_size
         if seq.num_tokens <= block or seq.spans_overlapping(0, block):
             return None
-        return seq.namespace, seq.tokens[:block].tobytes()
+        return seq.namespace.cache_salt, seq.tokens[:block].tobytes()
 
     def served(self, seq: Sequence) -> None:
         head = self._head(seq)
         if head is None:
             return
-        self._heads[head] = None
-        self._heads.move_to_end(head)
+        adapters = self._heads.pop(head, ())
+        adapter = seq.namespace.adapter
+        self._heads[head] = adapters if adapter in adapters else (*adapters, adapter)
         if len(self._heads) > self.max_heads:
             self._heads.popitem(last=False)
 
     def seen(self, seq: Sequence) -> bool:
-        """Whether a prompt with this head was served before (and not forgotten since)."""
+        """Whether a prompt with this head was served before in its namespace (and not
+        forgotten since)."""
         head = self._head(seq)
-        return head is not None and head in self._heads
+        return head is not None and seq.namespace.adapter in self._heads.get(head, ())
+
+    def seen_under_another_adapter(self, seq: Sequence) -> bool:
+        """Whether the same tenant (same cache salt) was served a prompt with this head under
+        another adapter (or the base model), whose cache entries this one can never use."""
+        head = self._head(seq)
+        return head is not None and any(other != seq.namespace.adapter for other in self._heads.get(head, ()))
 
     def check_invariants(self) -> None:
         assert len(self._heads) <= self.max_heads, "more heads than the bound"
+        for adapters in self._heads.values():
+            assert adapters and len(set(adapters)) == len(adapters), "a head without adapters, or one twice"

@@ -19,6 +19,7 @@ from hybridcache.engine.hf.config import HFModelConfig
 from hybridcache.errors import InvalidConfigError
 from hybridcache.events.config import KVEventsConfig
 from hybridcache.serving.arguments import TINY_MODEL
+from hybridcache.serving.capacity import check_tier_sizes
 from hybridcache.tiers.shared_setup import check_shared_tier
 from hybridcache.types import as_int, as_name
 
@@ -90,6 +91,8 @@ runtime starts and stops."""
             kv_events=KVEventsConfig.from_json(args.kv_events_config) if args.kv_events_config else KVEventsConfig(),
         )
         disk_bytes = args.disk_bytes or 0
+        # before a temporary disk root is made, so a refused size leaves nothing behind
+        check_tier_sizes(args.host_bytes or 0, disk_bytes, args.disk_root or tempfile.gettempdir())
         disk_root = args.disk_root or (tempfile.mkdtemp(prefix="hybridcache-disk-") if disk_bytes else None)
         return cls(
             engine=engine, model_dir=None if tiny else args.model, served_name=args.served_name, host=args.host,

@@ -13,6 +13,7 @@ import sys
 from hybridcache.engine import Engine
 from hybridcache.errors import InvalidArgumentError, UnknownModelError
 from hybridcache.serving.api_errors import rejected
+from hybridcache.serving.capacity import is_allocation_failure, pools_do_not_fit
 from hybridcache.serving.config import ServeConfig
 from hybridcache.serving.loop import EngineLoop
 from hybridcache.serving.metrics import ServingMetrics
@@ -26,8 +27,10 @@ class ServingRuntime:
         self.tiers = open_tiers(config)
         try:
             self.engine = Engine(config.engine, tiers=self.tiers.store)
-        except BaseException:
+        except BaseException as error:
             self.tiers.close()  # stop the servers started for a tier the engine refused
+            if is_allocation_failure(error):
+                raise pools_do_not_fit(config.engine.num_kv_blocks, config.engine.num_state_slots) from None
             raise
         self.vocab_size = self.engine.model.layout.vocab_size
         # read before the loop owns the engine: the streams' sockets are fixed once bound

@@ -2,15 +2,18 @@
 
 Owns nothing mutable: pydantic models (frozen) and pure parsing. ``parse_body`` refuses, with a
 ``hybridcache.errors`` exception whose ``param`` names the offending field: bytes that are not
-UTF-8 or not a JSON object (``MalformedRequestError``), fields of the wrong type or missing
+UTF-8, not JSON (``NaN``, integers longer than Python reads), not a JSON object or holding a
+lone UTF-16 surrogate (``MalformedRequestError``), fields of the wrong type or missing
 (``InvalidTypeError``), values out of range (``InvalidArgumentError``). Unknown fields are
 ignored, as OpenAI-compatible servers do; known options this server does not implement with a
-non-default value (``n`` > 1, ``logprobs``, ``tools``, ...) are refused rather than ignored.
+non-default value (``n`` > 1, penalties, ``logit_bias``, ``logprobs``, ``tools``, ... in
+``UNIMPLEMENTED``) are refused with a message naming the field, rather than ignored.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -20,10 +23,21 @@ from hybridcache.serving.api_errors import rejected
 
 MAX_STOP_STRINGS = 4
 MAX_SEED = 2**63 - 1
+# Options this server does not implement, with the values that mean "off" (JSON's spelling in
+# the message); any other value is refused. None (the field omitted or null) is always off.
+UNIMPLEMENTED = (
+    ("n", (1,)), ("best_of", (1,)), ("logprobs", (False, 0)), ("top_logprobs", (0,)), ("echo", (False,)),
+    ("presence_penalty", (0.0,)), ("frequency_penalty", (0.0,)), ("logit_bias", ({},)), ("suffix", ("",)),
+    ("repetition_penalty", (1.0,)), ("top_k", (-1, 0)), ("min_p", (0.0,)), ("min_tokens", (0,)),
+    ("stop_token_ids", ([],)), ("use_beam_search", (False,)), ("tools", ([],)),
+)
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
+
+    def refuse_unimplemented(self) -> None:
+        """Raise if the body asks for an option this server would otherwise ignore."""
 
 
 class StreamOptions(_Body):
@@ -42,14 +56,26 @@ class _Sampling(_Body):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     stop: str | list[str] | None = None
-    n: Literal[1] = 1
+    n: int = Field(default=1, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
     cache_salt: str | None = Field(default=None, min_length=1)
     adapter: str | None = Field(default=None, min_length=1)
     user: str | None = None
-    logprobs: Literal[False] | None = None
-    echo: Literal[False] = False
+    logprobs: bool | int | None = None  # chat: a flag; completions: how many (0 = none)
+    top_logprobs: int | None = Field(default=None, ge=0)
+    echo: bool = False
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    best_of: int | None = Field(default=None, ge=1)
+    # vLLM's sampling extensions, at their "off" values
+    repetition_penalty: float = Field(default=1.0, gt=0.0)
+    top_k: int | None = None
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    min_tokens: int = Field(default=0, ge=0)
+    stop_token_ids: list[int] | None = None
+    use_beam_search: bool = False
     ignore_eos: bool = False  # vLLM's extension: generate max_tokens whatever the model says
     return_token_ids: bool = False  # vLLM's extension: the prompt's and the completion's token ids
 
@@ -63,11 +89,22 @@ class _Sampling(_Body):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    def refuse_unimplemented(self) -> None:
+        """A client that sends a penalty, a bias or several candidates expects them applied;
+        ignoring them would answer something else than asked, silently."""
+        for field, off in UNIMPLEMENTED:
+            value = getattr(self, field, None)
+            if value is not None and not any(value == plain and type(value) is type(plain) for plain in off):
+                shown = " or ".join(json.dumps(plain) for plain in off)
+                raise rejected(InvalidArgumentError,
+                               f"{field} is not implemented by this server; omit it or send {shown}", field)
+
 
 class CompletionRequest(_Sampling):
     """``prompt``: a string, or one prompt as token ids (a list of several prompts is refused)."""
 
     prompt: str | list[int] = Field(min_length=1)
+    suffix: str | None = None
     max_tokens: int | None = Field(default=16, ge=1)
 
 
@@ -88,7 +125,7 @@ class ChatMessage(_Body):
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    tools: None = None
+    tools: list | None = None
     tool_choice: Literal["none"] | None = None
     response_format: dict[str, Literal["text"]] | None = None
 
@@ -114,16 +151,67 @@ def parse_body(raw: bytes, schema: type[Body]) -> Body:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
         raise rejected(MalformedRequestError, f"the body is not valid UTF-8 (byte {error.start})", None) from None
+    data = _json_object(text)
+    _refuse_lone_surrogates(data)
     try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as error:
-        raise rejected(MalformedRequestError, f"the body is not valid JSON: {error}", None) from None
-    if not isinstance(data, dict):
-        raise rejected(MalformedRequestError, "the body must be a JSON object", None)
-    try:
-        return schema.model_validate(data)
+        body = schema.model_validate(data)
     except ValidationError as error:
         raise _validation_error(error) from None
+    body.refuse_unimplemented()
+    return body
+
+
+def _json_object(text: str) -> dict:
+    """``text`` as a JSON object. Python's reader also takes ``NaN`` / ``Infinity`` (not JSON)
+    and stops at integers longer than ``sys.get_int_max_str_digits()`` with a bare ValueError:
+    both are a malformed body here, not a value to validate or a 500."""
+    try:
+        data = json.loads(text, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as error:
+        raise rejected(MalformedRequestError, f"the body is not valid JSON: {error}", None) from None
+    except RecursionError:
+        raise rejected(MalformedRequestError, "the body is not valid JSON: nested too deeply", None) from None
+    except MalformedRequestError:
+        raise
+    except ValueError:  # only the integer-length limit is left: JSONDecodeError was caught above
+        limit = sys.get_int_max_str_digits()
+        raise rejected(MalformedRequestError,
+                       f"the body holds an integer longer than the {limit} digits the server reads", None) from None
+    if not isinstance(data, dict):
+        raise rejected(MalformedRequestError, "the body must be a JSON object", None)
+    return data
+
+
+def _refuse_constant(name: str) -> float:
+    raise rejected(MalformedRequestError, f"the body is not valid JSON: {name} is not a JSON number", None)
+
+
+def _refuse_lone_surrogates(data: dict) -> None:
+    """JSON's ``\\ud800`` escapes can spell half of a UTF-16 pair, which is no Unicode text:
+    it cannot be encoded, tokenized or hashed into a cache key, so the body is malformed. The
+    walk is iterative because the reader accepts nesting deeper than this stack leaves room for."""
+    for field, value in data.items():
+        pending = [field, value]
+        while pending:
+            item = pending.pop()
+            if isinstance(item, dict):
+                pending.extend(item.keys())
+                pending.extend(item.values())
+            elif isinstance(item, list):
+                pending.extend(item)
+            elif isinstance(item, str) and not _is_unicode(item):
+                param = field if _is_unicode(field) else None  # the message must encode itself
+                raise rejected(MalformedRequestError,
+                               f"{param or 'a field name'} holds a lone UTF-16 surrogate (\\ud800-\\udfff), "
+                               "which is not Unicode text", param)
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _validation_error(error: ValidationError) -> HybridCacheError:

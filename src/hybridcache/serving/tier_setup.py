@@ -13,6 +13,7 @@ import contextlib
 import tempfile
 from pathlib import Path
 
+from hybridcache.serving.capacity import check_tier_sizes
 from hybridcache.serving.config import ServeConfig
 from hybridcache.tiers import TieredStore
 from hybridcache.tiers.backends.disk import DiskStore
@@ -37,7 +38,8 @@ class ServingTiers:
 
 def open_tiers(config: ServeConfig) -> ServingTiers:
     """The configured tiers, every one reachable (a shared store is probed); on a failure
-    nothing started stays running."""
+    nothing started stays running. A tier larger than the machine could hold is refused first."""
+    check_tier_sizes(config.host_bytes, config.disk_bytes, config.disk_root)
     with contextlib.ExitStack() as stack:
         shared = None
         if config.shared_tier != "none":
