@@ -14,7 +14,7 @@ from hybridcache.errors import InvalidConfigError, ResourceExhaustedError
 
 @pytest.mark.parametrize("change", [dict(num_kv_blocks=10**8), dict(num_state_slots=10**7)])
 def test_an_engine_larger_than_the_machine_is_refused(change):
-    with pytest.raises(InvalidConfigError, match="GiB but this machine has"):
+    with pytest.raises(InvalidConfigError, match="GiB needed, this machine has"):
         Engine(EngineConfig(**change))
 
 
@@ -23,7 +23,7 @@ def test_the_limit_is_the_machines_memory_and_nothing_is_allocated_past_it(monke
     monkeypatch.setattr(machine, "host_memory_bytes", lambda: 1000)
     real_zeros = torch.zeros
     monkeypatch.setattr(torch, "zeros", lambda *a, **k: allocated.append(a) or real_zeros(*a, **k))
-    with pytest.raises(InvalidConfigError, match="needs"):
+    with pytest.raises(InvalidConfigError, match="GiB needed"):
         zeros_within_memory([((100,), torch.float64), ((30,), torch.float64)], "pools")
     assert allocated == []
     small = zeros_within_memory([((100,), torch.float64)], "pools")

@@ -13,7 +13,8 @@ import pytest
 from hybridcache.cli import build_parser
 from hybridcache.errors import InvalidConfigError, ResourceExhaustedError
 from hybridcache.serving import runtime as runtime_module
-from hybridcache.serving.capacity import check_tier_sizes, is_allocation_failure, physical_memory_bytes
+from hybridcache.machine import host_memory_bytes
+from hybridcache.serving.capacity import check_tier_sizes
 from hybridcache.serving.config import ServeConfig
 from tests.serving.conftest import SRC
 
@@ -36,8 +37,8 @@ def test_a_tier_larger_than_the_machine_is_refused_at_startup_in_one_line(tmp_pa
 
 
 def test_tier_sizes_the_machine_can_hold_pass(tmp_path):
-    memory = physical_memory_bytes()
-    assert memory is not None and memory > 0
+    memory = host_memory_bytes()
+    assert memory > 0
     check_tier_sizes(memory, 1 << 20, tmp_path / "not" / "made" / "yet")  # all of RAM is still RAM
     with pytest.raises(InvalidConfigError):
         check_tier_sizes(memory + 1, 0, None)
@@ -47,14 +48,9 @@ def test_pools_that_cannot_be_allocated_are_one_resource_error(monkeypatch):
     config = ServeConfig.from_args(build_parser().parse_args(["serve", "--num-kv-blocks", "64"]))
 
     def refuse(*_, **__):
-        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory")
+        raise ResourceExhaustedError("cannot allocate the KV pool (1,024 bytes): DefaultCPUAllocator: can't allocate memory")
 
     monkeypatch.setattr(runtime_module, "Engine", refuse)
     with pytest.raises(ResourceExhaustedError, match="lower --num-kv-blocks"):
         runtime_module.ServingRuntime(config)
 
-
-def test_only_allocation_failures_are_translated():
-    assert is_allocation_failure(MemoryError()) and is_allocation_failure(RuntimeError("CUDA out of memory."))
-    assert not is_allocation_failure(RuntimeError("shape mismatch"))
-    assert not is_allocation_failure(ResourceExhaustedError("already a hybridcache error"))

@@ -26,7 +26,7 @@ def zeros_within_memory(shapes: Sequence[tuple[Shape, torch.dtype]], what: str) 
     available = machine.host_memory_bytes()
     if needed > available:
         raise InvalidConfigError(
-            f"{what} needs {needed / 2**30:,.2f} GiB but this machine has {available / 2**30:,.2f} GiB of memory"
+            f"{what}: {needed / 2**30:,.2f} GiB needed, this machine has {available / 2**30:,.2f} GiB of memory"
         )
     try:
         return [torch.zeros(shape, dtype=dtype) for shape, dtype in shapes]

@@ -11,9 +11,8 @@ from __future__ import annotations
 import sys
 
 from hybridcache.engine import Engine
-from hybridcache.errors import InvalidArgumentError, UnknownModelError
+from hybridcache.errors import InvalidArgumentError, ResourceExhaustedError, UnknownModelError
 from hybridcache.serving.api_errors import rejected
-from hybridcache.serving.capacity import is_allocation_failure, pools_do_not_fit
 from hybridcache.serving.config import ServeConfig
 from hybridcache.serving.loop import EngineLoop
 from hybridcache.serving.metrics import ServingMetrics
@@ -29,8 +28,8 @@ class ServingRuntime:
             self.engine = Engine(config.engine, tiers=self.tiers.store)
         except BaseException as error:
             self.tiers.close()  # stop the servers started for a tier the engine refused
-            if is_allocation_failure(error):
-                raise pools_do_not_fit(config.engine.num_kv_blocks, config.engine.num_state_slots) from None
+            if isinstance(error, ResourceExhaustedError):
+                raise ResourceExhaustedError(f"{error}; lower --num-kv-blocks / --num-state-slots") from None
             raise
         self.vocab_size = self.engine.model.layout.vocab_size
         # read before the loop owns the engine: the streams' sockets are fixed once bound
