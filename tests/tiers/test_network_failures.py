@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import redis
 
@@ -100,3 +102,11 @@ def test_an_unreachable_mooncake_cluster_fails_the_probe_not_the_setup():
     for bad in (0, -1, float("nan"), "5"):
         with pytest.raises((InvalidConfigError, InvalidKeyError, ValueError, TypeError)):
             MooncakeStore(f"127.0.0.1:{master}", f"http://127.0.0.1:{metadata}/metadata", setup_timeout=bad)
+
+
+def test_mooncake_clients_log_errors_only(mooncake_remote):
+    """Mooncake's native client logs about 125 info lines per setup unless ``MC_LOG_LEVEL`` is
+    lowered before the library loads; MooncakeStore sets ERROR unless the caller chose a level."""
+    mooncake_remote.control("open_another")  # one more full native setup and teardown, logged here
+    glog_lines = [line for line in mooncake_remote.log_tail(200_000).splitlines() if re.match(r"[IWEF]\d{4} ", line)]
+    assert not [line for line in glog_lines if line[0] in "IW"]
