@@ -19,9 +19,10 @@ def run_main(argv: list[str], capsys) -> tuple[int, str, str]:
     return status, out, err
 
 
-def run_process(*args: str, cwd, columns: int = 160, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_process(*args: str, cwd, columns: int = 160, timeout: float = 300,
+                extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``python -m hybridcache.cli ARGS`` in ``cwd`` on a terminal of ``columns`` columns."""
-    env = dict(os.environ, COLUMNS=str(columns))
+    env = dict(os.environ, COLUMNS=str(columns), **(extra_env or {}))
     return subprocess.run(
         [sys.executable, "-m", "hybridcache.cli", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout
     )

@@ -1,6 +1,7 @@
 """The two commands a newcomer runs, and the benchmark smoke run CI keeps alive."""
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -27,6 +28,17 @@ def test_demo_serves_identical_outputs_and_prints_the_hit_rate_table(tmp_path):
     assert "hit rate" in result.stdout
     assert "overall" in result.stdout
     assert "identical" in result.stdout and "DIFFERENT" not in result.stdout
+
+
+def test_progress_bars_go_to_stderr_and_are_erased_when_done(tmp_path):
+    """On a terminal (rich treats FORCE_COLOR as one) the bars are drawn on stderr only, and the
+    last one is erased so no stale line stays above the table."""
+    result = run_process("bench", "kv-match", "--smoke", cwd=tmp_path, columns=80, extra_env={"FORCE_COLOR": "1"})
+    assert result.returncode == 0, result.stderr
+    assert "━" in result.stderr and "━" not in result.stdout
+    assert "\x1b[2K" in result.stderr[result.stderr.rindex("━"):]  # the bar's line cleared after its last frame
+    table = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", result.stdout)
+    assert "hybridcache bench" in table and max(len(line) for line in table.splitlines()) <= 80
 
 
 def test_kv_match_smoke_writes_json_records(tmp_path):
