@@ -99,6 +99,13 @@ def with_ratios(records: list[dict]) -> list[dict]:
     return records
 
 
+def _without_empty_columns(columns: list[str], rows: list[list[str]]) -> tuple[list[str], list[list[str]]]:
+    """Scenarios fill different columns (only a reference run has ×ref); a column no row fills
+    would only take width from the others on a narrow terminal."""
+    kept = [i for i in range(len(columns)) if any(row[i] for row in rows)]
+    return [columns[i] for i in kept], [[row[i] for i in kept] for row in rows]
+
+
 def print_records(records: list[dict], console: Console, cpu: int | None) -> None:
     timed = [r for r in records if r["scenario"] != "memory"]
     memory = [r for r in records if r["scenario"] == "memory"]
@@ -114,6 +121,7 @@ def print_records(records: list[dict], console: Console, cpu: int | None) -> Non
              _opt(r, "cpu_total_speedup_p50", "{:.2f}×")]
             for r in timed
         ]
+        columns, rows = _without_empty_columns(columns, rows)
         console.print(filled_table(f"hybridcache bench (pinned to cpu {cpu})", columns, rows, left=("scenario", "impl")))
     if memory:
         columns = ["impl", "batch", "context", "metadata bytes", "host bytes", "host B/token", "ref/ours meta", "ref/ours host"]
