@@ -67,3 +67,36 @@ def test_halves_renumber_and_cut_continuations_into_the_other_half(tmp_path):
         assert r.continues == expected
     with pytest.raises(InvalidArgumentError):
         half(requests, "third")
+
+
+def _long_context(tmp_path, seed):
+    """The first 1,000 requests of a ``long-context`` trace, as the issue-24 trace is measured."""
+    path = tmp_path / f"long-{seed}.jsonl"
+    write_trace(generate("long-context", seed, 900), path)
+    return synthesize(read_trace(str(path), limit=1000))
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_long_context_matches_the_held_out_production_trace(tmp_path, seed):
+    out = _long_context(tmp_path, seed)
+    requests = out.requests
+    assert len(requests) == 1000
+    assert 12_700 <= np.mean([r.prompt_length for r in requests]) <= 14_700  # the trace: ~13,700
+    assert 120 <= out.stats.continuations <= 150  # the trace: 144
+    assert 0.22 <= infinite_cache_bound(requests).token_hit_rate <= 0.255  # the trace: 22.2 %
+
+
+def test_long_context_continuations_resume_the_whole_previous_turn(tmp_path):
+    requests = _long_context(tmp_path, 1).requests
+    continuations = [r for r in requests if r.continues is not None]
+    assert continuations
+    for request in continuations:
+        parent = requests[request.continues]
+        assert parent.index < request.index
+        assert np.array_equal(request.prompt[: parent.prompt_length], parent.prompt)  # its whole prompt
+        assert np.array_equal(request.prompt[: parent.tokens.size], parent.tokens)  # and its answer
+
+
+def test_long_context_is_deterministic_from_the_seed():
+    assert generate("long-context", 7, 50) == generate("long-context", 7, 50)
+    assert generate("long-context", 7, 50) != generate("long-context", 8, 50)

@@ -21,6 +21,12 @@ Shapes (``SHAPES``):
   (up to 30), messages of a few hundred tokens, outputs of ~300, pauses of ~30 s, 64K context.
 * ``tool-agent``: an agent loop: long shared tool descriptions (8-16K tokens, 4 of them), 12
   short turns on average (tool results and calls of 50-800 tokens, outputs of ~100), pauses of ~2 s.
+* ``long-context``: the held-out production trace of issue 24: long one-off prompts (a 1-2K-token
+  system prompt of 8, then a first message of 2.5-21.5K tokens: ~13.7K a request) and few,
+  late returns (1.19 turns a session on average, so ~130 continuations per 1,000 requests,
+  after pauses of ~10 min: some 150 sessions arrive in between), 128K context. Most of its
+  infinite-cache bound (~22-25 %) is the histories of the few sessions that return; the rest
+  is the system prompts.
 """
 
 from __future__ import annotations
@@ -56,6 +62,10 @@ class Shape:
 SHAPES = {
     "conversation": Shape(8, (4, 6), 6.0, 30, (512, 3000), 300, 300, 30.0, 6.0, 65_536),
     "tool-agent": Shape(4, (16, 32), 12.0, 40, (512, 1500), 250, 100, 2.0, 8.0, 65_536),
+    # Fitted to issue 24's production trace (first 1,000 requests: ~13,700 prompt tokens a
+    # request, 144 continuations, bound 22.2 %): one-off long prompts dominate, and the long
+    # pauses put a returning turn far behind its history, as the trace's budgets suggest.
+    "long-context": Shape(8, (2, 4), 1.19, 8, (2500, 21500), 300, 300, 600.0, 4.0, 131_072),
 }
 DEFAULT_SESSIONS = 200
 _DECODE_S_PER_TOKEN = 0.03  # the output's generation time, before the user's pause
