@@ -38,10 +38,9 @@ class Outcomes:
         """A request was queued; ``tier_miss``: what its tier restore reported (None: nothing)."""
         if tier_miss is not None:
             self._tier_misses[entry.request_id] = tier_miss
-        if caching and self._heads.seen(entry.seq):
-            self._head_seen[entry.request_id] = EVICTED
-        elif caching and self._heads.seen_under_another_adapter(entry.seq):
-            self._head_seen[entry.request_id] = NAMESPACE
+        adapters = self._heads.adapters_served(entry.seq) if caching else ()
+        if adapters:  # another adapter's entries are ones this namespace can never use
+            self._head_seen[entry.request_id] = EVICTED if entry.seq.namespace.adapter in adapters else NAMESPACE
 
     def keep_logits(self, entry: ServingSequence, output: ChunkOutput) -> None:
         """The logits a generated token was chosen from, for requests that asked for them."""

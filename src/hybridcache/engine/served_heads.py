@@ -46,14 +46,13 @@ class ServedHeads:
     def seen(self, seq: Sequence) -> bool:
         """Whether a prompt with this head was served before in its namespace (and not
         forgotten since)."""
-        head = self._head(seq)
-        return head is not None and seq.namespace.adapter in self._heads.get(head, ())
+        return seq.namespace.adapter in self.adapters_served(seq)
 
-    def seen_under_another_adapter(self, seq: Sequence) -> bool:
-        """Whether the same tenant (same cache salt) was served a prompt with this head under
-        another adapter (or the base model), whose cache entries this one can never use."""
+    def adapters_served(self, seq: Sequence) -> tuple[str | None, ...]:
+        """The adapters (None: the base model) under which the same tenant (same cache salt)
+        was served a prompt with this head; empty when none or forgotten."""
         head = self._head(seq)
-        return head is not None and any(other != seq.namespace.adapter for other in self._heads.get(head, ()))
+        return () if head is None else self._heads.get(head, ())
 
     def check_invariants(self) -> None:
         assert len(self._heads) <= self.max_heads, "more heads than the bound"

@@ -84,8 +84,9 @@ def _restarted(applied: tuple[int | None, int | None], expected: tuple[int | Non
     """Whether a stream's ``next_seq`` is at or below the seq already applied from it: its
     counter went back, so the replica restarted (seq from 0 again) and the index describes a
     cache it no longer has. ``applied`` must be read before ``expected`` (an answer's next_seq
-    is older than batches applied since, and cannot be used). The live stream shows this only once the new seqs are seen, and not
-    at all when they pass the old ones before the subscriber reconnects."""
+    is older than batches applied since, and cannot be used). The live stream shows this only
+    once the new seqs are seen, and not at all when they pass the old ones before the subscriber
+    reconnects."""
     return any(seen is not None and wanted is not None and wanted <= seen for seen, wanted in zip(applied, expected))
 
 
