@@ -1,6 +1,7 @@
 """The engine's event streams: what its cache announces to routers, after every step.
 
-Owns: the KV publisher and the checkpoint publisher (``hybridcache.events.publisher``), the
+Owns: the KV publisher and the checkpoint publisher (``hybridcache.events.publisher``) and the
+random ``instance_id`` that names this run of them (``describe``), the
 ``Announcer`` that turns the cache's changes into events, and, when the engine has host or disk
 tiers, the ``TierAnnouncer`` of their contents (medium ``CPU`` / ``DISK``) with the tier events
 waiting for the next batch (a tier reports from whichever thread called it: one lock). Each
@@ -13,7 +14,6 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-
 
 from hybridcache.events.announcer import Announcer
 from hybridcache.events.config import KVEventsConfig

@@ -4,8 +4,8 @@ Owns nothing. ``GET /kv_events`` describes the streams (``{"block_size", "instan
 {"endpoint", "replay_endpoint", "topic"}, "state": {...} | null, "adapters": [...]}``, as
 ``Engine.events.describe`` gives it, ``instance_id`` naming this run of the streams, and
 ``hybridcache serve`` adds the adapter names and ``next_seq``, each stream's seq once what it
-queued is sent); an endpoint bound on every
-interface (``*``, ``0.0.0.0``, ``::``) is reached at the replica's host. ``GET /metrics`` gives the load: ``vllm:num_requests_running`` plus
+queued is sent); an endpoint bound on every interface (``*``, ``0.0.0.0``, ``::``) is reached
+at the replica's host. ``GET /metrics`` gives the load: ``vllm:num_requests_running`` plus
 ``vllm:num_requests_waiting``. Every call is bounded by ``timeout_s`` and raises
 ``EventStreamError`` (description) or returns None (load) when the replica does not answer.
 """
