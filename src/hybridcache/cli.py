@@ -183,13 +183,13 @@ def _routing_bench(args: argparse.Namespace) -> int:
                              system_tokens=args.system_tokens or RoutingBench.system_tokens,
                              num_state_slots=args.state_slots, checkpoint_budget=max(1, args.state_slots // 2),
                              load_tokens=args.load_tokens, system_prompts=args.system_prompts,
-                             user_tokens=args.user_tokens)
+                             user_tokens=args.user_tokens, checkpoint_policy=args.checkpoint_policy)
     try:
         records = run_routing_bench(bench)
     except (HybridCacheError, OSError, RuntimeError) as error:  # RuntimeError: a process that did not start
         return _failed("bench", error)
     columns = ["policy", "requests", "errors", "token_hit_rate", "hit_depth_mean", "ttft_p50_s", "ttft_p99_s",
-               "predictions", "restorable_over_this"]
+               "predictions", "headroom", "restorable_over_this"]
     title = f"hybridcache bench routing ({bench.replicas} replicas, {bench.conversations} conversations x {bench.turns} turns)"
     table = cli_args.compact_table(title, columns)
     for record in records:
@@ -260,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="routing: distinct shared system prompts the conversations open with (default: 2)")
     bench.add_argument("--user-tokens", type=cli_args.int_in(1, MAX_BENCH_CONTEXT), default=24,
                        help="routing: each later turn's new user tokens (default: 24)")
+    bench.add_argument("--checkpoint-policy", help="routing: the replicas' serve --policy (default: serve's own)")
     bench.add_argument("--load-tokens", type=cli_args.positive_float,
                        help="routing: the router's --load-tokens (default: the router's own)")
     bench.add_argument("--duration", type=cli_args.positive_float, help="serve: keep the clients going this many seconds")

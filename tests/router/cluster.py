@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import signal
 import subprocess
@@ -78,6 +79,20 @@ def get(base: str, path: str) -> tuple[int, bytes]:
         connection.request("GET", path)
         response = connection.getresponse()
         return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def post_json(base: str, path: str, body: dict) -> dict:
+    host, port = base.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        answer = response.read()
+        if response.status != 200:
+            raise AssertionError(f"{base}{path} answered {response.status}: {answer[:500]!r}")
+        return json.loads(answer)
     finally:
         connection.close()
 

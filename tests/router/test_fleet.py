@@ -1,11 +1,14 @@
 """The fleet's load: this router's own requests counted as they start and end, on top of what
-the replicas' gauges said others sent, and priced in the tokens they still compute."""
+the replicas' gauges said others sent, and priced in the tokens they still compute; a replica
+restarted since its index was built (its seqs went back, or its instance id changed) is
+forgotten and subscribed anew."""
 
 from __future__ import annotations
 
 import pytest
 
 from hybridcache.errors import InvalidArgumentError
+from hybridcache.router.discovery import Continuity
 from hybridcache.router.fleet import Fleet
 
 
@@ -51,7 +54,7 @@ def test_a_health_check_keeps_only_the_others_requests_from_the_gauge(monkeypatc
     fleet = Fleet(["http://127.0.0.1:9"], "restorable")
     replica = fleet.replicas[0]
     monkeypatch.setattr(fleet_module, "read_load", lambda url, timeout: 3.0)  # the gauge counts our one request
-    monkeypatch.setattr(fleet, "_subscribe", lambda r: (None, None))
+    monkeypatch.setattr(fleet, "_subscribe", lambda r: (None, None, None))
     relay = fleet.started(replica, 10)
     fleet.check_health()
     assert replica.healthy and replica.others == 2.0 and replica.load == 3.0
@@ -118,13 +121,32 @@ def test_a_replica_whose_seqs_went_back_is_forgotten_then_subscribed_anew(monkey
     replica = fleet.replicas[0]
     monkeypatch.setattr(fleet_module, "read_load", lambda url, timeout: 0.0)
     subscribed = []
-    monkeypatch.setattr(fleet, "_subscribe", lambda r: (subscribed.append(r), (None, None))[1])
+    monkeypatch.setattr(fleet, "_subscribe", lambda r: (subscribed.append(r), (None, None, None))[1])
     old = replica.feed = _ClosableFeed((40, 12), [])
-    monkeypatch.setattr(fleet_module, "read_next_seqs", lambda url, timeout: (41, 13))  # the same run: kept
+    monkeypatch.setattr(fleet_module, "read_continuity", lambda url, timeout: Continuity(None, (41, 13)))  # the same run: kept
     fleet.check_health()
     assert replica.feed is old and not old.closed
-    monkeypatch.setattr(fleet_module, "read_next_seqs", lambda url, timeout: (3, 0))  # restarted: seq from 0
+    monkeypatch.setattr(fleet_module, "read_continuity", lambda url, timeout: Continuity(None, (3, 0)))  # seq from 0
     fleet.check_health()
     assert old.closed and replica.feed is None and replica.index is None and replica.healthy
     fleet.check_health()
     assert subscribed == [replica]  # the next check subscribes anew (catch-up from the replay sockets)
+
+
+def test_a_replica_with_a_new_instance_id_is_forgotten_though_its_seqs_passed_the_old(monkeypatch):
+    """Restarted between two health checks and already past the old seqs: only the instance id
+    tells the runs apart; the same id with seqs ahead is the same run, kept."""
+    import hybridcache.router.fleet as fleet_module
+
+    fleet = Fleet(["http://127.0.0.1:9"], "restorable")
+    replica = fleet.replicas[0]
+    monkeypatch.setattr(fleet_module, "read_load", lambda url, timeout: 0.0)
+    monkeypatch.setattr(fleet, "_subscribe", lambda r: (None, None, None))
+    old = replica.feed = _ClosableFeed((40, 12), [])
+    replica.instance_id = "run-a"
+    monkeypatch.setattr(fleet_module, "read_continuity", lambda url, timeout: Continuity("run-a", (90, 30)))
+    fleet.check_health()
+    assert replica.feed is old and not old.closed
+    monkeypatch.setattr(fleet_module, "read_continuity", lambda url, timeout: Continuity("run-b", (90, 30)))
+    fleet.check_health()
+    assert old.closed and replica.feed is None and replica.instance_id is None and replica.healthy

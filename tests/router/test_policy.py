@@ -49,7 +49,15 @@ def test_restorable_never_restores_less_than_kv_overlaps_choice():
     # would take replica 0 (less queued, state at 100) and restore less than kv-overlap does.
     depths, queued = [Depths(160, 100), Depths(800, 160)], [0.0, 100.0]
     assert choose("kv-overlap", 1000, depths, queued, 0).index == 1
-    assert choose("restorable", 1000, depths, queued, 0) == Decision(1, "restorable", 160)
+    assert choose("restorable", 1000, depths, queued, 0) == Decision(1, "restorable", 160, 160)
+
+
+def test_every_decision_names_the_deepest_restore_any_replica_offered():
+    depths, queued = [Depths(0, 0), Depths(512, 0), Depths(64, 48)], [0.0, 0.0, 0.0]
+    for policy in ("round-robin", "kv-overlap", "restorable"):
+        decision = choose(policy, 600, depths, queued, 0)
+        assert decision.deepest_tokens == 48 >= decision.predicted_tokens
+    assert choose("kv-overlap", 600, depths, queued, 0).predicted_tokens == 0  # KV with no state inside it
 
 
 def test_among_replicas_restoring_as_deep_load_decides():

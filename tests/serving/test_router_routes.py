@@ -38,6 +38,7 @@ def test_kv_events_describes_the_bound_streams():
         assert status == 200 and described["block_size"] == 16 and described["adapters"] == ["support-bot"]
         assert described["kv"]["topic"] == "kv@pod@tiny" and described["state"]["topic"] == "hcstate@pod@tiny"
         assert described["state"]["replay_endpoint"] is None
+        assert isinstance(described["instance_id"], str) and len(described["instance_id"]) == 16  # this run's id
         context = zmq.Context()
         subscriber = context.socket(zmq.SUB)
         subscriber.setsockopt(zmq.SUBSCRIBE, b"kv@")

@@ -47,6 +47,7 @@ class RoutingBench:
     checkpoint_budget: int = 4
     num_kv_blocks: int = 2048
     load_tokens: float | None = None  # the router's --load-tokens (None: its default)
+    checkpoint_policy: str | None = None  # the replicas' serve --policy (None: serve's default)
 
 
 def events_config(name: str) -> str:
@@ -57,8 +58,10 @@ def events_config(name: str) -> str:
 
 
 def _replica_args(bench: RoutingBench, name: str) -> tuple[str, ...]:
+    policy = () if bench.checkpoint_policy is None else ("--policy", bench.checkpoint_policy)
     return ("--model", "tiny", "--num-kv-blocks", str(bench.num_kv_blocks), "--num-state-slots", str(bench.num_state_slots),
-            "--checkpoint-budget", str(bench.checkpoint_budget), "--max-running", "4", "--kv-events-config", events_config(name))
+            "--checkpoint-budget", str(bench.checkpoint_budget), "--max-running", "4", *policy,
+            "--kv-events-config", events_config(name))
 
 
 @contextmanager
@@ -163,6 +166,9 @@ def _summary(policy: str, tally: _Tally, wall: float, counters: dict[str, float]
         "hit_depth_mean": cached / len(turns) if turns else 0.0,  # cached tokens a request restored, on average
         "settles_read": counters.get("hybridcache_router_settles_read_total", 0.0),
         "predicted_cached_tokens": counters.get("hybridcache_router_predicted_cached_tokens_total", 0.0),
+        # what choosing by restorable depth alone would have added at each decision, over the prompts
+        "headroom": (counters.get("hybridcache_router_deepest_restorable_tokens_total", 0.0)
+                     - counters.get("hybridcache_router_predicted_cached_tokens_total", 0.0)) / prompt if prompt else 0.0,
         "reported_cached_tokens": counters.get("hybridcache_router_reported_cached_tokens_total", 0.0),
         "retries": counters.get("hybridcache_router_retries_total", 0.0), "wall_s": wall,
     }

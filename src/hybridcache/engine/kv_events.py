@@ -1,6 +1,7 @@
 """The engine's event streams: what its cache announces to routers, after every step.
 
-Owns: the KV publisher and the checkpoint publisher (``hybridcache.events.publisher``), the
+Owns: the KV publisher and the checkpoint publisher (``hybridcache.events.publisher``) and the
+random ``instance_id`` that names this run of them (``describe``), the
 ``Announcer`` that turns the cache's changes into events, and, when the engine has host or disk
 tiers, the ``TierAnnouncer`` of their contents (medium ``CPU`` / ``DISK``) with the tier events
 waiting for the next batch (a tier reports from whichever thread called it: one lock). Each
@@ -10,6 +11,7 @@ from ``CacheProtocol.take_changes`` and what the tiers reported since.
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 
@@ -28,6 +30,9 @@ class EngineEvents:
         contents are announced too."""
         self._config = config
         self._cache = cache
+        # names this run of the streams: a restarted replica's seqs start from 0 again, but may
+        # pass the old ones before a router looks, so only a new id tells the runs apart
+        self.instance_id = secrets.token_hex(8)
         self._block_size = block_size
         self._announcer = Announcer(block_size, state_bytes)
         self._tier_announcer = TierAnnouncer(block_size, state_bytes)
@@ -82,6 +87,7 @@ class EngineEvents:
         return {
             "block_size": self._block_size,
             "data_parallel_rank": self._config.data_parallel_rank,
+            "instance_id": self.instance_id,
             **{
                 name: None if pub is None else {"endpoint": pub.endpoint, "replay_endpoint": pub.replay_endpoint, "topic": pub.topic}
                 for name, pub in streams.items()

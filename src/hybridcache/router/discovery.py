@@ -1,10 +1,11 @@
 """What a replica's HTTP server says about itself: its event streams and its load.
 
-Owns nothing. ``GET /kv_events`` describes the streams (``{"block_size", "kv": {"endpoint",
-"replay_endpoint", "topic"}, "state": {...} | null, "adapters": [...]}``, as
-``Engine.events.describe`` gives it and ``hybridcache serve`` adds the adapter names and
-``next_seq``, each stream's seq once what it queued is sent); an endpoint bound on every
-interface (``*``, ``0.0.0.0``, ``::``) is reached at the replica's host. ``GET /metrics`` gives the load: ``vllm:num_requests_running`` plus
+Owns nothing. ``GET /kv_events`` describes the streams (``{"block_size", "instance_id", "kv":
+{"endpoint", "replay_endpoint", "topic"}, "state": {...} | null, "adapters": [...]}``, as
+``Engine.events.describe`` gives it, ``instance_id`` naming this run of the streams, and
+``hybridcache serve`` adds the adapter names and ``next_seq``, each stream's seq once what it
+queued is sent); an endpoint bound on every interface (``*``, ``0.0.0.0``, ``::``) is reached
+at the replica's host. ``GET /metrics`` gives the load: ``vllm:num_requests_running`` plus
 ``vllm:num_requests_waiting``. Every call is bounded by ``timeout_s`` and raises
 ``EventStreamError`` (description) or returns None (load) when the replica does not answer.
 """
@@ -30,6 +31,15 @@ class ReplicaStreams:
     kv: StreamInfo
     state: StreamInfo | None
     adapters: frozenset[str] = frozenset()  # model ids whose blocks carry their name as lora_name
+    instance_id: str | None = None  # this run of the streams (None: a replica that does not say)
+
+
+@dataclass(frozen=True)
+class Continuity:
+    """What tells one run of a replica's streams from the next: its id and each stream's next_seq."""
+
+    instance_id: str | None
+    next_seqs: tuple[int | None, int | None]
 
 
 def read_streams(url: str, timeout_s: float) -> ReplicaStreams:
@@ -41,9 +51,29 @@ def read_streams(url: str, timeout_s: float) -> ReplicaStreams:
         state = None if described.get("state") is None else _stream(described["state"], host)
         block_size = int(described["block_size"])
         adapters = frozenset(str(name) for name in described.get("adapters") or ())
-    except (OSError, ValueError, KeyError, TypeError) as error:
+        instance_id = _instance_id(described)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         raise EventStreamError(f"{url}/kv_events gave no stream description: {error}") from None
-    return ReplicaStreams(block_size, kv, state, adapters)
+    return ReplicaStreams(block_size, kv, state, adapters, instance_id)
+
+
+def read_continuity(url: str, timeout_s: float) -> Continuity | None:
+    """The replica's instance id and next_seqs from ``/kv_events``, or None when it does not say."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/kv_events", timeout=timeout_s) as response:
+            described = json.loads(response.read())
+        seqs = next_seqs_from(described["next_seq"])
+        instance_id = _instance_id(described)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return None if seqs is None else Continuity(instance_id, seqs)
+
+
+def _instance_id(described: dict) -> str | None:
+    instance_id = described.get("instance_id")
+    if instance_id is not None and not isinstance(instance_id, str):
+        raise ValueError(f"instance_id must be a string, got {instance_id!r}")
+    return instance_id
 
 
 def read_next_seqs(url: str, timeout_s: float) -> tuple[int | None, int | None] | None:

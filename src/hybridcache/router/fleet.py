@@ -1,14 +1,18 @@
 """The replicas behind a router: their indexes, health and load, kept current by one thread.
 
-Owns: one ``Replica`` record per URL (its index, its feed while it is healthy, its load, its
-health, the requests this router is relaying to it), the adapter names the replicas announced, and the lock that orders the thread's
-updates against routing. Every ``health_interval_s`` the thread reads each replica's ``/metrics``: a replica that does not
-answer is marked dead, its feed closed and its index cleared, so it is never chosen for longer
-than one interval; one that answers again is subscribed anew (``/kv_events``) and rebuilt from
-its replay sockets. Between health checks the thread applies the streams' batches as they
-arrive, and once per interval asks the replay sockets for anything a lost last message hid;
-``route`` applies whatever arrived since the thread's last poll before it scores, so a turn
-that follows its predecessor at once sees the checkpoint that predecessor saved.
+Owns: one ``Replica`` record per URL (its index, its feed while it is healthy, the instance id
+of the streams its index was built from, its load, its health, the requests this router is
+relaying to it), the adapter names the replicas announced, and the lock that orders the
+thread's updates against routing. Every ``health_interval_s`` the thread reads each replica's
+``/metrics``: a replica that does not answer is marked dead, its feed closed and its index
+cleared, so it is never chosen for longer than one interval; one that answers again is
+subscribed anew (``/kv_events``) and rebuilt from its replay sockets; one whose
+``/kv_events`` names another instance id, or a next_seq at or below what was applied,
+restarted since: its index is forgotten and rebuilt the same way. Between health checks the
+thread applies the streams' batches as they arrive, and once per interval asks the replay
+sockets for anything a lost last message hid; ``route`` applies whatever arrived since the
+thread's last poll before it scores, so a turn that follows its predecessor at once sees the
+checkpoint that predecessor saved.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from hybridcache.errors import EventStreamError, InvalidArgumentError
-from hybridcache.router.discovery import read_load, read_next_seqs, read_streams
+from hybridcache.router.discovery import Continuity, read_continuity, read_load, read_next_seqs, read_streams
 from hybridcache.router.feed import ReplicaFeed
 from hybridcache.router.policy import Decision, choose
 from hybridcache.router.replica_index import Depths, ReplicaIndex
@@ -39,6 +43,7 @@ class Replica:
     others: float = 0.0  # requests others sent, as of the last /metrics read
     in_flight: int = 0  # requests this router is relaying to it now
     prefill_tokens: int = 0  # what this router's requests not yet answering still compute
+    instance_id: str | None = None  # the run of its streams the index was built from (None: not said)
 
     @property
     def load(self) -> float:
@@ -80,14 +85,17 @@ def _status(replica: Replica) -> ReplicaStatus:
     return ReplicaStatus(replica.url, replica.healthy, replica.load, feed.undecodable, feed.last_seqs)
 
 
-def _restarted(applied: tuple[int | None, int | None], expected: tuple[int | None, int | None]) -> bool:
-    """Whether a stream's ``next_seq`` is at or below the seq already applied from it: its
-    counter went back, so the replica restarted (seq from 0 again) and the index describes a
-    cache it no longer has. ``applied`` must be read before ``expected`` (an answer's next_seq
-    is older than batches applied since, and cannot be used). The live stream shows this only
-    once the new seqs are seen, and not at all when they pass the old ones before the subscriber
-    reconnects."""
-    return any(seen is not None and wanted is not None and wanted <= seen for seen, wanted in zip(applied, expected))
+def _restarted(subscribed_id: str | None, applied: tuple[int | None, int | None], now: Continuity) -> bool:
+    """Whether the replica restarted since its index was built (the index then describes a
+    cache it no longer has): its ``instance_id`` changed, or a stream's ``next_seq`` is at or
+    below the seq already applied from it (its counter went back to 0; what tells a replica
+    that names no instance). ``applied`` must be read before ``now`` (an answer's next_seq is
+    older than batches applied since, and cannot be used). The seqs alone miss a restart whose
+    new seqs passed the old ones before the subscriber reconnected: the live stream then shows
+    only a gap, filled from the new run's replay on top of the old run's index."""
+    if subscribed_id is not None and now.instance_id is not None and now.instance_id != subscribed_id:
+        return True
+    return any(seen is not None and wanted is not None and wanted <= seen for seen, wanted in zip(applied, now.next_seqs))
 
 
 def _applied(applied: tuple[int | None, int | None], expected: tuple[int | None, int | None]) -> bool:
@@ -229,14 +237,16 @@ class Fleet:
         A replica without event streams is still routed to (by load and round robin)."""
         for replica in self.replicas:
             load = read_load(replica.url, self._timeout)
-            feed, index = self._subscribe(replica) if load is not None and replica.feed is None else (None, None)
+            feed, index, instance_id = None, None, None
+            if load is not None and replica.feed is None:
+                feed, index, instance_id = self._subscribe(replica)
             with self._lock:
                 if load is None:
                     self._drop(replica)
                     continue
                 replica.others, replica.healthy = max(0.0, load - replica.in_flight), True
                 if feed is not None:
-                    replica.feed, replica.index = feed, index
+                    replica.feed, replica.index, replica.instance_id = feed, index, instance_id
                 elif replica.feed is not None:
                     replica.feed.catch_up()
             if feed is None and replica.feed is not None:
@@ -246,11 +256,11 @@ class Fleet:
         """Forget the index of a replica whose streams restarted since it was built (see
         ``_restarted``); it is rebuilt at the next health check."""
         with self._lock:  # read before next_seq: of one run of the replica it is then below next_seq
-            feed = replica.feed
+            feed, subscribed_id = replica.feed, replica.instance_id
             applied = None if feed is None else feed.last_seqs
-        expected = None if applied is None else read_next_seqs(replica.url, self._timeout)
+        now = None if applied is None else read_continuity(replica.url, self._timeout)
         with self._lock:
-            if expected is not None and replica.feed is feed and _restarted(applied, expected):
+            if now is not None and replica.feed is feed and _restarted(subscribed_id, applied, now):
                 self._forget(replica)
 
     def _forget(self, replica: Replica) -> None:
@@ -259,16 +269,18 @@ class Fleet:
         self._drop(replica)
         replica.healthy = healthy
 
-    def _subscribe(self, replica: Replica) -> tuple[ReplicaFeed | None, ReplicaIndex | None]:
+    def _subscribe(self, replica: Replica) -> tuple[ReplicaFeed | None, ReplicaIndex | None, str | None]:
+        """A feed and index for ``replica``, rebuilt from its replay sockets, and the instance id
+        of the streams they follow (all None when it describes no streams)."""
         try:
             streams = read_streams(replica.url, self._timeout)
             self.adapters |= streams.adapters
             index = ReplicaIndex(streams.block_size)
             feed = ReplicaFeed(index, streams.kv, streams.state, replay_timeout_s=self._timeout)
         except EventStreamError:
-            return None, None
+            return None, None, None
         feed.catch_up()
-        return feed, index
+        return feed, index, streams.instance_id
 
     def _drop(self, replica: Replica) -> None:
         replica.healthy = False
@@ -278,3 +290,4 @@ class Fleet:
         if replica.index is not None:
             replica.index.clear()
         replica.index = None
+        replica.instance_id = None

@@ -2,7 +2,9 @@
 
 Owns: decisions by reason and replica, retries, requests that found no replica, and the
 comparison of each predicted restorable depth with the ``cached_tokens`` the replica then
-reported (``usage.prompt_tokens_details.cached_tokens``), and how each answer's settle learnt
+reported (``usage.prompt_tokens_details.cached_tokens``), the deepest depth any replica could
+have restored at each decision (``deepest_restorable_tokens``: minus the predicted, what a
+choice by restorable depth alone would have gained then), and how each answer's settle learnt
 its replica's ``next_seq`` (from the answer, or read from ``/kv_events``). Thread safe (one lock).
 """
 
@@ -26,9 +28,12 @@ class RouterMetrics:
         with self._lock:
             self._counters[name] += amount
 
-    def reported(self, predicted: int, cached_tokens: int) -> None:
+    def reported(self, decision, cached_tokens: int) -> None:
+        """A routed answer reported ``cached_tokens``; ``decision`` (``policy.Decision``) predicted it."""
         with self._lock:
+            predicted = decision.predicted_tokens
             self._counters["predicted_cached_tokens"] += predicted
+            self._counters["deepest_restorable_tokens"] += decision.deepest_tokens
             self._counters["reported_cached_tokens"] += cached_tokens
             self._counters["predictions_checked"] += 1
             self._counters["predictions_exact"] += predicted == cached_tokens
@@ -46,7 +51,8 @@ class RouterMetrics:
             for (reason, replica), count in sorted(self._decisions.items()):
                 lines.append(f'hybridcache_router_decisions_total{{reason="{reason}",replica="{replica}"}} {count}')
             for name in ("requests", "retries", "no_replica", "predictions_checked", "predictions_exact",
-                         "predicted_cached_tokens", "reported_cached_tokens", "settles_from_answer", "settles_read"):
+                         "predicted_cached_tokens", "reported_cached_tokens", "deepest_restorable_tokens",
+                         "settles_from_answer", "settles_read"):
                 lines.append(f"# TYPE hybridcache_router_{name}_total counter")
                 lines.append(f"hybridcache_router_{name}_total {self._counters[name]}")
         lines.append("# TYPE hybridcache_router_replica_healthy gauge")

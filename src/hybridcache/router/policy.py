@@ -39,6 +39,7 @@ class Decision:
     index: int
     reason: str  # what decided: "restorable", "kv-overlap", "load", "round-robin"
     predicted_tokens: int  # the chosen replica's restorable depth (what it should report cached)
+    deepest_tokens: int = 0  # the deepest restorable depth on any replica (what the best choice restores)
 
 
 def check_policy(name: object) -> str:
@@ -51,8 +52,9 @@ def choose(policy: str, prompt_tokens: int, depths: Sequence[Depths], queued_tok
     """The replica serving request number ``number`` (see the module docstring)."""
     count = len(depths)
     order = [(number + offset) % count for offset in range(count)]  # round robin among equals
+    deepest = max((d.restorable for d in depths), default=0)
     if policy == "round-robin" or count == 1:
-        return Decision(order[0], "round-robin", depths[order[0]].restorable)
+        return Decision(order[0], "round-robin", depths[order[0]].restorable, deepest)
     credit = [d.restorable if policy == "restorable" else d.kv_tokens for d in depths]
     costs = [prompt_tokens - hit + queued for hit, queued in zip(credit, queued_tokens)]
     affinity = [d.kv_tokens if policy == "restorable" else 0 for d in depths]
@@ -61,7 +63,7 @@ def choose(policy: str, prompt_tokens: int, depths: Sequence[Depths], queued_tok
         floor = depths[choose("kv-overlap", prompt_tokens, depths, queued_tokens, number).index].restorable
         eligible = [i for i in order if depths[i].restorable >= floor]
     best = min(eligible, key=lambda i: (costs[i], -affinity[i]))
-    return Decision(best, _reason(policy, best, credit, costs, affinity), depths[best].restorable)
+    return Decision(best, _reason(policy, best, credit, costs, affinity), depths[best].restorable, deepest)
 
 
 def _reason(policy: str, best: int, credit: list[int], costs: list[float], affinity: list[int]) -> str:

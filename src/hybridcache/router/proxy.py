@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 from hybridcache.router.discovery import answer_next_seqs
 from hybridcache.router.fleet import Fleet, Relay, Replica
 from hybridcache.router.metrics import RouterMetrics
+from hybridcache.router.policy import Decision
 from hybridcache.router.request_key import RequestKey
 
 ROUTED_PATHS = ("/v1/completions", "/v1/chat/completions")
@@ -178,7 +179,7 @@ class _Handler(BaseHTTPRequestHandler):
                     tried += (replica,)
                     continue
                 try:
-                    self._relay(response, relay, decision.predicted_tokens if key is not None else None)
+                    self._relay(response, relay, decision if key is not None else None)
                 finally:
                     connection.close()
             finally:
@@ -198,7 +199,8 @@ class _Handler(BaseHTTPRequestHandler):
             connection.close()
             return None, None
 
-    def _relay(self, response: http.client.HTTPResponse, relay: Relay, predicted: int | None) -> None:
+    def _relay(self, response: http.client.HTTPResponse, relay: Relay, predicted: Decision | None) -> None:
+        """Relay the answer; ``predicted``: the decision that routed a request by its cache (None: not by cache)."""
         length = response.getheader("Content-Length")
         self.send_response(response.status)
         for name, value in response.getheaders():
@@ -232,7 +234,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._check_prediction(_last_usage_event(tail), predicted)
         self.wfile.write(b"0\r\n\r\n")
 
-    def _settle(self, relay: Relay, predicted: int | None, next_seqs: tuple[int | None, int | None] | None) -> None:
+    def _settle(self, relay: Relay, predicted: Decision | None, next_seqs: tuple[int | None, int | None] | None) -> None:
         """Before the client sees the answer end: a request routed by its cache waits (bounded)
         for its replica's events up to the ``next_seqs`` its answer carried (read from the
         replica when it carried none), so the conversation's next turn finds this turn's
@@ -241,7 +243,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.router.metrics.count("settles_from_answer" if next_seqs is not None else "settles_read")
             self.router.fleet.settle(relay.replica, expected=next_seqs)
 
-    def _check_prediction(self, data: bytes | None, predicted: int | None) -> None:
+    def _check_prediction(self, data: bytes | None, predicted: Decision | None) -> None:
         if predicted is None or not data:
             return
         try:
