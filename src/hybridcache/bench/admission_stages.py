@@ -1,6 +1,7 @@
 """Where the time of one admission goes: ``CacheProtocol.admit_many`` on the ``admit-many``
 workload (every request hits an aligned checkpoint at its prompt's last block boundary),
-broken down by the stages ``_admit_one`` calls.
+broken down by the stages ``admit_many`` calls (the deferred admissions' ``defer`` and
+``take`` broken down one level further, as ``defer › ...``).
 
 Two passes over the same prepared batch: one unprofiled (wall and CPU time per request, the
 true cost), one under ``cProfile`` (how many Python calls each stage makes per request, and
@@ -22,7 +23,8 @@ from hybridcache.bench.workload import distinct_prompts
 from hybridcache.protocol import CacheProtocol
 from hybridcache.sequence import Sequence
 
-STAGE_FUNCTION = "_admit_one"
+STAGE_FUNCTION = "admit_many"
+EXPANDED_STAGES = ("defer", "take")  # stages of the deferred (batched) admissions, shown by their callees
 
 
 def _prepared_batch(protocol: CacheProtocol, prompts: list, round_index: int) -> list[Sequence]:
@@ -63,24 +65,39 @@ def _profiled_stats(protocol: CacheProtocol, prompts: list, round_index: int) ->
 
 
 def _stages(stats: pstats.Stats, batch: int) -> tuple[list[dict], int, int]:
-    """Per direct callee of ``_admit_one``: calls made inside it per request and its share of
-    the profiled time; also all calls per request and those of C functions among them."""
+    """Per direct callee of ``admit_many`` (those in ``EXPANDED_STAGES`` replaced by their
+    own callees): calls made inside it per request and its share of the profiled time; also
+    all calls per request and those of C functions among them."""
     table = stats.stats  # type: ignore[attr-defined]  # (file, line, name) -> (cc, nc, tt, ct, callers)
-    admit_one = next(key for key in table if key[2] == STAGE_FUNCTION)
-    profiled_total = table[admit_one][3]
+    admit_many = next(key for key in table if key[2] == STAGE_FUNCTION)
+    profiled_total = table[admit_many][3]
     inner_calls = _calls_below(table)
+    expanded = {key for key, entry in table.items() if key[2] in EXPANDED_STAGES and admit_many in entry[4]}
     stages = []
-    for key, (_, _, _, _, callers) in table.items():
-        if admit_one in callers:
-            _, calls, _, cumulative = callers[admit_one]
-            stages.append({"stage": key[2], "calls_per_request": calls / batch,
-                           "python_calls_per_request": inner_calls.get(key, 0) / batch + calls / batch,
+    for key, (_, _, self_time, _, callers) in table.items():
+        for caller in [admit_many, *expanded]:
+            if caller not in callers or key in expanded:
+                continue
+            _, calls, _, cumulative = callers[caller]
+            name = key[2] if caller == admit_many else f"{caller[2]} › {key[2]}"
+            stages.append({"stage": name, "calls_per_request": calls / batch,
+                           "python_calls_per_request": inner_calls.get(key, 0) / batch * _share(calls, table[key][1]) + calls / batch,
                            "share": cumulative / profiled_total if profiled_total else 0.0})
+    for key in expanded:  # what the expanded stage does itself, outside its callees
+        stages.append({"stage": f"{key[2]} (itself)", "calls_per_request": table[key][1] / batch,
+                       "python_calls_per_request": table[key][1] / batch,
+                       "share": table[key][2] / profiled_total if profiled_total else 0.0})
+    stages.append({"stage": f"{STAGE_FUNCTION} (itself)", "calls_per_request": 1 / batch, "python_calls_per_request": 1 / batch,
+                   "share": table[admit_many][2] / profiled_total if profiled_total else 0.0})
     stages.sort(key=lambda stage: -stage["share"])
     total_calls = sum(entry[1] for entry in table.values()) / batch
     # cProfile names C functions (builtins, NumPy's C entry points) with the file "~".
     builtin_calls = sum(entry[1] for key, entry in table.items() if key[0] == "~") / batch
     return stages, round(total_calls), round(builtin_calls)
+
+
+def _share(calls: int, all_calls: int) -> float:
+    return calls / all_calls if all_calls else 0.0
 
 
 def _calls_below(table: dict) -> dict:
