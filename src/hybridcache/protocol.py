@@ -126,14 +126,14 @@ class CacheProtocol:
         seqs, budgets = self._validated_batch(seqs, budgets)
         if not self._batch_pools:
             return [self._admit_one(seq, budget, None) for seq, budget in zip(seqs, budgets)]
-        trie, checkpoints = self.trie, self.checkpoints
+        trie, checkpoints, pool, states = self.trie, self.checkpoints, self.pool, self.states
         admitted: list[Admission | None] = [None] * len(seqs)
         deferred = _DeferredAdmissions(self, admitted)
         for index, seq in enumerate(seqs):
             txn = trie.match(seq)
             pinned = seq.prefix_state.checkpoints.restore is None or checkpoints.pin_restore(seq)
-            if deferred.freed_since():
-                deferred.take_beneath_frees()
+            if pool.num_free != deferred.free_blocks or states.num_free != deferred.free_slots:
+                deferred.take_beneath_frees()  # the match freed blocks or slots (a stale checkpoint released)
             if pinned and deferred.defer(index, seq, txn, budgets[index]):
                 continue
             deferred.take()
@@ -471,7 +471,7 @@ class _DeferredAdmissions:
 
     def restart(self) -> None:
         """Start deferring from the pools as they are now (nothing deferred). While deferring,
-        only a match can change them, by freeing (``freed_since``)."""
+        only a match can change them, by freeing (``take_beneath_frees``)."""
         states = self.protocol.states
         self.free_blocks = self.protocol.pool.num_free
         self.free_slots = states.num_free
@@ -491,10 +491,6 @@ class _DeferredAdmissions:
         self.entries.append((index, seq, txn, start, end, needed, self.protocol.pool.tick() if needed else 0))
         self.blocks += needed
         return True
-
-    def freed_since(self) -> bool:
-        """The last match freed blocks or slots (a stale checkpoint released)."""
-        return self.protocol.pool.num_free != self.free_blocks or self.protocol.states.num_free != self.free_slots
 
     def take_beneath_frees(self) -> None:
         """Take what is deferred now, leaving what the last match freed on top of the free

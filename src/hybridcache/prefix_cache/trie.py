@@ -152,7 +152,8 @@ class BlockTrie:
         """Validate ``seq`` and make this trie the one its cached facts (verified node, search,
         cursor) refer to: a sequence holding no blocks forgets another trie's facts; one
         holding blocks there is refused."""
-        _require_sequence(seq)
+        if not isinstance(seq, Sequence):  # _require_sequence, inline: this runs on every match
+            raise InvalidTypeError(f"expected a Sequence, got {type(seq).__name__}")
         state = seq.prefix_state
         position = state.trie
         if position.owner == self.trie_id:
