@@ -105,7 +105,9 @@ class PathLookup:
         if depth > limit:
             _, node = nodes.path_runs(node, limit)
             return node, limit
-        node, depth = self.descend(seq, node, depth, limit)
+        if depth < limit:  # else as deep as asked already (a match right after ingest): keys
+            # resume where they are needed (attach, descend), so nothing else is owed here
+            node, depth = self.descend(seq, node, depth, limit)
         position.verified, position.verified_generation = node, int(nodes.generation[node])
         return node, depth
 
