@@ -223,6 +223,32 @@ def test_the_batch_path_decides_as_one_by_one_when_matches_free_blocks_and_slots
     assert traces[0] == traces[1]
 
 
+@pytest.fixture
+def checked_deferrals(monkeypatch):
+    """Check the deferred admissions' invariants before every ``defer`` and ``take``."""
+    from hybridcache import protocol as protocol_module
+
+    deferred = protocol_module._DeferredAdmissions
+    for name in ("defer", "take"):
+        method = getattr(deferred, name)
+
+        def checked(self, *args, _method=method):
+            self.check_invariants()
+            return _method(self, *args)
+
+        monkeypatch.setattr(deferred, name, checked)
+
+
+@pytest.mark.parametrize("hybrid", [True, False])
+def test_deferred_admissions_keep_their_invariants_on_a_mixed_schedule(hybrid, checked_deferrals):
+    steps = [
+        ([((0, 8, []), 3), ((1, 8, []), 2), ((2, 24, []), 8), ((0, 16, [1]), 3), ((1, 40, []), 1)], False, [True] * 6, [False] * 6),
+        ([((0, 16, [2]), 3), ((1, 13, []), 3), ((2, 30, []), 3)], True, [True] * 6, [True] * 6),
+    ]
+    traces = [run(protocol(hybrid, blocks=60, slots=16), steps, batched) for batched in (False, True)]
+    assert traces[0] == traces[1]
+
+
 class Spy:
     def __init__(self, target: object, name: str) -> None:
         self.calls, self.method = 0, getattr(target, name)

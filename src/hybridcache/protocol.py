@@ -492,6 +492,17 @@ class _DeferredAdmissions:
         self.blocks += needed
         return True
 
+    def check_invariants(self) -> None:
+        """Deferred admissions are in batch order, open and undisplaced, fit what was free
+        when deferring started, and hold ticks the clock handed out, in order."""
+        entries = self.entries
+        assert [entry[0] for entry in entries] == sorted({entry[0] for entry in entries}), "entries out of order"
+        assert all(entry[2].open and not entry[2].displaced.size for entry in entries), "a deferred match closed or displaced"
+        assert self.blocks == sum(entry[5] for entry in entries) <= self.free_blocks, "deferred blocks do not fit"
+        assert len(entries) <= self.free_runtime, "deferred runtime slots do not fit"
+        ticks = [entry[6] for entry in entries if entry[5]]
+        assert ticks == sorted(set(ticks)) and all(0 < tick <= self.protocol.pool.clock for tick in ticks), "bad ticks"
+
     def take_beneath_frees(self) -> None:
         """Take what is deferred now, leaving what the last match freed on top of the free
         lists (one by one, the deferred admissions took theirs before it was freed)."""
