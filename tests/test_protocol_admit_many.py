@@ -3,6 +3,7 @@ decisions as ``admit`` called for each sequence in turn, and bad input changes n
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -31,7 +32,22 @@ def admission_facts(admitted) -> tuple:
 
 
 def cache_facts(cache: CacheProtocol, live: list[Sequence]) -> tuple:
-    return (cache.stats(), [(s.num_computed, s.block_table.tolist()) for s in live])
+    """What a later decision can depend on: counters, tables, and the pools' clock, stamps,
+    references and slot roles (eviction order and the ids handed out next follow them)."""
+    every_block = np.arange(cache.pool.num_blocks)
+    roles = [cache.states.role_of(slot) for slot in range(cache.states.num_slots)]
+    return (cache.stats(), [(s.num_computed, s.block_table.tolist()) for s in live], cache.pool.clock,
+            cache.pool.stamps(every_block).tolist(), cache.pool.refcounts(every_block).tolist(), roles)
+
+
+def next_ids(cache: CacheProtocol) -> tuple:
+    """The order the pools hand out what is free (taken, then given back)."""
+    blocks = cache.pool.allocate(cache.pool.num_free)
+    cache.pool.unref(blocks[::-1].copy(), unique=True)
+    slots = [cache.states.allocate_runtime() for _ in range(cache.states.num_free_runtime)]
+    for slot in reversed(slots):
+        cache.states.free_runtime(slot)
+    return blocks.tolist(), slots
 
 
 # prompts cut from a few bases at block-aligned and unaligned lengths: later ones hit earlier ones
@@ -46,8 +62,16 @@ step = st.tuples(
     st.lists(likely, min_size=5, max_size=5),  # which admitted sequences are freed afterwards
 )
 
+# first chunks mostly inside one block (nothing to attach: the deferred batch path)
+short_step = st.tuples(
+    st.lists(st.tuples(request, st.sampled_from([1, 2, 3, 3, 8])), min_size=1, max_size=6),
+    st.booleans(),
+    st.lists(likely, min_size=6, max_size=6),
+    st.lists(likely, min_size=6, max_size=6),
+)
 
-def run(cache: CacheProtocol, steps: list, batched: bool) -> list:
+
+def run(cache: CacheProtocol, steps: list, batched: bool, after_admissions=lambda: None) -> list:
     """Drive the same schedule through admit_many (batched) or admit one by one; return every
     decision and what the cache looks like after each step."""
     trace, live = [], []
@@ -61,6 +85,7 @@ def run(cache: CacheProtocol, steps: list, batched: bool) -> list:
         else:
             each = [budgets] * len(seqs) if shared else budgets
             admitted = [cache.admit(seq, budget) for seq, budget in zip(seqs, each)]
+        after_admissions()
         trace.append([admission_facts(a) for a in admitted])
         for index, (seq, admission) in enumerate(zip(seqs, admitted)):
             if not admission.admitted:
@@ -80,6 +105,7 @@ def run(cache: CacheProtocol, steps: list, batched: bool) -> list:
         cache.free(seq, slot)
     cache.check_invariants([])
     trace.append(cache.stats())
+    trace.append(next_ids(cache))
     return trace
 
 
@@ -145,3 +171,129 @@ def test_a_sequence_the_trie_refuses_stops_the_batch_before_it_starts():
         cache.admit_many([fine, pinned], 8)
     assert fine.num_blocks == 0 and cache.states.num_runtime == 0
     cache.check_invariants([fine])
+
+
+class FreeingMatches:
+    """Wraps a cache's ``trie.match`` so that the matches numbered in ``at`` free a block and
+    a state slot held outside the cache (as a match that releases a stale checkpoint frees
+    its slot and frozen block): the batch path must then leave those on top of the free
+    lists for the admissions after it, as one-by-one admission does. What a step's matches
+    did not free is freed after its admissions (so every step ends with the cache's owners
+    only, as the invariants require)."""
+
+    def __init__(self, cache: CacheProtocol, at: set[int]) -> None:
+        self.cache, self.at, self.calls = cache, at, 0
+        self.blocks = list(cache.pool.allocate(len(at)).tolist())
+        self.slots = [cache.states.allocate_checkpoint() for _ in at]
+        self.match = cache.trie.match
+        cache.trie.match = self
+
+    def __call__(self, seq: Sequence):
+        txn = self.match(seq)
+        self.calls += 1
+        if self.calls in self.at and self.blocks:
+            self.free_one()
+        return txn
+
+    def free_one(self) -> None:
+        self.cache.pool.unref(self.blocks.pop())
+        self.cache.states.free_checkpoint(self.slots.pop())
+
+    def free_rest(self) -> None:
+        while self.blocks:
+            self.free_one()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    hybrid=st.booleans(),
+    blocks=st.integers(60, 120),
+    slots=st.integers(14, 20),
+    steps=st.lists(st.one_of(short_step, step), min_size=1, max_size=6),
+    frees=st.sets(st.integers(1, 5), max_size=3),  # match numbers of the first step
+)
+def test_the_batch_path_decides_as_one_by_one_when_matches_free_blocks_and_slots(hybrid, blocks, slots, steps, frees):
+    """Roomy pools, so most steps take the deferred batch path; some matches free a block and
+    a slot in the middle of a batch."""
+    traces = []
+    for batched in (False, True):
+        cache = protocol(hybrid, blocks, slots)
+        freeing = FreeingMatches(cache, frees)
+        traces.append(run(cache, steps, batched, freeing.free_rest))
+    assert traces[0] == traces[1]
+
+
+@pytest.fixture
+def checked_deferrals(monkeypatch):
+    """Check the deferred admissions' invariants before every ``defer`` and ``take``."""
+    from hybridcache import protocol as protocol_module
+
+    deferred = protocol_module._DeferredAdmissions
+    for name in ("defer", "take"):
+        method = getattr(deferred, name)
+
+        def checked(self, *args, _method=method):
+            self.check_invariants()
+            return _method(self, *args)
+
+        monkeypatch.setattr(deferred, name, checked)
+
+
+@pytest.mark.parametrize("hybrid", [True, False])
+def test_deferred_admissions_keep_their_invariants_on_a_mixed_schedule(hybrid, checked_deferrals):
+    steps = [
+        ([((0, 8, []), 3), ((1, 8, []), 2), ((2, 24, []), 8), ((0, 16, [1]), 3), ((1, 40, []), 1)], False, [True] * 6, [False] * 6),
+        ([((0, 16, [2]), 3), ((1, 13, []), 3), ((2, 30, []), 3)], True, [True] * 6, [True] * 6),
+    ]
+    traces = [run(protocol(hybrid, blocks=60, slots=16), steps, batched) for batched in (False, True)]
+    assert traces[0] == traces[1]
+
+
+class Spy:
+    def __init__(self, target: object, name: str) -> None:
+        self.calls, self.method = 0, getattr(target, name)
+        setattr(target, name, self)
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.method(*args, **kwargs)
+
+
+@pytest.mark.parametrize("hybrid", [True, False])
+def test_a_batch_that_fits_takes_its_blocks_and_slots_in_one_call_each(hybrid):
+    cache = protocol(hybrid, blocks=64, slots=12)
+    seqs = [Sequence(list(range(100 * k, 100 * k + 10))) for k in range(4)]
+    grow, stamped, runtimes = Spy(cache.pool, "grow_table"), Spy(cache.pool, "allocate_stamped"), Spy(cache.states, "allocate_runtimes")
+    admitted = cache.admit_many(seqs, 3)  # first chunks of 3 tokens complete no block: nothing to attach
+    assert [(a.start, a.end) for a in admitted] == [(0, 3)] * 4
+    assert (grow.calls, stamped.calls, runtimes.calls) == (0, 1, 1)
+    assert sorted(a.runtime_slot for a in admitted) == sorted(set(a.runtime_slot for a in admitted))
+    cache.check_invariants(seqs)
+
+
+def test_a_batch_under_pressure_falls_back_to_one_by_one_after_the_deferred_ones():
+    cache = protocol(hybrid=False, blocks=4, slots=12)
+    seqs = [Sequence(list(range(100 * k, 100 * k + 10))) for k in range(4)]
+    grow, stamped = Spy(cache.pool, "grow_table"), Spy(cache.pool, "allocate_stamped")
+    admitted = cache.admit_many(seqs, [3, 3, 8, 3])  # the third needs 2 blocks and completes one: one by one
+    assert [a.admitted for a in admitted] == [True, True, True, False]
+    assert admitted[3].refused.value == "no_kv_blocks"
+    assert grow.calls == 1 and stamped.calls == 1  # the first two deferred, taken before the third
+    assert [s.num_blocks for s in seqs] == [1, 1, 2, 0]
+    cache.check_invariants(seqs)
+
+
+@pytest.mark.parametrize("hybrid", [True, False])
+def test_what_a_match_frees_mid_batch_goes_to_its_own_admission_and_those_after(hybrid):
+    steps = [([((0, 8, []), 3), ((1, 8, []), 3), ((2, 8, []), 3)], False, [True] * 6, [False] * 6)]
+    traces, freed = [], []
+    for batched in (False, True):
+        cache = protocol(hybrid, blocks=80, slots=16)
+        freeing = FreeingMatches(cache, {2})
+        block, slot = freeing.blocks[0], freeing.slots[0]
+        traces.append(run(cache, steps, batched, freeing.free_rest))
+        freed.append((block, slot))
+    assert traces[0] == traces[1]
+    first_admissions = traces[1][0]
+    assert first_admissions[1][2] == freed[1][1]  # the second took the slot its own match freed
+    assert traces[1][1][1][1][1] == [freed[1][0]]  # and the block

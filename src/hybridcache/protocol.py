@@ -49,12 +49,20 @@ from hybridcache.errors import (
     InvalidTypeError,
     LifecycleError,
 )
+from hybridcache.memory.protocols import BatchBlockAllocator, BatchSlotAllocator
 from hybridcache.prefix_cache.change_log import CacheChanges
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord
 from hybridcache.prefix_cache.checkpoint_store import NO_RELEASE_COUNTS, NO_RELEASES, CheckpointReleases
+from hybridcache.prefix_cache.match_txn import MatchTxn
 from hybridcache.protocol_values import Admission, Adopted, Adoption, ForwardLanded, ForwardRun, Refusal, SaveReservation
 from hybridcache.sequence import Sequence
 from hybridcache.types import NO_SAVE, NO_SLOT, as_int, ceil_div, is_int
+
+
+def _admission(seq: Sequence, txn: MatchTxn, start: int, end: int, runtime_slot: int) -> Admission:
+    reason = txn.recorded[2] if txn.recorded is not None else None
+    restore = seq.prefix_state.checkpoints.restore
+    return Admission(start, end, runtime_slot, restore, txn.hit_tokens, None, None if reason is None else reason.value)
 
 
 class CacheProtocol:
@@ -64,6 +72,8 @@ class CacheProtocol:
         self.trie = components.trie
         self.checkpoints = components.trie.checkpoints
         self.block_size = components.trie.block_size
+        # pools that take a batch's deferred allocations in one call (admit_many)
+        self._batch_pools = isinstance(self.pool, BatchBlockAllocator) and isinstance(self.states, BatchSlotAllocator)
 
     @property
     def is_hybrid(self) -> bool:
@@ -105,10 +115,32 @@ class CacheProtocol:
         (``budgets``: one int for all, or one per sequence), one call per scheduler step: the
         same decisions and records as ``admit`` called for each in turn (a refusal changes
         nothing for its sequence, and the next one is still tried). Every argument is checked
-        before the first admission, so bad input raises and changes nothing."""
+        before the first admission, so bad input raises and changes nothing.
+
+        Each sequence is matched and its restore pinned in turn (a match can depend on what
+        the admissions before it attached). While the chunks matched so far fit the free
+        blocks and runtime slots without eviction and complete no block to attach, their
+        blocks, slots and commits are deferred and then taken for all of them at once
+        (``_DeferredAdmissions``); anything else is admitted one by one after the deferred
+        ones are taken."""
         seqs, budgets = self._validated_batch(seqs, budgets)
-        admit_one = self._admit_one
-        return [admit_one(seq, budget, None) for seq, budget in zip(seqs, budgets)]
+        if not self._batch_pools:
+            return [self._admit_one(seq, budget, None) for seq, budget in zip(seqs, budgets)]
+        trie, checkpoints, pool, states = self.trie, self.checkpoints, self.pool, self.states
+        admitted: list[Admission | None] = [None] * len(seqs)
+        deferred = _DeferredAdmissions(self, admitted)
+        for index, seq in enumerate(seqs):
+            txn = trie.match(seq)
+            pinned = seq.prefix_state.checkpoints.restore is None or checkpoints.pin_restore(seq)
+            if pool.num_free != deferred.free_blocks or states.num_free != deferred.free_slots:
+                deferred.take_beneath_frees()  # the match freed blocks or slots (a stale checkpoint released)
+            if pinned and deferred.defer(index, seq, txn, budgets[index]):
+                continue
+            deferred.take()
+            admitted[index] = self._admit_matched(seq, txn, pinned, budgets[index], None)
+            deferred.restart()
+        deferred.take()
+        return admitted  # type: ignore[return-value]  # every entry was filled
 
     def _validated_batch(self, seqs: object, budgets: object) -> tuple[list[Sequence], list[int]]:
         if isinstance(seqs, (str, bytes)) or not isinstance(seqs, SequenceLike):
@@ -129,9 +161,17 @@ class CacheProtocol:
 
     def _admit_one(self, seq: Sequence, tokens: int, stop_at: Callable[[int], int | None] | None) -> Admission:
         """``admit`` of a validated budget."""
+        txn = self.trie.match(seq)
+        pinned = seq.prefix_state.checkpoints.restore is None or self.checkpoints.pin_restore(seq)
+        return self._admit_matched(seq, txn, pinned, tokens, stop_at)
+
+    def _admit_matched(
+        self, seq: Sequence, txn: MatchTxn, pinned: bool, tokens: int, stop_at: Callable[[int], int | None] | None
+    ) -> Admission:
+        """The rest of ``admit`` after the match ``txn`` and the restore pin (``pinned``: the
+        pin held, or no restore selected)."""
         trie = self.trie
-        txn = trie.match(seq)
-        if seq.prefix_state.checkpoints.restore is not None and not self.checkpoints.pin_restore(seq):
+        if not pinned:
             trie.rollback(txn)  # the checkpoint vanished since the match; retry once without it
             txn = trie.match(seq)
             if seq.prefix_state.checkpoints.restore is not None and not self.checkpoints.pin_restore(seq):
@@ -156,9 +196,7 @@ class CacheProtocol:
         runtime_slot = self.states.allocate_runtime()
         trie.allocate(seq, upto=end)
         trie.commit(txn)
-        reason = txn.recorded[2] if txn.recorded is not None else None
-        restore = seq.prefix_state.checkpoints.restore
-        return Admission(start, end, runtime_slot, restore, txn.hit_tokens, None, None if reason is None else reason.value)
+        return _admission(seq, txn, start, end, runtime_slot)
 
     def swap_computed_duplicates(self, seq: Sequence) -> None:
         """Swap a running sequence's private duplicates of blocks already computed for their
@@ -403,3 +441,94 @@ class CacheProtocol:
         """The trie's cross-owner invariants over ``sequences`` (every live one), and the pools'."""
         self.trie.check_invariants(sequences)
         self.states.check_invariants()
+
+
+class _DeferredAdmissions:
+    """The admissions of one ``admit_many`` call whose allocations are deferred, and then
+    taken for all of them at once: one ``allocate_stamped`` for their blocks, one
+    ``allocate_runtimes`` for their slots, one commit. Lives for that call only.
+
+    A deferred admission is one that ``admit`` would have completed without evicting
+    anything (its chunk fits what is free beyond the ones deferred before it), without
+    attaching a block and without displacing one, so the only effects left to it are the
+    pools' free lists and the clock. Its clock tick is taken when ``grow_table``'s would
+    have been, and the blocks and slots come off the free lists in the order one-by-one
+    admission takes them; a match that freed blocks or slots in between (a stale checkpoint
+    released) leaves those on top, for the admissions after it (``take_beneath_frees``).
+    So the pools, the stamps and every record end as one by one.
+    """
+
+    __slots__ = ("protocol", "trie", "admitted", "entries", "blocks", "free_blocks", "free_slots", "free_runtime")
+
+    def __init__(self, protocol: CacheProtocol, admitted: list[Admission | None]) -> None:
+        self.protocol = protocol
+        self.trie = protocol.trie
+        self.admitted = admitted
+        # (index, seq, txn, start, end, blocks needed, clock tick of its allocation)
+        self.entries: list[tuple[int, Sequence, MatchTxn, int, int, int, int]] = []
+        self.blocks = 0
+        self.restart()
+
+    def restart(self) -> None:
+        """Start deferring from the pools as they are now (nothing deferred). While deferring,
+        only a match can change them, by freeing (``take_beneath_frees``)."""
+        states = self.protocol.states
+        self.free_blocks = self.protocol.pool.num_free
+        self.free_slots = states.num_free
+        self.free_runtime = states.num_free_runtime
+
+    def defer(self, index: int, seq: Sequence, txn: MatchTxn, tokens: int) -> bool:
+        """Defer the admission of matched and pinned ``seq`` when it qualifies; False (and
+        nothing changed) when it must be admitted one by one."""
+        start = seq.num_computed
+        end = min(seq.num_tokens, start + tokens)
+        if end <= start or txn.displaced.size or self.free_runtime <= len(self.entries):
+            return False
+        needed = -(-end // self.protocol.block_size) - seq.num_blocks  # blocks_needed, inline: one call per request saved
+        needed = needed if needed > 0 else 0
+        if needed > self.free_blocks - self.blocks or not self.trie.allocate_if_trivial(seq, end):
+            return False
+        self.entries.append((index, seq, txn, start, end, needed, self.protocol.pool.tick() if needed else 0))
+        self.blocks += needed
+        return True
+
+    def check_invariants(self) -> None:
+        """Deferred admissions are in batch order, open and undisplaced, fit what was free
+        when deferring started, and hold ticks the clock handed out, in order."""
+        entries = self.entries
+        assert [entry[0] for entry in entries] == sorted({entry[0] for entry in entries}), "entries out of order"
+        assert all(entry[2].open and not entry[2].displaced.size for entry in entries), "a deferred match closed or displaced"
+        assert self.blocks == sum(entry[5] for entry in entries) <= self.free_blocks, "deferred blocks do not fit"
+        assert len(entries) <= self.free_runtime, "deferred runtime slots do not fit"
+        ticks = [entry[6] for entry in entries if entry[5]]
+        assert ticks == sorted(set(ticks)) and all(0 < tick <= self.protocol.pool.clock for tick in ticks), "bad ticks"
+
+    def take_beneath_frees(self) -> None:
+        """Take what is deferred now, leaving what the last match freed on top of the free
+        lists (one by one, the deferred admissions took theirs before it was freed)."""
+        pool, states = self.protocol.pool, self.protocol.states
+        self.take(pool.num_free - self.free_blocks, states.num_free - self.free_slots)
+        self.restart()
+
+    def take(self, blocks_beneath: int = 0, slots_beneath: int = 0) -> None:
+        """Give every deferred admission its blocks and runtime slot, commit their matches and
+        record what they did; then nothing is deferred."""
+        entries = self.entries
+        if not entries:
+            return
+        protocol = self.protocol
+        needed = np.fromiter((entry[5] for entry in entries), dtype=np.int64, count=len(entries))
+        ticks = np.fromiter((entry[6] for entry in entries), dtype=np.int64, count=len(entries))
+        ids = protocol.pool.allocate_stamped(np.repeat(ticks, needed), blocks_beneath)
+        slots = protocol.states.allocate_runtimes(len(entries), slots_beneath)
+        protocol.trie.commit_undisplacing([entry[2] for entry in entries])
+        offset = 0
+        admitted = self.admitted
+        for (index, seq, txn, start, end, count, _), slot in zip(entries, slots):
+            if count:
+                seq.place_blocks(seq.num_blocks, ids[offset : offset + count])
+                offset += count
+            admitted[index] = _admission(seq, txn, start, end, slot)
+        entries.clear()
+        self.blocks = 0
+        self.restart()

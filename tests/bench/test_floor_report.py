@@ -23,9 +23,12 @@ def test_unit_costs_cover_every_unit_with_a_non_negative_cost():
 def test_admission_stages_count_the_calls_of_each_stage_per_request():
     record = measure_admission_stages(Case(batch=3, context=512, warmups=1, samples=1))
     stages = {stage["stage"]: stage for stage in record["stages"]}
-    for stage in ("match", "grow_table", "commit"):  # one call per admitted request each
+    for stage in ("match", "pin_restore", "defer › allocate_if_trivial", "take › place_blocks"):  # once per request
         assert stages[stage]["calls_per_request"] == pytest.approx(1.0)
         assert stages[stage]["python_calls_per_request"] >= 1
+    # the deferred admissions' blocks and slots come in one call for the whole batch
+    assert stages["take › allocate_stamped"]["calls_per_request"] == pytest.approx(1 / 3)
+    assert stages["take › allocate_runtimes"]["calls_per_request"] == pytest.approx(1 / 3)
     assert 0 < sum(stage["share"] for stage in record["stages"]) <= 1 + 1e-9
     assert record["python_calls_per_request"] > record["builtin_calls_per_request"] > 0
     assert record["cpu_us_per_request"] > 0 and record["wall_us_per_request"] > 0
@@ -46,3 +49,17 @@ def test_match_records_carry_cpu_time_next_to_wall_time(scenario):
     (record,) = SCENARIOS[scenario]([HybridcacheImpl()], case, lambda: None)
     assert record["total_cpu_p50_ms"] > 0 and record["floor_cpu_p50_ms"] > 0
     assert record["cpu_overhead_over_floor"] == pytest.approx(record["total_cpu_p50_ms"] / record["floor_cpu_p50_ms"])
+
+
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_identity_stages_split_a_hit_into_the_comparison_and_the_bookkeeping(hybrid):
+    from hybridcache.bench.admission_stages import measure_identity_stages
+
+    record = measure_identity_stages(Case(batch=3, context=512, warmups=1, samples=1), hybrid, top=5)
+    assert record["scenario"] == ("match" if hybrid else "kv-match")
+    parts = ("ingest", "match", "floor", "comparison")
+    assert all(record[f"{part}_us_per_request"] > 0 for part in parts)
+    assert record["bookkeeping_us_per_request"] == pytest.approx(
+        record["ingest_us_per_request"] + record["match_us_per_request"] - record["comparison_us_per_request"]
+    )
+    assert len(record["functions"]) == 5 and record["python_calls_per_request"] > record["builtin_calls_per_request"] > 0

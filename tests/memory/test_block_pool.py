@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -729,4 +729,40 @@ def test_single_id_fast_path_raises_the_array_paths_errors():
         pool.unref(True)
     (block,) = pool.allocate(1).tolist()
     assert pool.unref((block,)).tolist() == [block] and pool.num_free == 4
+    pool.check_invariants()
+
+
+
+@settings(max_examples=60, deadline=None)
+@given(counts=st.lists(st.integers(0, 3), min_size=1, max_size=6), freed=st.integers(0, 3))
+def test_allocate_stamped_hands_out_what_consecutive_allocates_would(counts, freed):
+    """Deferred allocations (ticks taken in their turn), then blocks freed after them: one
+    ``allocate_stamped`` beneath the freed ones ends exactly as the calls one by one."""
+    one_by_one, batched = BlockPool(24), BlockPool(24)
+    for pool in (one_by_one, batched):
+        pool.allocate(3)  # held elsewhere, freed after the deferred allocations
+    taken = [one_by_one.allocate(count) if count else np.empty(0, np.int32) for count in counts]
+    stamps = [batched.tick() if count else 0 for count in counts]
+    for pool in (one_by_one, batched):
+        pool.unref(np.arange(freed, dtype=np.int32), unique=True)
+    ids = batched.allocate_stamped(np.repeat(np.array(stamps, dtype=np.int64), counts), beneath=freed)
+    assert ids.tolist() == np.concatenate(taken).tolist()
+    every = np.arange(24)
+    assert batched.stamps(every).tolist() == one_by_one.stamps(every).tolist()
+    assert batched.refcounts(every).tolist() == one_by_one.refcounts(every).tolist()
+    assert batched.clock == one_by_one.clock
+    assert batched.allocate(batched.num_free).tolist() == one_by_one.allocate(one_by_one.num_free).tolist()
+    batched.check_invariants()
+
+
+def test_allocate_stamped_refuses_what_it_cannot_give_and_changes_nothing():
+    pool = BlockPool(4)
+    tick = pool.tick()
+    with pytest.raises(OutOfBlocksError):
+        pool.allocate_stamped(np.full(5, tick))
+    with pytest.raises(OutOfBlocksError):
+        pool.allocate_stamped(np.full(2, tick), beneath=3)
+    with pytest.raises(InvalidArgumentError):
+        pool.allocate_stamped(np.array([tick + 1]))  # a tick the clock has not handed out
+    assert pool.num_free == 4 and pool.clock == tick
     pool.check_invariants()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -409,3 +409,33 @@ class StatePoolMachine(RuleBasedStateMachine):
 
 StatePoolMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 TestStatePoolStateful = StatePoolMachine.TestCase
+
+
+@settings(max_examples=60, deadline=None)
+@given(count=st.integers(0, 4), freed=st.integers(0, 3))
+def test_allocate_runtimes_hands_out_what_consecutive_allocations_would(count, freed):
+    """Runtime slots for ``count`` deferred admissions, then checkpoint slots freed after
+    them: one ``allocate_runtimes`` beneath the freed ones ends as the calls one by one."""
+    one_by_one, batched = StatePool(12, checkpoint_budget=3), StatePool(12, checkpoint_budget=3)
+    held = [[pool.allocate_checkpoint() for _ in range(3)] for pool in (one_by_one, batched)]
+    slots = [one_by_one.allocate_runtime() for _ in range(count)]
+    for pool, checkpoints in zip((one_by_one, batched), held):
+        for slot in checkpoints[:freed]:
+            pool.free_checkpoint(slot)
+    assert batched.allocate_runtimes(count, beneath=freed) == slots
+    assert [batched.role_of(s) for s in range(12)] == [one_by_one.role_of(s) for s in range(12)]
+    assert batched.num_runtime == one_by_one.num_runtime
+    assert [batched.allocate_checkpoint() for _ in range(batched.num_free)] == [
+        one_by_one.allocate_checkpoint() for _ in range(one_by_one.num_free)
+    ]
+    batched.check_invariants()
+
+
+def test_allocate_runtimes_refuses_beyond_the_runtime_cap_and_changes_nothing():
+    pool = StatePool(6, checkpoint_budget=2)  # runtime cap 3
+    with pytest.raises(OutOfStateSlotsError):
+        pool.allocate_runtimes(4)
+    with pytest.raises(OutOfStateSlotsError):
+        pool.allocate_runtimes(1, beneath=5)
+    assert pool.num_runtime == 0 and pool.num_free == 5
+    pool.check_invariants()

@@ -1,6 +1,9 @@
-"""Where the time of one admission goes: ``CacheProtocol.admit_many`` on the ``admit-many``
+"""Where the time of a hit goes, over what it cannot avoid.
+
+``measure_admission_stages``: where the time of one admission goes: ``CacheProtocol.admit_many`` on the ``admit-many``
 workload (every request hits an aligned checkpoint at its prompt's last block boundary),
-broken down by the stages ``_admit_one`` calls.
+broken down by the stages ``admit_many`` calls (the deferred admissions' ``defer`` and
+``take`` broken down one level further, as ``defer › ...``).
 
 Two passes over the same prepared batch: one unprofiled (wall and CPU time per request, the
 true cost), one under ``cProfile`` (how many Python calls each stage makes per request, and
@@ -8,6 +11,10 @@ its share of the time). The profiler inflates every call alike, so shares are re
 fractions of the profiled total and scaled to the unprofiled CPU time. The argued floor is
 ``calls per request × the cost of an empty call`` (``unit_costs``): Python cannot make those
 calls for less, whatever they do.
+
+``measure_identity_stages``: the identity work of a hit (``kv-match`` / ``match``) split into
+the exact comparison as the trie makes it and the bookkeeping around it, with the Python
+calls per request and the functions that take the most of it.
 """
 
 from __future__ import annotations
@@ -17,12 +24,16 @@ import gc
 import pstats
 import time
 
+import numpy as np
+
+from hybridcache.bench.impl import HybridcacheImpl
 from hybridcache.bench.scenarios import ADMIT_BUDGET, Case, _admission_protocol, _cache_with_checkpoint, _with_suffix
 from hybridcache.bench.workload import distinct_prompts
 from hybridcache.protocol import CacheProtocol
 from hybridcache.sequence import Sequence
 
-STAGE_FUNCTION = "_admit_one"
+STAGE_FUNCTION = "admit_many"
+EXPANDED_STAGES = ("defer", "take")  # stages of the deferred (batched) admissions, shown by their callees
 
 
 def _prepared_batch(protocol: CacheProtocol, prompts: list, round_index: int) -> list[Sequence]:
@@ -63,24 +74,39 @@ def _profiled_stats(protocol: CacheProtocol, prompts: list, round_index: int) ->
 
 
 def _stages(stats: pstats.Stats, batch: int) -> tuple[list[dict], int, int]:
-    """Per direct callee of ``_admit_one``: calls made inside it per request and its share of
-    the profiled time; also all calls per request and those of C functions among them."""
+    """Per direct callee of ``admit_many`` (those in ``EXPANDED_STAGES`` replaced by their
+    own callees): calls made inside it per request and its share of the profiled time; also
+    all calls per request and those of C functions among them."""
     table = stats.stats  # type: ignore[attr-defined]  # (file, line, name) -> (cc, nc, tt, ct, callers)
-    admit_one = next(key for key in table if key[2] == STAGE_FUNCTION)
-    profiled_total = table[admit_one][3]
+    admit_many = next(key for key in table if key[2] == STAGE_FUNCTION)
+    profiled_total = table[admit_many][3]
     inner_calls = _calls_below(table)
+    expanded = {key for key, entry in table.items() if key[2] in EXPANDED_STAGES and admit_many in entry[4]}
     stages = []
-    for key, (_, _, _, _, callers) in table.items():
-        if admit_one in callers:
-            _, calls, _, cumulative = callers[admit_one]
-            stages.append({"stage": key[2], "calls_per_request": calls / batch,
-                           "python_calls_per_request": inner_calls.get(key, 0) / batch + calls / batch,
+    for key, (_, _, self_time, _, callers) in table.items():
+        for caller in [admit_many, *expanded]:
+            if caller not in callers or key in expanded:
+                continue
+            _, calls, _, cumulative = callers[caller]
+            name = key[2] if caller == admit_many else f"{caller[2]} › {key[2]}"
+            stages.append({"stage": name, "calls_per_request": calls / batch,
+                           "python_calls_per_request": inner_calls.get(key, 0) / batch * _share(calls, table[key][1]) + calls / batch,
                            "share": cumulative / profiled_total if profiled_total else 0.0})
+    for key in expanded:  # what the expanded stage does itself, outside its callees
+        stages.append({"stage": f"{key[2]} (itself)", "calls_per_request": table[key][1] / batch,
+                       "python_calls_per_request": table[key][1] / batch,
+                       "share": table[key][2] / profiled_total if profiled_total else 0.0})
+    stages.append({"stage": f"{STAGE_FUNCTION} (itself)", "calls_per_request": 1 / batch, "python_calls_per_request": 1 / batch,
+                   "share": table[admit_many][2] / profiled_total if profiled_total else 0.0})
     stages.sort(key=lambda stage: -stage["share"])
     total_calls = sum(entry[1] for entry in table.values()) / batch
     # cProfile names C functions (builtins, NumPy's C entry points) with the file "~".
     builtin_calls = sum(entry[1] for key, entry in table.items() if key[0] == "~") / batch
     return stages, round(total_calls), round(builtin_calls)
+
+
+def _share(calls: int, all_calls: int) -> float:
+    return calls / all_calls if all_calls else 0.0
 
 
 def _calls_below(table: dict) -> dict:
@@ -118,3 +144,82 @@ def measure_admission_stages(case: Case) -> dict:
         stage["cpu_us_per_request"] = stage["share"] * cpu_us
     return {"batch": case.batch, "context": case.context, "wall_us_per_request": wall * 1e6 / case.batch,
             "cpu_us_per_request": cpu_us, "python_calls_per_request": calls, "builtin_calls_per_request": builtin_calls, "stages": stages}
+
+
+# --- identity work of a hit (kv-match / match): where the time over the floor goes ----------
+
+
+def _cached_impl(case: Case, hybrid: bool) -> tuple[HybridcacheImpl, list]:
+    """The ``kv-match`` (attention-only) or ``match`` (hybrid, aligned checkpoint at the
+    prompt's end) workload: ``case.batch`` distinct prompts cached, each as one run."""
+    impl = HybridcacheImpl()
+    impl.setup(num_blocks=case.batch * (case.context // case.block_size + 4) + 64, num_checkpoints=case.batch,
+               block_size=case.block_size, hybrid=hybrid)
+    prompts = distinct_prompts(case.batch, case.context)
+    for prompt in prompts:
+        impl.prefill(prompt, (case.context,) if hybrid else ())
+    return impl, prompts
+
+
+def _identity_round(impl: HybridcacheImpl, prompts: list, case: Case, round_index: int) -> dict:
+    """CPU seconds of one round, each part on fresh requests (their tokens not in cache):
+    ingest, match, the floor (``np.array_equal`` per request) and the exact comparison as
+    the trie makes it (``TokenStore.equals`` of the cached run against the request)."""
+    tokens = _with_suffix(prompts, round_index)
+    requests = impl.new_requests(tokens)
+    gc.disable()
+    started = time.process_time()
+    impl.ingest(requests)
+    ingested = time.process_time()
+    handles = impl.match(requests)
+    matched = time.process_time()
+    [np.array_equal(t[: case.context], p) for t, p in zip(tokens, prompts)]
+    floor = time.process_time()
+    gc.enable()
+    impl.rollback(requests, handles)
+    blocks = case.context // case.block_size
+    lasts = [seq.prefix_state.trie.verified for seq in requests]  # each prompt's cached run ends there
+    fresh = impl.new_requests(_with_suffix(prompts, round_index + 1000))
+    equals = impl.trie.tokens.equals
+    gc.disable()
+    compared = time.process_time()
+    same = [equals(last - blocks + 1, last, seq, 0) for seq, last in zip(fresh, lasts)]
+    compared = time.process_time() - compared
+    gc.enable()
+    if not all(same):
+        raise AssertionError("a request's cached run is not one run of consecutive slots")
+    return {"ingest": ingested - started, "match": matched - ingested, "floor": floor - matched, "comparison": compared}
+
+
+def measure_identity_stages(case: Case, hybrid: bool, top: int = 14) -> dict:
+    """Per request, best of ``case.rounds`` (CPU µs): ingest, match, the floor and the exact
+    comparison inside them; the rest is bookkeeping. Then one profiled round: Python calls
+    per request (all, and C functions among them) and the functions with the largest own
+    time, as shares scaled to the unprofiled ingest + match."""
+    impl, prompts = _cached_impl(case, hybrid)
+    best: dict = {}
+    for round_index in range(case.rounds):
+        for part, seconds in _identity_round(impl, prompts, case, round_index + 1).items():
+            best[part] = min(best.get(part, seconds), seconds)
+    per_request = {part: seconds * 1e6 / case.batch for part, seconds in best.items()}
+    requests = impl.new_requests(_with_suffix(prompts, case.rounds + 1))
+    profiler = cProfile.Profile(time.process_time)
+    profiler.enable()
+    impl.ingest(requests)
+    handles = impl.match(requests)
+    profiler.disable()
+    impl.rollback(requests, handles)
+    table = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    profiled = sum(entry[2] for entry in table.values()) or 1.0
+    work_us = per_request["ingest"] + per_request["match"]
+    functions = sorted(table.items(), key=lambda item: -item[1][2])[:top]
+    return {
+        "scenario": "match" if hybrid else "kv-match", "batch": case.batch, "context": case.context,
+        **{f"{part}_us_per_request": value for part, value in per_request.items()},
+        "bookkeeping_us_per_request": work_us - per_request["comparison"],
+        "total_over_floor": work_us / per_request["floor"],
+        "python_calls_per_request": sum(entry[1] for entry in table.values()) / case.batch,
+        "builtin_calls_per_request": sum(entry[1] for key, entry in table.items() if key[0] == "~") / case.batch,
+        "functions": [{"function": key[2], "calls_per_request": entry[1] / case.batch,
+                       "own_us_per_request": entry[2] / profiled * work_us} for key, entry in functions],
+    }

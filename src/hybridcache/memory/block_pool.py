@@ -78,6 +78,25 @@ class BlockPool:
             return self._allocate_one()
         return self._allocate_run(count)
 
+    def allocate_stamped(self, stamps: np.ndarray, beneath: int = 0) -> np.ndarray:
+        """Take ``stamps.size`` free blocks, the one for entry k stamped ``stamps[k]``: the ids
+        consecutive ``allocate`` calls would have handed out, when those calls' ticks were
+        taken (``tick``) at the time each would have run and the top ``beneath`` ids of the
+        free list were freed after them (they stay on top). One array operation for a batch
+        of admissions; the clock does not move."""
+        count = int(stamps.size)
+        top = self._num_free - beneath
+        if beneath < 0 or top < count:
+            raise OutOfBlocksError(f"need {count} blocks beneath {beneath}, {self._num_free} free")
+        if count and (int(stamps.min()) <= 0 or int(stamps.max()) > self._clock):
+            raise InvalidArgumentError("stamps must be ticks the clock already handed out")
+        ids = self._free[top - count : top][::-1].copy()
+        self._free[top - count : self._num_free - count] = self._free[top : self._num_free].copy()
+        self._num_free -= count
+        self._refcount[ids] = 1
+        self._stamp[ids] = stamps
+        return ids
+
     def ref(self, block_ids: object, *, unique: bool = False) -> None:
         """Add one reference per occurrence of each id; every id must already be in use.
 

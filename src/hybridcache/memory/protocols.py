@@ -1,6 +1,8 @@
 """What the cache needs of its pools, so an engine can hand in its own allocators.
 
-Owns nothing: two protocols. ``BlockPool`` and ``StatePool`` satisfy them; an engine that
+Owns nothing: two protocols, and two optional batch extensions of them
+(``BatchBlockAllocator``, ``BatchSlotAllocator``) that let ``CacheProtocol.admit_many`` take a
+batch's blocks and slots in one call; a pool without them is admitted one by one. ``BlockPool`` and ``StatePool`` satisfy them; an engine that
 owns its block ids and state rows (a serving engine's block manager and state manager) wraps
 them in objects with the same calls and passes those to ``build_cache`` or ``BlockTrie``.
 The calls keep the pools' contract: ids are validated, a failed call changes nothing, and
@@ -80,3 +82,19 @@ class StateSlotAllocator(Protocol):
     def free_checkpoint(self, slot: int) -> None: ...
 
     def check_invariants(self) -> None: ...
+
+
+@runtime_checkable
+class BatchBlockAllocator(Protocol):
+    """A ``KVBlockAllocator`` that hands out the blocks of several deferred ``allocate``
+    calls at once, in their order and with the stamps their ticks reserved."""
+
+    def allocate_stamped(self, stamps: np.ndarray, beneath: int = 0) -> np.ndarray: ...
+
+
+@runtime_checkable
+class BatchSlotAllocator(Protocol):
+    """A ``StateSlotAllocator`` that hands out the slots of several deferred
+    ``allocate_runtime`` calls at once, in their order."""
+
+    def allocate_runtimes(self, count: int, beneath: int = 0) -> list[int]: ...

@@ -77,6 +77,22 @@ class StatePool:
         self._num_runtime += 1
         return self._take(SlotRole.RUNTIME)
 
+    def allocate_runtimes(self, count: int, beneath: int = 0) -> list[int]:
+        """``count`` runtime slots, the ones consecutive ``allocate_runtime`` calls would have
+        handed out when the top ``beneath`` slots of the free list were freed after them
+        (they stay on top): one batch of admissions at once."""
+        free = self._free
+        top = len(free) - beneath
+        if beneath < 0 or top < count or count > self.runtime_cap - self._num_runtime:
+            raise OutOfStateSlotsError(
+                f"no {count} runtime slots: {self._num_runtime}/{self.runtime_cap} used, {top} free beneath {beneath}"
+            )
+        slots = free[top - count : top][::-1]
+        del free[top - count : top]
+        self._role[slots] = SlotRole.RUNTIME
+        self._num_runtime += count
+        return slots
+
     def allocate_checkpoint(self) -> int:
         if not self._free:
             raise OutOfStateSlotsError("no free state slot for a checkpoint")

@@ -86,6 +86,21 @@ class Attacher:
         position.verified, position.verified_generation = node, generation
         recompute.fresh_range = _EMPTY_RANGE
 
+    def allocate_if_trivial(self, seq: Sequence, upto: int) -> bool:
+        """``allocate(seq, upto)`` when the table will cover ``upto`` tokens and it would only
+        clear the fresh range (no complete block beyond a valid cursor, no private block to
+        settle): do that and return True. Otherwise change nothing and return False. Lets a
+        batch of admissions skip the attach walk of a hit whose first chunk completes no block."""
+        state = seq.prefix_state
+        position = state.trie
+        if self.enabled:
+            if state.overlap.trie_block_map or not self.nodes.is_valid(position.cursor, position.cursor_generation):
+                return False
+            if int(self.nodes.depth[position.cursor]) < min(seq.num_valid, upto) // self.block_size:
+                return False
+        state.overlap.fresh_range = _EMPTY_RANGE
+        return True
+
     def validated_new_blocks(self, seq: Sequence, block_ids: object) -> np.ndarray:
         """``block_ids`` as a flat int32 array of in-use blocks, distinct and absent from the
         sequence's table (blocks an engine grew the table with itself)."""

@@ -105,7 +105,9 @@ class PathLookup:
         if depth > limit:
             _, node = nodes.path_runs(node, limit)
             return node, limit
-        node, depth = self.descend(seq, node, depth, limit)
+        if depth < limit:  # else as deep as asked already (a match right after ingest): keys
+            # resume where they are needed (attach, descend), so nothing else is owed here
+            node, depth = self.descend(seq, node, depth, limit)
         position.verified, position.verified_generation = node, int(nodes.generation[node])
         return node, depth
 
@@ -135,7 +137,11 @@ class PathLookup:
         nodes, tokens, size = self.nodes, self.tokens, self.block_size
         window = slice(child, min(child + limit - base_depth, nodes.capacity))
         same_run = (nodes.run_head[window] == nodes.run_head[child]) & nodes.attached[window]
-        length = same_run.size if same_run.all() else int(same_run.argmin())
+        # the first slot leaving the run; argmin (a C method) instead of ``all`` (a Python
+        # wrapper, ~0.8 µs) then argmin: 0 also when every slot stays in the run
+        length = int(same_run.argmin())
+        if same_run[length]:
+            length = same_run.size
         last = child + length - 1
         if not tokens.equals(child, last, seq, base_depth * size):
             length = tokens.matching_rows(child, last, seq, base_depth * size)

@@ -82,6 +82,17 @@ class MatchBook:
         if txn.displaced.size:
             self.pool.unref(txn.displaced)
 
+    def commit_undisplacing(self, txns: list[MatchTxn]) -> None:
+        """``commit`` of matches that displaced no block (so closing them is all it does), in
+        one call; every one is checked before the first is closed."""
+        for txn in txns:
+            if not isinstance(txn, MatchTxn):
+                raise InvalidTypeError(f"expected a MatchTxn, got {type(txn).__name__}")
+            if not txn.open or txn.displaced.size:
+                raise StaleHandleError("commit_undisplacing takes open matches that displaced no block")
+        for txn in txns:
+            txn.open = False
+
     def rollback(self, txn: MatchTxn) -> None:
         """Undo a match exactly: table, references, step, cursor, fresh range and statistics."""
         require_txn(txn)

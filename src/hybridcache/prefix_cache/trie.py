@@ -152,7 +152,8 @@ class BlockTrie:
         """Validate ``seq`` and make this trie the one its cached facts (verified node, search,
         cursor) refer to: a sequence holding no blocks forgets another trie's facts; one
         holding blocks there is refused."""
-        _require_sequence(seq)
+        if not isinstance(seq, Sequence):  # _require_sequence, inline: this runs on every match
+            raise InvalidTypeError(f"expected a Sequence, got {type(seq).__name__}")
         state = seq.prefix_state
         position = state.trie
         if position.owner == self.trie_id:
@@ -240,6 +241,18 @@ class BlockTrie:
         self._require_own(txn.seq)
         self.book.commit(txn)
 
+    def commit_undisplacing(self, txns: list[MatchTxn]) -> None:
+        """``commit`` of several matches that displaced no block, in one call (a batch of
+        admissions); raises before closing any when one displaced blocks or is closed."""
+        trie_id = self.trie_id
+        for txn in txns:
+            if not isinstance(txn, MatchTxn):
+                raise InvalidTypeError(f"expected a MatchTxn, got {type(txn).__name__}")
+            owner = txn.seq.prefix_state.trie.owner
+            if owner >= 0 and owner != trie_id:
+                raise ForeignSequenceError("the sequence belongs to another trie")
+        self.book.commit_undisplacing(txns)
+
     def rollback(self, txn: MatchTxn) -> None:
         """Undo a match exactly: table, references, step, cursor, fresh range and statistics."""
         require_txn(txn)
@@ -257,6 +270,13 @@ class BlockTrie:
         """
         self._claim(seq)
         self.attacher.allocate(seq, upto)
+
+    def allocate_if_trivial(self, seq: Sequence, upto: int) -> bool:
+        """``allocate(seq, upto)`` when it would attach nothing (the first chunk completes no
+        block beyond the cursor), once the table covers ``upto`` tokens: True, done; False,
+        nothing changed (call ``allocate`` after growing the table)."""
+        self._claim(seq)
+        return self.attacher.allocate_if_trivial(seq, upto)
 
     def attach_table(self, seq: Sequence, block_ids: object, upto: int | None = None) -> None:
         """Append blocks the engine allocated itself to the sequence's table, then ``allocate``.
