@@ -23,7 +23,7 @@ from hybridcache.errors import (
     InvalidTypeError,
 )
 from hybridcache.prefix_state import PrefixState
-from hybridcache.sequence import MAX_TOKEN_ID, as_token_array
+from hybridcache.sequence import MAX_TOKEN_ID, TOKEN_DTYPE, as_token_array
 
 # --- helpers -----------------------------------------------------------------------------------
 
@@ -936,3 +936,133 @@ def test_out_of_range_ids_are_refused_in_every_width():
         with pytest.raises(InvalidTokenError):
             Sequence(bad)
     assert np.array_equal(Sequence(np.arange(10, dtype=">i8")[::3]).tokens, [0, 3, 6, 9])
+
+
+# --- lent buffers ------------------------------------------------------------------------------
+
+def _lender(tokens, spare: int = 0) -> np.ndarray:
+    """An engine's int64 token array with ``spare`` unused slots (lmdeploy reserves ahead)."""
+    array = np.zeros(len(tokens) + spare, dtype=np.int64)
+    array[: len(tokens)] = tokens
+    return array
+
+
+def test_a_lent_sequence_keys_over_the_callers_array_without_a_copy():
+    array = _lender(range(100, 140))
+    seq = Sequence(array, lend=True)
+    assert seq.num_tokens == 40 and seq.tokens_per_word == 1
+    assert np.shares_memory(seq.tokens, array) and seq.tokens.tolist() == list(range(100, 140))
+    assert not seq.tokens.flags.writeable and array.flags.writeable  # the lender's array keeps its flags
+    assert seq.token_view(4, 8).tolist() == [104, 105, 106, 107]
+
+
+@pytest.mark.parametrize(
+    ("buffer", "error"),
+    [
+        (np.arange(8, dtype=np.int32), InvalidTypeError),
+        (list(range(8)), InvalidTypeError),
+        (np.arange(16, dtype=np.int64).reshape(2, 8), InvalidTypeError),
+        (np.arange(16, dtype=np.int64)[::2], InvalidTypeError),
+        (np.array([1, -1], dtype=np.int64), InvalidTokenError),
+        (np.array([1, 2**31], dtype=np.int64), InvalidTokenError),
+    ],
+)
+def test_a_lent_buffer_is_validated_at_the_boundary(buffer, error):
+    with pytest.raises(error):
+        Sequence(buffer, lend=True)
+
+
+def test_a_lent_sequence_hashes_to_the_same_keys_as_its_own_copy():
+    from hybridcache.prefix_cache.identity import BlockKeyer
+
+    tokens = np.random.default_rng(3).integers(0, 2**31, 16 * 9, dtype=np.int64)
+    keyer = BlockKeyer(16)
+    owned, lent = Sequence(tokens), Sequence(tokens, lend=True)
+    assert np.array_equal(keyer.keys_anew(owned, 9), keyer.keys_anew(lent, 9))
+    assert [keyer.value_of(owned, i) for i in range(9)] == [keyer.value_of(lent, i) for i in range(9)]
+    assert np.array_equal(keyer.block_values(owned, np.array([7, 2])), keyer.block_values(lent, np.array([7, 2])))
+
+
+def test_the_lenders_growth_leaves_a_lent_sequence_as_it_was():
+    """lmdeploy grows its history by writing past its valid tokens (spare capacity) or by
+    reallocating (``np.pad``); neither reaches the tokens the sequence keys over."""
+    array = _lender(range(10, 26), spare=8)
+    seq = Sequence(array[:16], lend=True)
+    array[16:24] = 77  # an append into the spare capacity
+    grown = np.pad(array, (0, 32))  # a reallocation; the old array lives on in the view
+    grown[:16] = 5  # the new array is the lender's to write: the sequence still sees the old one
+    assert seq.tokens.tolist() == list(range(10, 26))
+
+
+def test_extend_lent_follows_an_append_in_place_checking_only_the_new_tokens():
+    array = _lender(range(16), spare=16)
+    seq = Sequence(array[:16], lend=True)
+    array[16:20] = [50, 51, 52, 53]
+    seq.extend_lent(array, 20)
+    assert seq.num_tokens == 20 and seq.tokens[-4:].tolist() == [50, 51, 52, 53]
+    array[20] = -3
+    with pytest.raises(InvalidTokenError):
+        seq.extend_lent(array, 21)
+    assert seq.num_tokens == 20
+
+
+def test_extend_lent_compares_a_reallocated_array_and_refuses_changed_tokens():
+    array = _lender(range(16))
+    seq = Sequence(array, lend=True)
+    grown = np.pad(array, (0, 16))
+    grown[16:18] = [9, 9]
+    seq.extend_lent(grown, 18)
+    assert np.shares_memory(seq.tokens, grown) and seq.num_tokens == 18
+    rewritten = np.pad(grown, (0, 16))
+    rewritten[3] = 1000
+    with pytest.raises(InvalidArgumentError):
+        seq.extend_lent(rewritten, 20)
+    assert seq.num_tokens == 18 and np.shares_memory(seq.tokens, grown)
+    with pytest.raises(InvalidStepError):
+        seq.extend_lent(grown, 17)  # fewer tokens than already known
+    with pytest.raises(InvalidArgumentError):
+        Sequence(range(4)).extend_lent(grown, 4)  # not lent
+
+
+def test_append_tokens_moves_a_lent_sequence_onto_its_own_buffer():
+    array = _lender(range(16), spare=4)
+    seq = Sequence(array[:16], lend=True)
+    seq.append_tokens([900, 901])
+    assert seq.tokens_per_word == 2 and seq.tokens.dtype == TOKEN_DTYPE
+    assert seq.tokens.tolist() == list(range(16)) + [900, 901]
+    assert array[16:].tolist() == [0] * 4 and not np.shares_memory(seq.tokens, array)
+
+
+def test_a_pickled_lent_sequence_owns_its_tokens():
+    array = _lender(range(40))
+    copy = pickle.loads(pickle.dumps(Sequence(array, lend=True)))
+    array[:] = 0
+    assert copy.tokens_per_word == 2 and copy.tokens.tolist() == list(range(40))
+
+
+def test_rewriting_a_lent_array_afterwards_changes_nothing_the_cache_holds():
+    """Everything the trie keeps from a lent sequence (token rows, a checkpoint's tail) is a
+    copy made when it is stored, and matches compare tokens exactly: after the lender rewrites
+    its whole array, the original prompt still hits in full, the rewritten one misses from the
+    first block it changed, and the trie's invariants hold."""
+    from tests.prefix_cache._helpers import B
+    from tests.prefix_cache._hybrid import make_hybrid, produce
+
+    _, _, trie = make_hybrid()
+    prompt = np.arange(1000, 1000 + 3 * B + 5, dtype=np.int64)
+    lent = _lender(prompt)
+    _, record = produce(trie, lent, lend=True)
+    assert record.tail_tokens.dtype == TOKEN_DTYPE and record.tail_tokens.tolist() == prompt[3 * B :].tolist()
+    lent[:] = 0
+    lent[2 * B :] = prompt[2 * B :]  # blocks 0 and 1 rewritten, then lent again
+    trie.check_invariants()
+    again = Sequence(np.concatenate([prompt, [1, 2, 3]]), lend=True)  # the prompt's next turn
+    txn = trie.match(again)
+    assert again.num_computed == prompt.size and txn.hit_tokens == prompt.size
+    trie.commit(txn)
+    trie.free_sequence(again)
+    rewritten = Sequence(np.concatenate([lent, [1, 2, 3]]), lend=True)
+    txn = trie.match(rewritten)
+    assert rewritten.num_computed == 0
+    trie.commit(txn)
+    trie.check_invariants([rewritten])
