@@ -106,3 +106,50 @@ def test_a_sequence_removed_under_a_producer_pin_keeps_its_shadow_until_the_unpi
     after = twins.step(lambda w: w.scheduler.block_trie.state_checkpoints.unpin_saves([removed[w]]))
     assert after["checkpoint_states"] == 1
     assert removed[twins.subject].prefix_cache.producer_save_pin.slot == -1
+
+
+def _shadow_seq(world, name: str):
+    return world.scheduler.block_trie._shadows.existing(world.seqs[name]).seq
+
+
+def test_a_shadow_keys_over_lmdeploys_own_token_array_without_a_copy():
+    twins = Twins(ssm=True, num_gpu_blocks=32)
+    prompt = [1] * (2 * BLOCK) + [3]
+    twins.step(lambda w: w.add("a", 0, prompt))
+    shadow, history = _shadow_seq(twins.subject, "a"), twins.subject.seqs["a"].history_cache
+    assert shadow.tokens_per_word == 1 and np.shares_memory(shadow.tokens, history.get_real())
+    assert not shadow.tokens.flags.writeable and history.get_real().flags.writeable
+
+
+def test_lmdeploys_growth_in_place_and_by_reallocation_keeps_the_shadow_exact():
+    """lmdeploy appends a turn into its array's spare capacity, or reallocates the array
+    (``np.pad``) when the turn does not fit; the shadow follows either, keyed over the array
+    lmdeploy holds. (Turn 3's step differs between the tries by the documented first
+    difference: hybridcache resumes at turn 2's end.)"""
+    twins = Twins(ssm=True, num_gpu_blocks=64)
+    first = [1] * (2 * BLOCK) + [3]
+    _serve(twins, "a", 0, first)
+    history = twins.subject.seqs["a"].history_cache
+    before = history._data
+
+    def new_turn(tokens):
+        def turn(world):
+            seq = world.seqs["a"]
+            seq.update_token_ids(torch.tensor(tokens), mode=UpdateTokenMode.INPUTS)
+            seq.state.activate()
+
+        return turn
+
+    short, long = [4] * 8, [5] * (history._data.size + 8)
+    twins.step(new_turn(short))
+    assert history._data is before  # appended in place
+    twins.step(lambda w: w.schedule())
+    twins.step(lambda w: w.forward())
+    shadow = _shadow_seq(twins.subject, "a")
+    assert np.shares_memory(shadow.tokens, before) and shadow.tokens[: len(first) + 1 + 8].tolist() == first + [7] + short
+    twins.step(new_turn(long))
+    assert history._data is not before  # reallocated
+    twins.step_both(lambda w: w.schedule())
+    shadow = _shadow_seq(twins.subject, "a")
+    assert np.shares_memory(shadow.tokens, history._data)
+    assert shadow.tokens.tolist() == history.get_real()[: shadow.num_tokens].tolist()
