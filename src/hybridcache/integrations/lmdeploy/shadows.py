@@ -136,8 +136,7 @@ class ShadowBook:
     def _new_shadow(self, lmd_seq: object, num_valid: int) -> Shadow:
         spans = _spans(lmd_seq)
         seq = Sequence(
-            lmd_seq.history_cache[:num_valid],  # lent: keyed over lmdeploy's own int64 array
-            lend=True,
+            np.asarray(lmd_seq.history_cache[:num_valid]),
             adapter=lmd_seq.adapter_name,
             multimodal=spans,
             want_routed_experts=bool(lmd_seq.return_routed_experts),
@@ -149,9 +148,8 @@ class ShadowBook:
 
     @staticmethod
     def _append_tokens(seq: Sequence, lmd_seq: object, num_valid: int) -> None:
-        """Follow lmdeploy's grown history (in place, or reallocated: then compared)."""
         if seq.num_tokens < num_valid:
-            seq.extend_lent(lmd_seq.history_cache.get_real(), num_valid)
+            seq.append_tokens(np.asarray(lmd_seq.history_cache[seq.num_tokens : num_valid]))
 
     @staticmethod
     def _same_identity(shadow: Shadow, lmd_seq: object, num_valid: int) -> bool:
@@ -169,8 +167,6 @@ class ShadowBook:
         if start >= end:
             return True
         ours, theirs = seq.token_view(start, end), lmd_seq.history_cache[start:end]
-        if seq.token_address(start, end) == theirs.ctypes.data:  # the same memory, still lent
-            return True
         if end - start <= _LIST_COMPARE_TOKENS:  # a decode step's or a suffix's few tokens
             return ours.tolist() == theirs.tolist()
         return bool(np.array_equal(ours, theirs))
