@@ -1,8 +1,7 @@
 """A request as the cache sees it.
 
-Owns: the request's token buffer (its own int32 one, or a read-only view of a buffer the caller
-lent), its computed-token counter, its block table, its namespace, its multimodal spans and its
-routed-expert history. The per-request protocol state
+Owns: the request's int32 token buffer, its computed-token counter, its block table, its
+namespace, its multimodal spans and its routed-expert history. The per-request protocol state
 that the prefix cache writes lives in :class:`hybridcache.prefix_state.PrefixState`, reachable
 as ``sequence.prefix_state``.
 
@@ -11,20 +10,6 @@ handed out covers only tokens that already exist and is read-only, so no later g
 append can change what a view shows. Buffers come from and go back to
 :mod:`hybridcache.token_buffers` (a dead sequence's buffer serves the next one, unless a view
 of it is still alive).
-
-A lent buffer (``Sequence(tokens, lend=True)``, ``extend_lent``): an engine that keeps its
-tokens in a 1-D C-contiguous int64 array (lmdeploy's history) can key a sequence over that
-array without a copy. The ids are validated once (one read, no write); the sequence keeps a
-read-only view of ``[0, num_tokens)`` and never writes the array. The lender keeps its array
-and may grow it as it likes: writes beyond the view (an append into spare capacity) and a
-reallocation (the view keeps the old memory alive and unchanged) leave the sequence's tokens
-as they were. Its one promise is not to rewrite positions the view covers while the sequence
-lives; ``extend_lent`` checks that promise when the lender hands over a reallocated array.
-What the cache keeps from a sequence (token rows, checkpoint tails) is copied when it is
-stored and every match compares tokens exactly, so nothing a lender does to its array later
-changes what the cache holds. A lent sequence hashes its tokens one per 64-bit word
-(``tokens_per_word`` 1) to the same block values as two int32 tokens per word; an
-``append_tokens`` moves it onto a buffer of its own first.
 """
 
 from __future__ import annotations
@@ -54,11 +39,11 @@ from hybridcache.types import (
     validated_spans,
 )
 
+_TOKEN_BYTES = np.dtype(TOKEN_DTYPE).itemsize
 MAX_TOKEN_ID = 2**31 - 1
 MAX_EXPERT_ID = np.iinfo(EXPERT_DTYPE).max
 _INITIAL_CAPACITY = 64
 _WORD_DTYPE = np.uint64  # two tokens per word: the block hash reads tokens in pairs
-_LENT_DTYPE = np.dtype(np.int64)  # one token per word in a lent buffer
 _ids = itertools.count()
 
 
@@ -102,22 +87,6 @@ def _largest_id(array: np.ndarray) -> int:
     return int(array.max()) if int(array.min()) >= 0 else MAX_TOKEN_ID + 1
 
 
-def _lent_array(buffer: object) -> np.ndarray:
-    if not isinstance(buffer, np.ndarray) or buffer.dtype != _LENT_DTYPE or buffer.ndim != 1:
-        raise InvalidTypeError("a lent token buffer must be a 1-D native int64 array")
-    if not buffer.flags.c_contiguous:
-        raise InvalidTypeError("a lent token buffer must be contiguous")
-    return buffer
-
-
-def _lent_tokens(buffer: object) -> np.ndarray:
-    """The validated lent array (ids checked in one read, nothing copied)."""
-    array = _lent_array(buffer)
-    if array.size and _largest_id(array) > MAX_TOKEN_ID:
-        raise InvalidTokenError("token ids must lie in [0, 2**31)")
-    return array
-
-
 class Sequence:
     """One request: tokens, counters, block table, namespace, multimodal spans, routed experts."""
 
@@ -130,20 +99,16 @@ class Sequence:
         multimodal: SequenceLike[MultimodalSpan] = (),
         want_routed_experts: bool = False,
         seq_id: int | None = None,
-        lend: bool = False,
     ) -> None:
-        initial = _lent_tokens(tokens) if lend else _validated_tokens(tokens)
+        initial = _validated_tokens(tokens)  # copied into the buffer below, converted on the way
         self.namespace = BASE_NAMESPACE if adapter is None and cache_salt is None else Namespace(adapter, cache_salt)
         self.spans = validated_spans(multimodal, initial.size)
         self._span_starts = [span.start for span in self.spans]
         self.want_routed_experts = bool(want_routed_experts)
         self.seq_id = next(_ids) if seq_id is None else int(seq_id)
+        self._set_buffer(token_buffers.take(token_buffers.capacity_class(max(_INITIAL_CAPACITY, initial.size))))
+        self._tokens[: initial.size] = initial
         self._num_tokens = int(initial.size)
-        if lend:
-            self._adopt_lent(initial)
-        else:  # copied into a buffer of its own, converted on the way
-            self._set_buffer(token_buffers.take(token_buffers.capacity_class(max(_INITIAL_CAPACITY, initial.size))))
-            self._tokens[: initial.size] = initial
         self._num_computed = 0
         self._blocks = np.full(8 + initial.size // 16, -1, dtype=np.int32)
         self._num_blocks = 0
@@ -175,14 +140,8 @@ class Sequence:
         return self._num_computed
 
     @property
-    def tokens_per_word(self) -> int:
-        """Tokens per 64-bit word of ``token_words``: 2 in the sequence's own int32 buffer, 1
-        in a lent int64 one."""
-        return 1 if self._lent else 2
-
-    @property
     def tokens(self) -> np.ndarray:
-        """Read-only view of every token (int32, or int64 while the buffer is lent)."""
+        """Read-only int32 view of every token."""
         return self.token_view(0, self._num_tokens)
 
     def token_view(self, start: int, end: int) -> np.ndarray:
@@ -197,14 +156,12 @@ class Sequence:
         state = self.__dict__
         state.pop("_words", None)
         tokens = state.pop("_tokens", None)
-        if tokens is not None and not state.get("_lent", False):
+        if tokens is not None:
             _give(tokens)
 
     def __getstate__(self) -> dict:  # the word view and the address are derived from the buffer
         state = self.__dict__.copy()
         del state["_words"], state["_tokens_address"]
-        if self._lent:  # a copy owns its tokens: the lender's array stays here
-            state["_tokens"], state["_lent"] = self._owned_copy(self._num_tokens), False
         return state
 
     def __setstate__(self, state: dict) -> None:  # a copy's buffer lives elsewhere
@@ -217,74 +174,29 @@ class Sequence:
     def _set_buffer(self, tokens: np.ndarray) -> None:
         """Adopt ``tokens`` (an even-sized int32 buffer) and the views and address derived
         from it."""
-        self._lent = False
         self._tokens = tokens
         self._tokens_address = tokens.ctypes.data
         self._words = tokens.view(_WORD_DTYPE)
         self._words.flags.writeable = False
 
-    def _adopt_lent(self, tokens: np.ndarray) -> None:
-        """Key over ``tokens`` (a validated lent int64 array, exactly ``num_tokens`` long)
-        through a read-only view: the lender's array itself keeps its flags."""
-        view = tokens[:]
-        view.flags.writeable = False
-        self._lent = True
-        self._tokens = view
-        self._tokens_address = view.ctypes.data
-        self._words = view.view(_WORD_DTYPE)
-
-    def _owned_copy(self, capacity_for: int) -> np.ndarray:
-        """A buffer of the sequence's own, room for ``capacity_for`` tokens, holding its tokens."""
-        owned = token_buffers.take(token_buffers.capacity_class(max(_INITIAL_CAPACITY, capacity_for)))
-        owned[: self._num_tokens] = self._tokens[: self._num_tokens]
-        return owned
-
     def token_words(self, start: int, end: int) -> np.ndarray:
-        """Read-only view of tokens ``[start, end)`` in 64-bit words (block hashing): packed in
-        pairs, or one per word in a lent buffer (``tokens_per_word``); ``start`` and ``end``
-        are even."""
+        """Read-only view of tokens ``[start, end)`` packed in pairs into 64-bit words (block
+        hashing); ``start`` and ``end`` are even."""
         if not 0 <= start <= end <= self._num_tokens or (start | end) & 1:
             raise InvalidStepError(f"token words [{start}, {end}) outside [0, {self._num_tokens}) or odd")
-        if self._lent:
-            return self._words[start:end]
         return self._words[start >> 1 : end >> 1]
 
     def token_address(self, start: int, end: int) -> int:
         """Memory address of token ``start`` for a native read of tokens ``[start, end)``
-        (exact comparisons; ``tokens_per_word`` tells the width); valid until the next
-        append."""
+        (exact comparisons); valid until the next append."""
         if not 0 <= start <= end <= self._num_tokens:
             raise InvalidStepError(f"token range [{start}, {end}) outside [0, {self._num_tokens})")
-        return self._tokens_address + start * self._tokens.itemsize
-
-    def extend_lent(self, buffer: object, num_tokens: int) -> None:
-        """Follow the lender's grown array: key over ``buffer[:num_tokens]`` from now on. The
-        tokens already known must be the array's first ones: taken as such when ``buffer`` is
-        the memory already lent (the lender's promise), compared exactly when it was
-        reallocated; only the new ones are validated. Unchanged on error."""
-        if not self._lent:
-            raise InvalidArgumentError("extend_lent needs a sequence over a lent buffer")
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer)):
-            raise InvalidTypeError("num_tokens must be an int")
-        array = _lent_array(buffer)
-        known = self._num_tokens
-        if not known <= num_tokens <= array.size:
-            raise InvalidStepError(f"num_tokens {num_tokens} outside [{known}, {array.size}]")
-        if array.ctypes.data != self._tokens_address and not np.array_equal(array[:known], self._tokens):
-            raise InvalidArgumentError("the lent buffer's known tokens changed")
-        new = array[known:num_tokens]
-        if new.size and _largest_id(new) > MAX_TOKEN_ID:
-            raise InvalidTokenError("token ids must lie in [0, 2**31)")
-        self._num_tokens = int(num_tokens)
-        self._adopt_lent(array[:num_tokens])
+        return self._tokens_address + start * _TOKEN_BYTES
 
     def append_tokens(self, tokens: object) -> None:
-        """Append generated or user tokens (validated int ids); a lent sequence moves onto a
-        buffer of its own first (the lender's array is never written)."""
+        """Append generated or user tokens (validated int ids)."""
         new = as_token_array(tokens)
         needed = self._num_tokens + new.size
-        if self._lent:
-            self._set_buffer(self._owned_copy(max(needed, 2 * self._num_tokens)))
         if needed > self._tokens.size:
             grown = token_buffers.take(token_buffers.capacity_class(max(needed, 2 * self._tokens.size)))
             grown[: self._num_tokens] = self._tokens[: self._num_tokens]

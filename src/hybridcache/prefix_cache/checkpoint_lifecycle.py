@@ -39,7 +39,7 @@ from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord, Checkpo
 from hybridcache.prefix_cache.checkpoint_store import CheckpointStore, ReleaseCause
 from hybridcache.prefix_cache.node import NodeTable
 from hybridcache.sequence import Sequence
-from hybridcache.types import NO_BLOCK, NO_SAVE, TOKEN_DTYPE, as_int
+from hybridcache.types import NO_BLOCK, NO_SAVE, as_int
 
 
 class CheckpointLifecycle(CheckpointStore):
@@ -128,7 +128,7 @@ class CheckpointLifecycle(CheckpointStore):
             key=(step, self._nodes.last_block_value(anchor)),
             slot=slot,
             frozen_block=frozen,
-            tail_tokens=_frozen_copy(seq.token_view(start, step).astype(TOKEN_DTYPE, copy=False)),  # int32 from a lent buffer too
+            tail_tokens=_frozen_copy(seq.token_view(start, step)),
             tail_identity=seq.spans_overlapping(start, step),
             producer_id=seq.seq_id,
             is_decode=is_decode,

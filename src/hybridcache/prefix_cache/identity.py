@@ -83,8 +83,6 @@ class BlockKeyer:
         rng = np.random.Generator(np.random.PCG64(seed))
         self._word_keys = rng.integers(0, 2**64, size=block_size // 2, dtype=np.uint64, endpoint=False)
         self._word_keys |= np.uint64(1)
-        # a lent int64 buffer's tokens, one per word: (t0 + t1 * 2**32) * k == t0 * k + t1 * (k << 32)
-        self._token_keys = np.stack([self._word_keys, self._word_keys << np.uint64(32)], axis=1).reshape(-1)
         self._position_key, self._block_key, self._prefix_key = (
             rng.integers(0, 2**64, size=3, dtype=np.uint64, endpoint=False)
         )
@@ -124,16 +122,15 @@ class BlockKeyer:
         finalized running sum of these values, and a checkpoint probe hashes one of them
         (``value_of``), so a keyer that changes values (a subclass) changes them everywhere."""
         size = self.block_size
-        width, keys = (size // 2, self._word_keys) if seq.tokens_per_word == 2 else (size, self._token_keys)
         if isinstance(blocks, range) and blocks.step == 1:
-            words = seq.token_words(blocks.start * size, blocks.stop * size).reshape(-1, width)
+            words = seq.token_words(blocks.start * size, blocks.stop * size).reshape(-1, size // 2)
             indices = np.arange(blocks.start, blocks.stop)
         else:
             indices = np.asarray(blocks, dtype=np.int64)
             if indices.size == 0:
                 return np.empty(0, dtype=np.uint64)
-            words = seq.token_words(0, (int(indices.max()) + 1) * size).reshape(-1, width)[indices]
-        return self._finish(seq, np.einsum("ij,j->i", words, keys), indices)
+            words = seq.token_words(0, (int(indices.max()) + 1) * size).reshape(-1, size // 2)[indices]
+        return self._finish(seq, np.einsum("ij,j->i", words, self._word_keys), indices)
 
     def keys_anew(self, seq: Sequence, blocks: int) -> np.ndarray:
         """The prefix keys of the sequence's first ``blocks`` whole blocks, computed anew in its
@@ -153,8 +150,7 @@ class BlockKeyer:
         size = self.block_size
         words = seq.token_words(index * size, (index + 1) * size)
         position_key, block_key = self._scalar_keys
-        keys = self._word_keys if seq.tokens_per_word == 2 else self._token_keys
-        value = int(words.dot(keys)) ^ (((index + 1) * position_key) & _MASK)  # ndarray.dot: no dispatch
+        value = int(words.dot(self._word_keys)) ^ (((index + 1) * position_key) & _MASK)  # ndarray.dot: no dispatch
         spans = self.identity(seq).get(index)
         if spans is not None:
             value ^= self.spans_hash(spans)

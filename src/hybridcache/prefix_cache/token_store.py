@@ -84,7 +84,7 @@ class TokenStore:
         end = start + rows * self.block_size
         if end > seq.num_tokens:
             return False
-        if _MEMCMP is None or seq.tokens_per_word != 2:  # a lent int64 buffer: no byte compare
+        if _MEMCMP is None:
             return bool(np.array_equal(self.run(first, last), seq.token_view(start, end)))
         address = seq.token_address(start, end)
         return _MEMCMP(self._address + first * self._row_bytes, address, rows * self._row_bytes) == 0
