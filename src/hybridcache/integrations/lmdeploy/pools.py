@@ -116,7 +116,7 @@ class AllocatorBlocks:
             return ids.reshape(-1).astype(np.int64)
         if ids.dtype.kind not in "iu":
             raise InvalidTypeError(f"block ids must be integers, got {ids.dtype}")
-        ids = ids.reshape(-1).astype(np.int64)
+        ids = ids.reshape(-1)  # int32 or int64 indexes lmdeploy's arrays as it is: no widening copy
         if int(ids.min()) < 0 or int(ids.max()) >= self.num_blocks:
             raise InvalidBlockIdError(f"block id outside [0, {self.num_blocks})")
         return ids
