@@ -111,13 +111,15 @@ def print_records(records: list[dict], console: Console, cpu: int | None) -> Non
     memory = [r for r in records if r["scenario"] == "memory"]
     if timed:
         columns = ["scenario", "impl", "batch", "context", "S", "p50 ms", "p99 ms", "µs/req", "ingest ms", "total ms",
-                   "floor ms", "cpu total", "cpu floor", "cpu ×floor", "×ref", "cpu ×ref", "cpu+arrival ×ref"]
+                   "floor ms", "cpu total", "cpu floor", "cpu ×floor", "trie cpu", "trie share", "×ref", "cpu ×ref",
+                   "trie ×ref", "cpu+arrival ×ref"]
         rows = [
             [r["scenario"] + (f" ({r['kind']})" if "kind" in r else ""), r["impl"], str(r["batch"]), str(r["context"]),
              str(r.get("steps", "")), f"{r['p50_ms']:.2f}", f"{r['p99_ms']:.2f}", f"{r['per_request_us']:.1f}",
              _opt(r, "ingest_p50_ms"), _opt(r, "total_p50_ms"), _opt(r, "floor_p50_ms"),
              _opt(r, "total_cpu_p50_ms"), _opt(r, "floor_cpu_p50_ms"), _opt(r, "cpu_overhead_over_floor", "{:.2f}×"),
-             _opt(r, "speedup_p50", "{:.1f}×"), _opt(r, "cpu_speedup_p50", "{:.2f}×"),
+             _opt(r, "trie_cpu_p50_ms"), _opt(r, "trie_share_p50", "{:.0%}"),
+             _opt(r, "speedup_p50", "{:.1f}×"), _opt(r, "cpu_speedup_p50", "{:.2f}×"), _opt(r, "trie_cpu_speedup_p50", "{:.2f}×"),
              _opt(r, "cpu_total_speedup_p50", "{:.2f}×")]
             for r in timed
         ]

@@ -9,6 +9,7 @@ from lmdeploy.pytorch.paging.state_manager import StateManager
 from hybridcache.errors import (
     DoubleFreeError,
     InvalidBlockIdError,
+    InvalidTypeError,
     OutOfBlocksError,
     OutOfStateSlotsError,
     RefcountUnderflowError,
@@ -64,6 +65,11 @@ def test_refused_block_calls_change_nothing():
         blocks.unref([int(ids[0]), int(ids[0])])
     with pytest.raises(InvalidBlockIdError):
         blocks.unref([9])
+    for bad in ([9], [-1], np.array([-1], dtype=np.int32), np.array([2**40], dtype=np.int64), np.array([1], dtype=np.int8) - 3):
+        with pytest.raises(InvalidBlockIdError):  # one gather checks the range, a negative id included
+            blocks.ref(bad)
+    with pytest.raises(InvalidTypeError):
+        blocks.ref(np.array([0.0]))
     with pytest.raises(OutOfBlocksError):
         blocks.allocate(3)
     assert allocator.get_ref_count(ids).tolist() == [1, 1] and allocator.get_num_free_blocks() == 2

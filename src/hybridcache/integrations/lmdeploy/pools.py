@@ -73,10 +73,10 @@ class AllocatorBlocks:
         return ids
 
     def ref(self, block_ids: object, *, unique: bool = False) -> None:
-        ids = self._validated(block_ids)
+        ids, held = self._with_refcounts(block_ids)
         if ids.size == 0:
             return
-        if int(np.asarray(self.allocator.get_ref_count(ids)).min()) <= 0:
+        if int(held.min()) <= 0:
             raise DoubleFreeError("cannot reference a free block")
         self.allocator.add_ref_count(ids, 1)
         # No lmdeploy access-time write: only lmdeploy's own trie reads those times (its LRU),
@@ -110,13 +110,28 @@ class AllocatorBlocks:
         seq.write_blocks(seq.num_blocks, ids)
         return ids
 
+    def _with_refcounts(self, block_ids: object) -> tuple[np.ndarray, np.ndarray]:
+        """The ids (flat, intp) and lmdeploy's reference counts of them; the gather checks the
+        upper bound of the range (no separate pass for the largest id)."""
+        ids = np.asarray(block_ids)
+        if ids.dtype.kind not in "iu":
+            raise InvalidTypeError(f"block ids must be integers, got {ids.dtype}")
+        ids = ids.reshape(-1).astype(np.intp, copy=False)
+        if ids.size and int(ids.min()) < 0:
+            raise InvalidBlockIdError(f"block id outside [0, {self.num_blocks})")
+        try:
+            held = np.asarray(self.allocator.get_ref_count(ids))
+        except IndexError:
+            raise InvalidBlockIdError(f"block id outside [0, {self.num_blocks})") from None
+        return ids, held
+
     def _validated(self, block_ids: object) -> np.ndarray:
         ids = np.asarray(block_ids)
         if ids.size == 0:
             return ids.reshape(-1).astype(np.int64)
         if ids.dtype.kind not in "iu":
             raise InvalidTypeError(f"block ids must be integers, got {ids.dtype}")
-        ids = ids.reshape(-1).astype(np.int64)
+        ids = ids.reshape(-1).astype(np.intp, copy=False)  # NumPy indexes by intp: widened once, not per use
         if int(ids.min()) < 0 or int(ids.max()) >= self.num_blocks:
             raise InvalidBlockIdError(f"block id outside [0, {self.num_blocks})")
         return ids

@@ -163,7 +163,8 @@ class LmdeployBlockTrie:
         """Attach the blocks lmdeploy's block manager gave ``seq`` (complete ones join the trie)."""
         if not self.enabled:
             return
-        if self._settled_before_sync(seq):  # a decode step inside a block: lmdeploy returns too
+        if self._settled_before_sync(seq):  # a decode step inside a block, or a hit's suffix
+            self._close_match(self._shadows.existing(seq))  # the match stands: nothing to attach
             seq.prefix_cache.recompute_overlap.clear_fresh_block_range()
             return
         shadow = self._shadows.synced(seq, with_table=False)
@@ -194,11 +195,12 @@ class LmdeployBlockTrie:
         seq.prefix_cache.trie_cursor = self._cursor_view(shadow, seq)
 
     def _settled_before_sync(self, seq: object) -> bool:
-        """Nothing to attach, known without syncing the shadow: no open match to commit, no
-        private block or experts to settle, lmdeploy has not released the sequence, and no block
-        beyond the cursor completes. The shadow's tokens and table catch up at the next sync."""
+        """Nothing to attach, known without syncing the shadow: no private block or experts to
+        settle, lmdeploy has not released the sequence, and no block beyond the cursor
+        completes (an open match, as a hit whose suffix fits its last block leaves it, only
+        needs its commit). The shadow's tokens and table catch up at the next sync."""
         shadow = self._shadows.existing(seq)
-        if shadow is None or shadow.txn is not None or seq.return_routed_experts:
+        if shadow is None or seq.return_routed_experts:
             return False
         if shadow.seq.prefix_state.overlap.trie_block_map or self._shadows.lmdeploy_released(shadow, seq):
             return False
