@@ -36,6 +36,7 @@ from hybridcache.types import as_int
 
 SPECULATIVE, BRANCH, PROMPT_END, TURN_END = "speculative", "branch", "prompt_end", "turn_end"
 KINDS = (SPECULATIVE, BRANCH, PROMPT_END, TURN_END)
+DEFAULT_GRID = 2048  # tokens between ``auto``'s speculative saves before ``fitted`` spaces them
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,7 @@ class MarconiAdmission:
 
 @dataclass(frozen=True)
 class AutoAdmission:
-    grid: int = 2048
+    grid: int = DEFAULT_GRID
     sparse: bool = False  # set by ``fitted`` when state slots are scarce against the KV pool
 
     @property

@@ -34,18 +34,47 @@ from dataclasses import dataclass
 import numpy as np
 
 from hybridcache.errors import InvalidArgumentError
-from hybridcache.policies.admission import KINDS, PROMPT_END, TURN_END
+from hybridcache.policies.admission import DEFAULT_GRID, KINDS, PROMPT_END, SPECULATIVE, TURN_END
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord, CheckpointState, anchor_step
 from hybridcache.sequence import Sequence
 
 LEVELS = 3  # reuses so far, and turns of one conversation served in a row: 0, 1, 2 or more
 CONTINUED = (TURN_END, PROMPT_END)  # a request resuming from one of these continues a conversation
+GRID_LEVELS = 4  # a grid save's level: how many times its multiple of the grid halves (0..3+)
+# save classes: a speculative save off the grid (the last block boundary), the grid's levels,
+# then the other kinds
+SAVE_CLASSES = 1 + GRID_LEVELS + len(KINDS) - 1
+
+
+def save_class(kind: str, step: int) -> int:
+    """The class of a save for what the learner counts: its kind, a grid save split by how
+    coarse a grid it lies on (every 2,048 tokens, 4,096, 8,192, 16,384 or coarser), so that
+    the learner can find the spacing that pays instead of a fixed one."""
+    if kind != SPECULATIVE:
+        return 1 + GRID_LEVELS + KINDS.index(kind) - 1
+    if step % DEFAULT_GRID:
+        return 0
+    multiple = step // DEFAULT_GRID
+    return 1 + min(GRID_LEVELS - 1, (multiple & -multiple).bit_length() - 1)
+
+
+@dataclass
+class _Declined:
+    """A save the learner declined: a ghost from the start (its position, no state)."""
+
+    record_id: int  # negative: never a live record's id
+    step: int
+    tail_tokens: np.ndarray
+    producer_id: int
+    hits: int = 0
+    state: CheckpointState = CheckpointState.RELEASED
 
 
 @dataclass
 class _Entry:
-    record: CheckpointRecord
+    record: CheckpointRecord | _Declined
     kind: str
+    save_class: int
     anchor_key: int  # prefix key of the anchor block (0: a root anchor, never looked up)
     lineage: int  # turns of its conversation served from the cache in a row before it was saved
     touched: int  # the learner's clock (saves noted) at the last touch
@@ -61,14 +90,18 @@ class ReuseLearner:
         self._entries: OrderedDict[int, _Entry] = OrderedDict()  # record id -> entry, oldest touch first
         self._by_anchor: dict[int, dict[int, _Entry]] = {}  # anchor key -> record id -> entry
         self._lineage_of: dict[int, int] = {}  # producer sequence id -> lineage of what it saves
-        shape = (len(KINDS), LEVELS, LEVELS)  # kind, lineage, reuses so far
+        shape = (SAVE_CLASSES, LEVELS, LEVELS)  # save class, lineage, reuses so far
         self.reused = np.zeros(shape, np.int64)
         self.unused = np.zeros(shape, np.int64)
         self.reuse_ages = np.zeros(shape, np.int64)  # summed clock ticks from last touch to reuse
         self.ghost_hits = 0
+        self.declined = 0  # saves declined (each a ghost while in the window)
+        self.declined_by_class = np.zeros(SAVE_CLASSES, np.int64)
+        self.left_evicted = 0  # saved records found released unused (at a ghost hit, or leaving the window)
+        self.left_live = 0  # saved records that left the window still held: no pressure took them
 
     def _class(self, entry: _Entry, hits: int) -> tuple[int, int, int]:
-        return KINDS.index(entry.kind), min(entry.lineage, LEVELS - 1), min(max(hits, 0), LEVELS - 1)
+        return entry.save_class, min(entry.lineage, LEVELS - 1), min(max(hits, 0), LEVELS - 1)
 
     def odds(self, record: CheckpointRecord) -> float:
         """The chance that ``record`` is reused again while in the window: its class's reuses
@@ -77,7 +110,9 @@ class ReuseLearner:
         entry = self._entries.get(record.record_id)
         if entry is None:
             return 0.5
-        index = self._class(entry, record.hits)
+        return self._class_odds(self._class(entry, record.hits))
+
+    def _class_odds(self, index: tuple[int, int, int]) -> float:
         kind_reused, kind_unused = int(self.reused[index[0]].sum()), int(self.unused[index[0]].sum())
         prior = (kind_reused + 1) / (kind_reused + kind_unused + 2)
         reused, unused = int(self.reused[index]), int(self.unused[index])
@@ -105,14 +140,44 @@ class ReuseLearner:
             raise InvalidArgumentError(f"kind must be one of {KINDS}, got {kind!r}")
         if record.record_id in self._entries:
             return
+        self._enter(record, kind, anchor_key)
+
+    def _enter(self, record: CheckpointRecord | _Declined, kind: str, anchor_key: int) -> None:
         self.clock += 1
         lineage = self._lineage_of.get(record.producer_id, 0)
-        entry = _Entry(record, kind, int(anchor_key) if record.step >= self.block_size else 0, lineage, self.clock)
+        anchor_key = int(anchor_key) if record.step >= self.block_size else 0
+        entry = _Entry(record, kind, save_class(kind, record.step), anchor_key, lineage, self.clock)
         self._entries[record.record_id] = entry
         if entry.anchor_key:
             self._by_anchor.setdefault(entry.anchor_key, {})[record.record_id] = entry
         while len(self._entries) > self.window:
             self._leave(next(iter(self._entries.values())))
+
+    def admits(self, seq: Sequence, step: int, kind: str) -> bool:
+        """Whether the save ``seq`` plans at ``step`` for reason ``kind`` is worth a state slot:
+        while the learner has seen no saved state taken unused (no pressure), every one;
+        under pressure (every saved state found evicted) one whose class (save class, lineage,
+        fresh) is at least as likely to be reused as not, and in between the share of saves
+        found evicted (what an admission displaces) times that even chance. The odds count the ghosts of declined saves as
+        well, so a declined class that later requests would have resumed from is admitted
+        again."""
+        if kind not in KINDS:
+            raise InvalidArgumentError(f"kind must be one of {KINDS}, got {kind!r}")
+        if kind != SPECULATIVE:
+            return True  # Marconi's kinds and the prompt end: what a later turn resumes from
+        lineage = min(self._lineage_of.get(seq.seq_id, 0), LEVELS - 1)
+        index = (save_class(kind, step), lineage, 0)
+        pressure = (self.left_evicted + 1) / (self.left_evicted + self.left_live + 2)
+        return self._class_odds(index) >= pressure / 2
+
+    def decline(self, seq: Sequence, step: int, kind: str, anchor_key: int) -> None:
+        """The save at ``step`` was declined: a ghost enters the window (its position, the
+        tail tokens past its anchor block, whose prefix key is ``anchor_key``)."""
+        self.declined += 1
+        self.declined_by_class[save_class(kind, step)] += 1
+        start = anchor_step(step, self.block_size)
+        tail = np.array(seq.tokens[start:step], dtype=np.int32)
+        self._enter(_Declined(-self.declined, int(step), tail, seq.seq_id), kind, anchor_key)
 
     def admitted(self, seq: Sequence, restore: CheckpointRecord | None, keys_of) -> None:
         """A request was admitted, resuming from ``restore`` (None: from nothing). Credits the
@@ -130,6 +195,7 @@ class ReuseLearner:
         ghost = self._deepest_ghost(seq, hit, keys_of)
         if ghost is not None:
             self.ghost_hits += 1
+            self.left_evicted += ghost.record.record_id > 0
             self._reused(ghost, ghost.record.hits)
             self._forget(ghost)  # the position is recomputed now; a new save there starts anew
         if len(self._lineage_of) >= self.window:
@@ -163,6 +229,10 @@ class ReuseLearner:
 
     def _leave(self, entry: _Entry) -> None:
         self.unused[self._class(entry, entry.record.hits)] += 1
+        if entry.record.record_id > 0:
+            released = entry.record.state is CheckpointState.RELEASED
+            self.left_evicted += released
+            self.left_live += not released
         self._forget(entry)
 
     def _forget(self, entry: _Entry) -> None:
@@ -182,5 +252,9 @@ class ReuseLearner:
         touched = [e.touched for e in self._entries.values()]
         assert all(0 < t <= self.clock for t in touched) and touched == sorted(touched), "ordered by last touch"
         assert all(e.record.record_id == rid and e.kind in KINDS and e.lineage >= 0 for rid, e in self._entries.items())
+        assert all(e.save_class == save_class(e.kind, e.record.step) for e in self._entries.values()), "classes"
+        declined = [e.record for e in self._entries.values() if e.record.record_id < 0]
+        assert all(d.state is CheckpointState.RELEASED and not d.hits for d in declined), "declined = ghosts"
+        assert all(-self.declined <= d.record_id for d in declined) and int(self.declined_by_class.sum()) == self.declined
         assert (self.reused >= 0).all() and (self.unused >= 0).all() and (self.reuse_ages >= 0).all()
-        assert self.ghost_hits <= int(self.reused.sum())
+        assert self.ghost_hits <= int(self.reused.sum()) and min(self.left_evicted, self.left_live) >= 0
