@@ -141,7 +141,8 @@ def test_auto_follows_the_traffic_from_branch_points_to_turn_ends_and_back(share
     for r in talks[-8:]:  # the last two rounds of the conversations
         before = requests[r.index - 4]  # the same session's previous turn
         assert hits[r.index] == before.prompt_length + before.output_length - 1  # resumed at its turn end
-    assert check.learner.reused[save_class(TURN_END, 0)].sum() > 0 and check.learner.reused[save_class(BRANCH, 0)].sum() > 0
+    # the evidence of the current traffic's kind is what the learner holds at the end (older fades)
+    assert check.learner.reused[save_class(BRANCH if not shared_first else TURN_END, 0)].sum() > 0
 
 
 def _phase_documents(rng, first_index, count, shared):
@@ -172,20 +173,22 @@ class _AdmissionWatch(_LearnerWatch):
 
 @pytest.mark.parametrize("shared_first", [True, False])
 def test_auto_admission_learns_whether_its_grid_pays(shared_first):
-    # twenty state slots, 1,200 KV blocks (the grid is not spaced out by ``fitted``): one-off
-    # long prompts teach the learner that a grid state dies unused, so it declines them;
-    # questions over shared documents reach the ghosts of the declined grid points, so it
-    # admits the one that pays (4,096: the deepest below every cut) again, and the 2,048
-    # one, which a deeper state always shadows, stays declined. In both orders
+    # eight state slots, 400 KV blocks (the grid is not spaced out by ``fitted``), every
+    # slot contended. Questions over shared documents resume from the grid states (both
+    # grid points are admitted); one-off long prompts leave every grid state unused, so the
+    # learner declines them; in the other order, questions over shared documents reach the
+    # ghosts of the declined grid points and the one that pays (4,096: the deepest below
+    # every cut) is admitted again, while 2,048, which a deeper state always shadows, stays
+    # declined. The learner's evidence fades by half every window, so either order flips
     rng = np.random.default_rng(7)
     first = _phase_documents(rng, 0, 36, shared_first)
     second = _phase_documents(rng, 36, 60, not shared_first)
     check = _AdmissionWatch()
-    _, hits = checked_replay(first + second, config(resolve_policy("auto"), budget(1_200, 20)), observer=check)
+    _, hits = checked_replay(first + second, config(resolve_policy("auto"), budget(400, 8)), observer=check)
     at_switch, at_end = check.admits[len(first) - 1], check.admits[-1]
     if shared_first:
-        assert at_switch == (False, True) and at_end == (False, False)
+        assert at_switch == (True, True) and at_end == (False, False)
     else:
         assert at_switch == (False, False) and at_end == (False, True)
-        assert all(hits[r.index] >= 4096 for r in second[-12:])
+        assert sum(hits[r.index] >= 4096 for r in second[-12:]) >= 9  # most late questions resume past it
     assert check.learner.declined_by_class[save_class(SPECULATIVE, 4096)] > 0

@@ -23,7 +23,8 @@ the token emitted last never runs), so the turn end checkpoint sits there.
   sent again hits up to its last token), and the prompt end (a later prompt extending this one
   without its output). ``fitted`` spaces the grid to what the pools hold (sparse mode: grid,
   branch point and turn end only) when checkpoint slots are scarce against the KV pool. Its eviction side (``eviction.AutoEviction``) drops the speculative ones
-  that never served first.
+  that never served first, and its learner (``policies.reuse``) declines the grid saves of a
+  grid level that has stopped paying.
 """
 
 from __future__ import annotations

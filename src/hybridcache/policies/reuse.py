@@ -1,29 +1,42 @@
 """What ``auto``'s checkpoints turn out to be worth on the traffic seen so far, learned online.
 
 Owns (``ReuseLearner``): a window of the most recently touched checkpoints of one cache, live or
-released (a released one is a *ghost*: metadata only, its state bytes are gone), indexed by the
-prefix key of their anchor block; which conversation turn each running request continues; and,
-per *class*, how often a record of that class was reused while in the window, how long after
-its last touch, and how often one left the window unused. A class is the kind of save
-(speculative grid, branch point, prompt end, turn end), its *lineage* (how many turns of its
-conversation in a row were resumed from the previous turn's state: a request resuming from a
-turn end or prompt end continues a conversation) and how often it was reused so far (0, 1, 2
-or more each).
+released (a released one is a *ghost*: metadata only, its state bytes are gone), and of the
+saves it declined (ghosts from the start), indexed by the prefix key of their anchor block;
+which conversation turn each running request continues; and, per *class*, how often a record
+of that class was reused while in the window, how long after its last touch, and how often one
+left the window unused, plus how often a saved record was found evicted or still held. A class
+is the *save class* (the kind of save: branch point, prompt end, turn end, or speculative, a
+grid save split by the coarsest grid it lies on, 2,048 to 16,384 tokens, and the last block
+boundary apart), its *lineage* (how many turns of its conversation in a row were resumed from
+the previous turn's state: a request resuming from a turn end or prompt end continues a
+conversation) and how often it was reused so far (0, 1, 2 or more each).
 
 A reuse is a request that resumed from the record (a hit), or one that would have (a ghost hit):
-its prompt reaches a released record's position deeper than the state it resumed from. Counting
-ghost hits as reuses is what keeps the estimate honest: a kind of state the eviction drops too
-early would otherwise look worthless because it was dropped, and be dropped earlier still. The
-odds of a class are its reuses over its outcomes with two pseudo-outcomes at the odds of its
-kind (Laplace's rule over the kind: one half before any evidence), so a class seen rarely, such
-as a first hit, borrows from its kind, and nothing here is fitted to a trace. The window holds
-``window`` records (the eviction policy makes it four checkpoint pools, twice what ARC's
-directory holds, so that a conversation coming back after its state was evicted is still
-seen): evidence older than that is not counted, so the odds follow the traffic.
+its prompt reaches a released or declined record's position deeper than the state it resumed
+from. Counting ghost hits as reuses is what keeps the estimate honest: a kind of state the
+eviction drops too early, or the admission declines, would otherwise look worthless because it
+is not there, and be dropped earlier still. The odds of a class are its reuses over its
+outcomes with two pseudo-outcomes at the odds of its save class (Laplace's rule over the save
+class: one half before any evidence), so a class seen rarely, such as a first hit, borrows
+from its save class, and nothing here is fitted to a trace. The window holds ``window``
+records (the eviction policy makes it four checkpoint pools, twice what ARC's directory holds,
+so that a conversation coming back after its state was evicted is still seen), and every
+count is halved each time a window of saves has passed, so the odds follow the traffic.
+
+*Admission* (``admits``): a speculative save is declined when its class is reused less than
+once a window, scaled by the pressure (the share of saved records found evicted rather than
+still held when they left the window: where nothing is evicted, a save displaces nothing and
+is always made). A declined save stays a ghost, so if later prompts would have resumed there
+its class is admitted again. The other kinds are always saved: they are what Marconi saves and
+what a later turn resumes from; measured, declining them (or the grid on value per byte)
+cost more than it saved (docs/hitrate.md).
 
 Per request, ``admitted`` hashes the prompt's blocks once (vectorized) and looks each block key
-past the resume point up in a dict; per save, ``saved`` is O(1); a record leaves the window in
-O(1) (an ordered dict by last touch); ``odds`` and ``expected_interval`` are O(kinds).
+past the resume point up in a dict; per save, ``saved`` and ``admits`` are O(1) (a declined
+save hashes the prompt's blocks up to it once); a record leaves the window in O(1) (an ordered
+dict by last touch); ``odds`` and ``expected_interval`` are O(classes), the halving O(classes)
+once a window.
 """
 
 from __future__ import annotations
@@ -144,6 +157,8 @@ class ReuseLearner:
 
     def _enter(self, record: CheckpointRecord | _Declined, kind: str, anchor_key: int) -> None:
         self.clock += 1
+        if self.clock % self.window == 0:
+            self._fade()
         lineage = self._lineage_of.get(record.producer_id, 0)
         anchor_key = int(anchor_key) if record.step >= self.block_size else 0
         entry = _Entry(record, kind, save_class(kind, record.step), anchor_key, lineage, self.clock)
@@ -154,21 +169,20 @@ class ReuseLearner:
             self._leave(next(iter(self._entries.values())))
 
     def admits(self, seq: Sequence, step: int, kind: str) -> bool:
-        """Whether the save ``seq`` plans at ``step`` for reason ``kind`` is worth a state slot:
-        while the learner has seen no saved state taken unused (no pressure), every one;
-        under pressure (every saved state found evicted) one whose class (save class, lineage,
-        fresh) is at least as likely to be reused as not, and in between the share of saves
-        found evicted (what an admission displaces) times that even chance. The odds count the ghosts of declined saves as
-        well, so a declined class that later requests would have resumed from is admitted
-        again."""
+        """Whether the save ``seq`` plans at ``step`` for reason ``kind`` is made: always for
+        a branch point, prompt end or turn end; a speculative one when its class (save class,
+        lineage, fresh) is reused at least once a window, times the pressure (the share of
+        saved records found evicted: what an admission displaces; none, and every save is
+        made). The odds count the ghosts of declined saves, so a declined class that later
+        requests would have resumed from is admitted again."""
         if kind not in KINDS:
             raise InvalidArgumentError(f"kind must be one of {KINDS}, got {kind!r}")
         if kind != SPECULATIVE:
-            return True  # Marconi's kinds and the prompt end: what a later turn resumes from
+            return True
         lineage = min(self._lineage_of.get(seq.seq_id, 0), LEVELS - 1)
         index = (save_class(kind, step), lineage, 0)
         pressure = (self.left_evicted + 1) / (self.left_evicted + self.left_live + 2)
-        return self._class_odds(index) >= pressure / 2
+        return self._class_odds(index) >= pressure / self.window
 
     def decline(self, seq: Sequence, step: int, kind: str, anchor_key: int) -> None:
         """The save at ``step`` was declined: a ghost enters the window (its position, the
@@ -222,6 +236,14 @@ class ReuseLearner:
                     best = entry
         return best
 
+    def _fade(self) -> None:
+        """Halve every count once a window of saves has passed: evidence a window old weighs
+        half, so the odds follow the traffic (O(classes) once per window: O(1) a save)."""
+        for counts in (self.reused, self.unused, self.reuse_ages):
+            counts //= 2
+        self.left_evicted //= 2
+        self.left_live //= 2
+
     def _reused(self, entry: _Entry, hits: int) -> None:
         index = self._class(entry, hits)
         self.reused[index] += 1
@@ -257,4 +279,4 @@ class ReuseLearner:
         assert all(d.state is CheckpointState.RELEASED and not d.hits for d in declined), "declined = ghosts"
         assert all(-self.declined <= d.record_id for d in declined) and int(self.declined_by_class.sum()) == self.declined
         assert (self.reused >= 0).all() and (self.unused >= 0).all() and (self.reuse_ages >= 0).all()
-        assert self.ghost_hits <= int(self.reused.sum()) and min(self.left_evicted, self.left_live) >= 0
+        assert min(self.left_evicted, self.left_live) >= 0
