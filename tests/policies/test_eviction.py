@@ -10,6 +10,7 @@ from hybridcache.cache import build_cache
 from hybridcache.errors import InvalidArgumentError, InvalidTypeError, LifecycleError
 from hybridcache.policies import BRANCH, SPECULATIVE, TURN_END, AutoEviction, MarconiEviction, resolve_policy
 from hybridcache.policies.reuse import save_class
+from hybridcache.policies.eviction import PROVEN_GRACE
 from hybridcache.policies.tuning import AlphaTuner
 from hybridcache.prefix_cache.checkpoint_record import CheckpointState
 from tests.replay._helpers import PROFILE, budget, request, run
@@ -104,22 +105,19 @@ class _LeafView(_View):
         self.records_at = lambda slot: records[slot]
 
 
-def test_auto_keeps_the_kv_of_states_expected_back_and_drops_dead_paths_first():
-    # a turn end of a class reused soon after its last touch keeps its leaf ahead of a newer
-    # leaf whose branch point's class never came back; KV no checkpoint uses goes first
-    paying, idle = record(64, 1, 1), record(64, 1, 2)
-    stamps = [500, 100, 150]  # no checkpoint and recent, paying and old, idle and newer
+def test_auto_grace_for_proven_leaves_is_bounded():
+    proven = record(64, 1, 1, hits=1)
+    unproven = record(64, 1, 2)
+    grace = PROVEN_GRACE * 100
+    stamps = [500, 100, 100 + grace + 1]  # dead and recent, proven and old, unproven and newer
     state = AutoEviction().new_state(PROFILE)
-    state.bind(_LeafView(stamps, [(), (paying,), (idle,)]))
-    state.note_save(paying, 0, TURN_END)
-    state.note_save(idle, 0, BRANCH)
-    learner = state.learner
-    learner.reused[save_class(TURN_END, 0), 0, 0] = 9
-    learner.reuse_ages[save_class(TURN_END, 0), 0, 0] = 9
-    learner.unused[save_class(BRANCH, 0), 0, 0] = 9
-    dead, old_paying, newer_idle = (state.kv_score(slot) for slot in range(3))
-    assert dead < newer_idle < old_paying
-    assert old_paying < (1, 100)  # recency still counts: its key is its stamp less an interval
+    state.bind(_LeafView(stamps, [(), (proven,), (unproven,)]))
+    for item in (proven, unproven):
+        state.note_save(item, 0, SPECULATIVE)
+    dead, old_proven, newer = (state.kv_score(slot) for slot in range(3))
+    assert dead < old_proven  # KV no checkpoint uses goes first, however recent
+    assert old_proven < newer  # a proven leaf's grace runs out: it does not stay forever
+    assert state.kv_score(1) > (1, 100)  # but it is counted younger than its stamp
 
 
 def test_tuner_schedule():

@@ -21,8 +21,9 @@ outcomes with two pseudo-outcomes at the odds of its save class (Laplace's rule 
 class: one half before any evidence), so a class seen rarely, such as a first hit, borrows
 from its save class, and nothing here is fitted to a trace. The window holds ``window``
 records (the eviction policy makes it four checkpoint pools, twice what ARC's directory holds,
-so that a conversation coming back after its state was evicted is still seen), and every
-count is halved each time a window of saves has passed, so the odds follow the traffic.
+so that a conversation coming back after its state was evicted is still seen). The counts
+are not faded: halving them every window made the flip below faster but cost 1.3 points on
+`conversation` with Qwen3-Next at 10 + 1 GB (docs/hitrate.md).
 
 *Admission* (``admits``): a speculative save is declined when its class is reused less than
 once a window, scaled by the pressure (the share of saved records found evicted rather than
@@ -35,8 +36,7 @@ cost more than it saved (docs/hitrate.md).
 Per request, ``admitted`` hashes the prompt's blocks once (vectorized) and looks each block key
 past the resume point up in a dict; per save, ``saved`` and ``admits`` are O(1) (a declined
 save hashes the prompt's blocks up to it once); a record leaves the window in O(1) (an ordered
-dict by last touch); ``odds`` and ``expected_interval`` are O(classes), the halving O(classes)
-once a window.
+dict by last touch); ``odds`` and ``expected_interval`` are O(classes).
 """
 
 from __future__ import annotations
@@ -157,8 +157,6 @@ class ReuseLearner:
 
     def _enter(self, record: CheckpointRecord | _Declined, kind: str, anchor_key: int) -> None:
         self.clock += 1
-        if self.clock % self.window == 0:
-            self._fade()
         lineage = self._lineage_of.get(record.producer_id, 0)
         anchor_key = int(anchor_key) if record.step >= self.block_size else 0
         entry = _Entry(record, kind, save_class(kind, record.step), anchor_key, lineage, self.clock)
@@ -235,14 +233,6 @@ class ReuseLearner:
                 if np.array_equal(tokens[start : record.step], record.tail_tokens):
                     best = entry
         return best
-
-    def _fade(self) -> None:
-        """Halve every count once a window of saves has passed: evidence a window old weighs
-        half, so the odds follow the traffic (O(classes) once per window: O(1) a save)."""
-        for counts in (self.reused, self.unused, self.reuse_ages):
-            counts //= 2
-        self.left_evicted //= 2
-        self.left_live //= 2
 
     def _reused(self, entry: _Entry, hits: int) -> None:
         index = self._class(entry, hits)
