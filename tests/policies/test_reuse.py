@@ -191,3 +191,22 @@ def test_auto_admission_learns_whether_its_grid_pays(shared_first):
         assert at_switch == (False, False) and at_end == (False, True)
         assert sum(hits[r.index] >= 4096 for r in second[-12:]) >= 8  # two in three late questions resume past it
     assert check.learner.declined_by_class[save_class(SPECULATIVE, 2048 if shared_first else 4096)] > 0
+
+
+def test_a_declined_save_is_a_ghost_a_later_prompt_can_reach():
+    keyer = BlockKeyer.deterministic(BLOCK)
+    learner = ReuseLearner(BLOCK, window=4)
+    document = np.arange(200, 240, dtype=np.int32)
+    first = Sequence(document[:30])
+    learner.decline(first, 18, SPECULATIVE, _anchor_key(keyer, document, 18))
+    learner.check_invariants()
+    assert learner.declined_by_class[save_class(SPECULATIVE, 18)] == 1
+    learner.admitted(Sequence(np.concatenate([document[:20], [5, 5, 5]])), None, _keys(keyer))
+    learner.check_invariants()
+    assert learner.ghost_hits == 1 and learner.reused[save_class(SPECULATIVE, 18), 0, 0] == 1
+    assert learner.left_evicted == 0  # a declined save says nothing about pressure
+    assert learner.admits(first, 4096, BRANCH)  # only speculative saves are ever declined
+    with pytest.raises(InvalidArgumentError):
+        learner.decline(first, 31, SPECULATIVE, 0)
+    with pytest.raises(InvalidArgumentError):
+        learner.admits(first, 8, "whim")

@@ -110,7 +110,7 @@ class ReuseLearner:
         self.ghost_hits = 0
         self.declined = 0  # saves declined (each a ghost while in the window)
         self.declined_by_class = np.zeros(SAVE_CLASSES, np.int64)
-        self.left_evicted = 0  # saved records found released unused (at a ghost hit, or leaving the window)
+        self.left_evicted = 0  # saved records found released (at a ghost hit, or leaving the window)
         self.left_live = 0  # saved records that left the window still held: no pressure took them
 
     def _class(self, entry: _Entry, hits: int) -> tuple[int, int, int]:
@@ -185,6 +185,8 @@ class ReuseLearner:
     def decline(self, seq: Sequence, step: int, kind: str, anchor_key: int) -> None:
         """The save at ``step`` was declined: a ghost enters the window (its position, the
         tail tokens past its anchor block, whose prefix key is ``anchor_key``)."""
+        if kind not in KINDS or not 0 < step <= seq.num_tokens:
+            raise InvalidArgumentError(f"cannot decline a {kind!r} save at {step} of {seq.num_tokens} tokens")
         self.declined += 1
         self.declined_by_class[save_class(kind, step)] += 1
         start = anchor_step(step, self.block_size)
@@ -269,4 +271,4 @@ class ReuseLearner:
         assert all(d.state is CheckpointState.RELEASED and not d.hits for d in declined), "declined = ghosts"
         assert all(-self.declined <= d.record_id for d in declined) and int(self.declined_by_class.sum()) == self.declined
         assert (self.reused >= 0).all() and (self.unused >= 0).all() and (self.reuse_ages >= 0).all()
-        assert min(self.left_evicted, self.left_live) >= 0
+        assert self.ghost_hits <= int(self.reused.sum()) and min(self.left_evicted, self.left_live) >= 0
