@@ -9,7 +9,7 @@ from hybridcache import CacheConfig
 from hybridcache.cache import build_cache
 from hybridcache.errors import InvalidArgumentError, InvalidTypeError, LifecycleError
 from hybridcache.policies import BRANCH, SPECULATIVE, TURN_END, AutoEviction, MarconiEviction, resolve_policy
-from hybridcache.policies.admission import KINDS
+from hybridcache.policies.reuse import save_class
 from hybridcache.policies.eviction import PROVEN_GRACE
 from hybridcache.policies.tuning import AlphaTuner
 from hybridcache.prefix_cache.checkpoint_record import CheckpointState
@@ -66,9 +66,9 @@ def test_auto_scores_a_checkpoint_by_the_reuse_its_class_has_shown():
     state.note_save(paying, 0, TURN_END)
     state.note_save(idle, 0, BRANCH)
     learner = state.learner
-    learner.reused[KINDS.index(TURN_END), 0, 0] = 9  # as if nine turn ends had been reused ...
-    learner.reuse_ages[KINDS.index(TURN_END), 0, 0] = 9 * 4  # ... four saves after their last touch
-    learner.unused[KINDS.index(BRANCH), 0, 0] = 9  # and nine branch points left the window unused
+    learner.reused[save_class(TURN_END, 0), 0, 0] = 9  # as if nine turn ends had been reused ...
+    learner.reuse_ages[save_class(TURN_END, 0), 0, 0] = 9 * 4  # ... four saves after their last touch
+    learner.unused[save_class(BRANCH, 0), 0, 0] = 9  # and nine branch points left the window unused
     assert learner.expected_interval(paying) < learner.expected_interval(idle) <= learner.window
     assert state.checkpoint_score(paying) > state.checkpoint_score(idle)
 

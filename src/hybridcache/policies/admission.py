@@ -23,7 +23,8 @@ the token emitted last never runs), so the turn end checkpoint sits there.
   sent again hits up to its last token), and the prompt end (a later prompt extending this one
   without its output). ``fitted`` spaces the grid to what the pools hold (sparse mode: grid,
   branch point and turn end only) when checkpoint slots are scarce against the KV pool. Its eviction side (``eviction.AutoEviction``) drops the speculative ones
-  that never served first.
+  that never served first, and its learner (``policies.reuse``) declines the grid saves of a
+  grid level that has stopped paying.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from hybridcache.types import as_int
 
 SPECULATIVE, BRANCH, PROMPT_END, TURN_END = "speculative", "branch", "prompt_end", "turn_end"
 KINDS = (SPECULATIVE, BRANCH, PROMPT_END, TURN_END)
+DEFAULT_GRID = 2048  # tokens between ``auto``'s speculative saves before ``fitted`` spaces them
 
 
 @dataclass(frozen=True)
@@ -152,7 +154,7 @@ class MarconiAdmission:
 
 @dataclass(frozen=True)
 class AutoAdmission:
-    grid: int = 2048
+    grid: int = DEFAULT_GRID
     sparse: bool = False  # set by ``fitted`` when state slots are scarce against the KV pool
 
     @property

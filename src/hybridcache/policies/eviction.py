@@ -17,7 +17,8 @@ Owns (``MarconiEviction``, ``AutoEviction``): the view it is bound to (``bind``)
 each live record's score at its last touch, what the producer said about each record
 (``note_save``: the step of the state it was computed from, why it was saved), and the
 scale constants; ``AutoState`` also owns its reuse learner (``policies.reuse``), told of every
-admitted request (``note_admitted``). ``LeafLRUState`` owns only the view it is bound to;
+admitted request (``note_admitted``) and asked about every planned save (``admits``: a
+declined one stays in the learner as a ghost). ``LeafLRUState`` owns only the view it is bound to;
 ``LRUEviction`` owns nothing.
 
 Under KV pressure the library drops mid-block checkpoints (one frozen block each) ahead of
@@ -100,6 +101,10 @@ class LeafLRUState:
     def note_admitted(self, seq, restore: CheckpointRecord | None) -> None:
         """Recency learns nothing from a request."""
 
+    def admits(self, seq, step: int, kind: str) -> bool:
+        """Every save the admission policy plans is made."""
+        return True
+
     def kv_score(self, slot: int) -> int:
         return self._view.stamp(slot)
 
@@ -149,6 +154,11 @@ class _Scored:
     def note_admitted(self, seq, restore: CheckpointRecord | None) -> None:
         """A request was admitted, resuming from ``restore`` (None: from nothing); only an
         online policy learns from it."""
+
+    def admits(self, seq, step: int, kind: str) -> bool:
+        """Whether the save ``seq``'s admission policy plans at ``step`` (for reason ``kind``)
+        is made; only an online policy declines one."""
+        return True
 
     def kind_of(self, record: CheckpointRecord) -> str:
         note = self._notes.get(record.record_id)
@@ -279,6 +289,16 @@ class AutoState(_Scored):
         """A request was admitted, resuming from ``restore``: what the learner learns from."""
         if self.learner is not None:
             self.learner.admitted(seq, restore, self._view.keys_of)
+
+    def admits(self, seq, step: int, kind: str) -> bool:
+        """The learner's admission (``ReuseLearner.admits``); a declined save stays as a
+        ghost, filed under the prefix key of its anchor block."""
+        learner = self.learner
+        if learner is None or learner.admits(seq, step, kind):
+            return True
+        blocks = step // self._view.block_size
+        learner.decline(seq, step, kind, int(self._view.keys_of(seq, blocks)[-1]) if blocks else 0)
+        return False
 
     def kv_score(self, slot: int) -> tuple[int, float]:
         """(tier, recency): tier 0 = a leaf anchoring no checkpoint (no hit can use it), first

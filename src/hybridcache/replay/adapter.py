@@ -117,6 +117,8 @@ class CacheAdapter:
         ``parent_step``). Per chunk run, whether a checkpoint was published; shorter than
         ``ends`` when a chunk's blocks could not be freed."""
         eviction = self.eviction
+        if eviction is not None:  # an online policy may decline a planned save
+            saves = {end: saves[end] for end in ends if end in saves and eviction.admits(turn.seq, end, saves[end])}
 
         def note_save(record, last_published: int) -> None:
             eviction.note_save(record, last_published or parent_step, saves[record.step])

@@ -241,6 +241,10 @@ class OracleState:
     def note_admitted(self, seq, restore: CheckpointRecord | None) -> None:
         """The oracle knows every request already."""
 
+    def admits(self, seq, step: int, kind: str) -> bool:
+        """The oracle's admission already saves only what is used."""
+        return True
+
     def _block_next_use(self, key: int) -> int:
         keys, now = self._keys, self.foresight.now
         low, high = np.searchsorted(keys, np.uint64(key), "left"), np.searchsorted(keys, np.uint64(key), "right")

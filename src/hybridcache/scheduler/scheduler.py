@@ -288,6 +288,8 @@ class Scheduler:
                 kind = "speculative"
         if chunk.produces_token and entry.finishing and kind is None:
             kind = "turn_end" if not isinstance(self.admission, IntervalAdmission) else None
+        if kind is not None and self.eviction is not None and not self.eviction.admits(seq, chunk.end, kind):
+            return None  # an online policy declined it (as the replay's adapter asks)
         if kind is not None:
             record = self.cache.reserve_save(seq, chunk.end).record
         elif chunk.produces_token and self._decode_interval():
