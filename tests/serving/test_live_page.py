@@ -3,6 +3,7 @@ the misses by reason and the recent requests, and its numbers equal ``/metrics``
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -42,16 +43,16 @@ def _figures(server: str) -> dict[str, float]:
     }
 
 
-def _settled_figures(server: str, attempts: int = 300) -> dict[str, float]:
-    """The figures once nothing runs or waits and two reads agree: an answer is sent with its
-    last token, before the engine's step ends (its turn-end checkpoint, its release), so a
-    page rendered at once could show a state the metrics no longer do (bounded)."""
-    previous = None
+def _settled_figures(server: str, prompt_tokens: int, attempts: int = 300) -> dict[str, float]:
+    """The figures once the loop's snapshot has seen every prompt sent (its queried tokens
+    reach their sum) and nothing runs or waits. The snapshot is taken on the loop thread after
+    each step, and an answer is sent inside the step that ends it, so a snapshot read right
+    after an answer can predate the request; the queried tokens say which step it is from
+    (bounded)."""
     for _ in range(attempts):
         figures = _figures(server)
-        if figures == previous and figures["running"] == figures["waiting"] == 0:
+        if figures["query-tokens"] >= prompt_tokens and figures["running"] == figures["waiting"] == 0:
             return figures
-        previous = figures
         time.sleep(0.1)
     raise AssertionError("the server never settled")
 
@@ -59,10 +60,12 @@ def _settled_figures(server: str, attempts: int = 300) -> dict[str, float]:
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
 def test_the_page_renders_and_its_numbers_equal_the_metrics(server):
     messages = [{"role": "user", "content": "A question for the live page, long enough to fill blocks."}]
+    prompt_tokens = 0
     for _ in range(2):
-        status, _, _ = request(server, "POST", "/v1/chat/completions", {"model": "tiny", "messages": messages, "max_tokens": 3})
+        status, _, body = request(server, "POST", "/v1/chat/completions", {"model": "tiny", "messages": messages, "max_tokens": 3})
         assert status == 200
-    settled = _settled_figures(server)
+        prompt_tokens += json.loads(body)["usage"]["prompt_tokens"]
+    settled = _settled_figures(server, prompt_tokens)
     dom = rendered_dom(f"{server}/")
     assert "<svg" in dom and 'id="hit-rate-chart"' in dom and 'id="usage-bars"' in dom
     expected = _figures(server)
