@@ -189,8 +189,9 @@ class ReplicaTiers:
             recompute_s_per_token=run.rate.s_per_token,
             smoothing=0.0,  # fixed rates: the stand-in bytes' timings are not a link's
             s_per_byte={**priors.s_per_byte, "shared": 1 / setup.shared_bandwidth},
+            size_hint=sizes.of_hint,
         )
-        self.store = TieredStore(host=host, disk=disk, shared=setup.shared, cost=cost, size_hint=sizes.of_hint)
+        self.store = TieredStore(host=host, disk=disk, shared=setup.shared, cost=cost)
         self.client = TierClient(self.store, run.fingerprint, ReplayDevice(adapter))
         self.moved = MovedBytes()
         self.restore_s = 0.0  # nominal seconds the adopted restores' reads take at the stated rates

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from hybridcache.errors import InvalidArgumentError
+from hybridcache.errors import InvalidArgumentError, InvalidTypeError
 from hybridcache.tiers.keys import Expectation, ObjectKind
 
 
@@ -20,7 +20,10 @@ from hybridcache.tiers.keys import Expectation, ObjectKind
 class RestoreCost:
     """A measured cost model: seconds per byte and per batch call of each tier (exponential
     averages of the reads done so far, from stated priors), against recompute seconds per token
-    (the caller's measurement). ``smoothing`` is the weight of the newest observation."""
+    (the caller's measurement). ``smoothing`` is the weight of the newest observation.
+    ``size_hint(kind, tokens)``: the bytes an object of that kind covering ``tokens`` tokens
+    carries (None: the mean size read so far), for callers whose stored payloads stand in for
+    larger ones (the replay)."""
 
     recompute_s_per_token: float = 0.0  # 0: unknown, never skip
     smoothing: float = 0.2
@@ -29,8 +32,11 @@ class RestoreCost:
     )
     s_per_call: dict[str, float] = field(default_factory=lambda: {"host": 1e-6, "disk": 1e-4, "shared": 5e-4})
     recovery: float = 0.5  # each skipped restore moves the estimates this far back toward the priors
+    size_hint: Callable[[ObjectKind, int], int] | None = None
 
     def __post_init__(self) -> None:
+        if self.size_hint is not None and not callable(self.size_hint):
+            raise InvalidTypeError("size_hint must be callable")
         if isinstance(self.recovery, bool) or not isinstance(self.recovery, (int, float)) or not 0 < self.recovery <= 1:
             raise InvalidArgumentError(f"recovery must lie in (0, 1], got {self.recovery!r}")
         self._priors = (dict(self.s_per_byte), dict(self.s_per_call))
