@@ -55,19 +55,11 @@ class TierRun:
     def restorable_depths(self, chain: KeyChain, depths: list[Depths]) -> list[Depths]:
         """``depths`` (what each replica's device cache announced) deepened by the steps each
         replica's tiers make reachable, by existence only; the shared tier is asked once."""
-        located = self._shared_presence(chain)
+        located = self.replicas[0].client.shared_presence(chain)
         return [
-            Depths(d.kv_tokens, tiers.store.reachable_step(
-                chain, local_step=d.restorable, local_kv_tokens=d.kv_tokens, shared_located=located))
+            Depths(d.kv_tokens, tiers.client.reachable_step(chain, (d.restorable, d.kv_tokens), located))
             for tiers, d in zip(self.replicas, depths)
         ]
-
-    def _shared_presence(self, chain: KeyChain) -> dict[str, list[str]] | None:
-        if self.shared.setup.shared is None:
-            return None
-        names = [chain.checkpoint_key(step).name for step in chain.checkpoint_steps()]
-        names += [chain.chunk_key(index).name for index in range(chain.num_chunks)]
-        return self.replicas[0].store.locate(names, ["shared"])
 
     def store_prefix(self, replica: int, request: TraceRequest, turn: Turn, ends: list[int]) -> None:
         """Publish what the turn computed beyond its hit: every chunk-aligned chunk end (the engine
