@@ -28,7 +28,8 @@ The method (mechanical, so two versions of the code are measured alike):
    * **climbs**: moves back up a layer, into a module that imports, directly or not, the one
      left (a return to the caller above, or a callback, a device, a hook calling up);
    * **returns**: stays in a room already left earlier on the walk;
-   * **entries** of a room: its stays (a hub is entered many times).
+   * **entries** of a room: its stays; **entered by a call**: those reached by a call rather
+     than a return (a hub is called into from many places).
 
 Only the main thread is followed (store calls a ``DeadlineRunner`` runs on its threads are
 not). The counts describe the code's shape, not its speed.
@@ -166,6 +167,7 @@ def count(steps: list[tuple[str, str]], below: dict[str, set[str]]) -> dict:
             seen.add(previous)
         previous = room
     entries = Counter(room for _, room in stays)
+    called = Counter(room for how, room in stays if how == "call")
     return {
         "stays": len(stays),
         "rooms": len(entries),
@@ -173,6 +175,7 @@ def count(steps: list[tuple[str, str]], below: dict[str, set[str]]) -> dict:
         "climbs": climbs,
         "returns": returns,
         "entries": dict(entries.most_common()),
+        "entered_by_a_call": dict(called.most_common()),
     }
 
 

@@ -71,7 +71,7 @@ class TieredStore:
         self.tiers, self.breaker = self.calls.tiers, self.calls.breaker
         self.counters, self.misses = self.calls.counters, self.calls.misses
         self.cost = RestoreCost() if cost is None else cost
-        self.sizes = ObjectSizes(self.cost.size_hint)
+        self.sizes = ObjectSizes(self.cost.stand_in)
         self.ledger = PublishLedger(self.calls)
         self.reader = RestorePath(self.calls, self.cost, self.sizes, self.ledger, self.deployment_key)
         if host is not None:
