@@ -27,6 +27,7 @@ The method (mechanical, so two versions of the code are measured alike):
    * **moves**: changes of room (stays - 1);
    * **climbs**: moves back up a layer, into a module that imports, directly or not, the one
      left (a return to the caller above, or a callback, a device, a hook calling up);
+   * **upcalls**: the climbs made by a call rather than a return (a callback, a device, a hook);
    * **returns**: stays in a room already left earlier on the walk;
    * **entries** of a room: its stays; **entered by a call**: those reached by a call rather
      than a return (a hub is called into from many places).
@@ -157,12 +158,13 @@ def count(steps: list[tuple[str, str]], below: dict[str, set[str]]) -> dict:
         if not stays or stays[-1][1] != room:
             stays.append((how, room))
     seen: set[str] = set()
-    climbs = returns = 0
+    climbs = upcalls = returns = 0
     previous = None
     for how, room in stays:
         returns += room in seen
         if previous is not None and climbs_back(previous, room, below):
             climbs += 1
+            upcalls += how == "call"
         if previous is not None:
             seen.add(previous)
         previous = room
@@ -173,6 +175,7 @@ def count(steps: list[tuple[str, str]], below: dict[str, set[str]]) -> dict:
         "rooms": len(entries),
         "moves": len(stays) - 1,
         "climbs": climbs,
+        "upcalls": upcalls,
         "returns": returns,
         "entries": dict(entries.most_common()),
         "entered_by_a_call": dict(called.most_common()),
