@@ -67,7 +67,7 @@ class MooncakeLocal:
 
     def __post_init__(self) -> None:
         if not isinstance(self.hostname, str) or not self.hostname:
-            raise InvalidTypeError("local_hostname must be a non-empty str")
+            raise InvalidTypeError("hostname must be a non-empty str")
         sizes = (("segment_bytes", self.segment_bytes), ("local_buffer_bytes", self.local_buffer_bytes))
         for name, value in sizes:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
