@@ -12,6 +12,7 @@ from hybridcache.errors import StoreTimeoutError, StoreUnavailableError
 from hybridcache.tiers.backends import HostMemoryStore
 from hybridcache.tiers.backends.disk import DiskStore
 from hybridcache.tiers.breaker import CircuitBreaker
+from hybridcache.tiers.tier_calls import TierAccess
 from hybridcache.tiers.tiered import TieredStore
 from tests.engine.test_engine_tier_seam import RaisingStore
 from tests.engine.test_engine_tiers import config, prompt, uncached
@@ -60,7 +61,7 @@ def test_a_tier_its_breaker_skips_is_unavailable():
     base = prompt(100, 43)
     failing = FaultInjectingStore(_published(base))
     failing.add(Fault.fail(Operation.EXISTS, times=None))
-    engine = Engine(config(), tiers=TieredStore(shared=failing, breaker=CircuitBreaker(backoff_s=3600, failures_to_open=1)))
+    engine = Engine(config(), tiers=TieredStore(shared=failing, access=TierAccess(breaker=CircuitBreaker(backoff_s=3600, failures_to_open=1))))
     first = _serve(engine, base, 44)
     engine.clear_cache()  # the next request asks the tiers again, whose breaker is now open
     second = _serve(engine, base, 45)

@@ -10,6 +10,7 @@ import pytest
 from hybridcache.errors import InvalidArgumentError, InvalidTypeError
 from hybridcache.tiers.backends import RedisStore
 from hybridcache.tiers.breaker import BreakerDecision, CircuitBreaker
+from hybridcache.tiers.tier_calls import TierAccess
 from hybridcache.tiers.tiered import TieredStore
 
 from .conftest import redis_url
@@ -55,7 +56,7 @@ def test_a_paused_redis_costs_one_window_not_every_request(redis_server):
     next ones skip the tier (counted), a probe per window finds it still paused, then back."""
     clock = FakeClock()
     shared = RedisStore(redis_url(redis_server), key_prefix=f"b{uuid.uuid4().hex[:8]}:", default_timeout=5)
-    store = TieredStore(shared=shared, timeout=0.2, breaker=CircuitBreaker(backoff_s=60, clock=clock))
+    store = TieredStore(shared=shared, access=TierAccess(timeout=0.2, breaker=CircuitBreaker(backoff_s=60, clock=clock)))
     keys = chain()
     store.store_prefix(keys, 2 * CHUNK, kv_arrays, lambda: state_arrays(2 * CHUNK))
     with paused(redis_server):

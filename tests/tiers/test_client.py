@@ -167,3 +167,19 @@ def test_one_listener_hears_every_publish_and_what_it_raises_is_a_failed_publish
     other = _client()
     other.listen_publishes(broken)
     assert other.store_prefix(Sequence(TOKENS), [CHUNK]) is None and other.stats.publish_failed == {"ValueError": 1}
+
+
+def test_a_router_asks_the_shared_tier_once_and_each_replica_how_deep_a_restore_reaches():
+    shared = HostMemoryStore(1 << 24)
+    writer = _published(_client(store=TieredStore(shared=shared)))
+    chain = writer.restore_chain(Sequence(TOKENS))
+    reader = _client(store=TieredStore(host=HostMemoryStore(1 << 24), shared=shared))
+    located = reader.shared_presence(chain)
+    assert set(located) == {chain.checkpoint_key(CHUNK).name, chain.checkpoint_key(2 * CHUNK).name,
+                            chain.checkpoint_key(3 * CHUNK).name} | {chain.chunk_key(i).name for i in range(3)}
+    assert all(where == ["shared"] for where in located.values())
+    assert reader.reachable_step(chain, (0, 0), located) == 3 * CHUNK
+    assert reader.reachable_step(chain, (3 * CHUNK, 3 * CHUNK), located) == 3 * CHUNK  # nothing beyond
+    assert reader.store.counters["shared_read_count_kv"] == 0  # existence only: nothing was read
+    assert _client().shared_presence(chain) is None  # no shared tier
+    assert _client().reachable_step(chain, (CHUNK, CHUNK)) == CHUNK

@@ -17,6 +17,7 @@ from hybridcache.errors import (
 )
 from hybridcache.tiers.backends import DiskStore, HostMemoryStore, PutOutcome
 from hybridcache.tiers.backends.disk import MARKER_NAME
+from hybridcache.tiers.backends.disk_root import DiskRoot
 
 
 @pytest.fixture(params=["host", "disk"])
@@ -85,8 +86,8 @@ def test_bad_budgets(tmp_path, capacity, error):
 def test_disk_objects_survive_a_restart_with_their_recency(tmp_path):
     with DiskStore(tmp_path, 30) as store:
         store.put_if_absent([("a", b"a" * 10), ("b", b"b" * 10)])
-        os.utime(store._path("a"), ns=(1, 1))  # a is older than b on disk
-        os.utime(store._path("b"), ns=(2, 2))
+        os.utime(DiskRoot(store.root).path("a"), ns=(1, 1))  # a is older than b on disk
+        os.utime(DiskRoot(store.root).path("b"), ns=(2, 2))
     with DiskStore(tmp_path, 30) as store:
         assert store.get(["a", "b"]) == [b"a" * 10, b"b" * 10] and store.used_bytes == 20
     with DiskStore(tmp_path, 15) as store:  # a smaller budget evicts at open, oldest read first
@@ -123,7 +124,7 @@ def test_a_crash_mid_write_leaves_no_visible_object(tmp_path):
 def test_a_file_removed_behind_the_store_is_a_miss(tmp_path):
     with DiskStore(tmp_path, 100) as store:
         store.put_if_absent([("a", b"abc")])
-        store._path("a").unlink()
+        DiskRoot(store.root).path("a").unlink()
         assert store.get(["a"]) == [None] and store.used_bytes == 0
 
 
@@ -164,7 +165,7 @@ def test_only_scratch_names_the_store_writes_are_deleted_on_open(tmp_path):
 def test_a_file_that_is_not_the_stored_object_is_a_miss_never_a_hang_or_an_allocation(tmp_path, planted):
     store = DiskStore(tmp_path, 1 << 20)
     store.put_if_absent([("a", b"abc")])
-    path = store._path("a")
+    path = DiskRoot(store.root).path("a")
     path.unlink()
     if planted == "fifo":
         os.mkfifo(path)
@@ -223,7 +224,7 @@ def test_a_failed_recency_update_does_not_turn_a_read_into_a_failure(tmp_path, m
 def test_a_closed_store_and_a_failing_backend_raise_store_errors_only(tmp_path):
     store = DiskStore(tmp_path, 1 << 20)
     store.put_if_absent([("a", b"abc")])
-    store._read_regular = lambda path, size: (_ for _ in ()).throw(MemoryError("no room"))  # a backend bug
+    store._files.read = lambda key, size, refresh: (_ for _ in ()).throw(MemoryError("no room"))  # a backend bug
     with pytest.raises(StoreError) as raised:
         store.get(["a"])
     assert not isinstance(raised.value, MemoryError)
@@ -238,7 +239,7 @@ def test_folders_linked_elsewhere_are_never_indexed_or_written(tmp_path):
     (elsewhere / "ab" / "a.obj").write_bytes(b"someone's file")
     root = tmp_path / "store"
     with DiskStore(root, 1 << 20) as store:
-        shard = store._path("a").parent
+        shard = DiskRoot(store.root).path("a").parent
     shard.symlink_to(elsewhere / "ab")
     with DiskStore(root, 1 << 20) as store:
         assert store.exists(["a"]) == [False]  # not indexed through a linked shard
@@ -250,7 +251,7 @@ def test_folders_linked_elsewhere_are_never_indexed_or_written(tmp_path):
 
 
 def _keys_in_one_shard(count: int) -> list[str]:
-    from hybridcache.tiers.backends.disk import _shard_name
+    from hybridcache.tiers.backends.disk_root import shard_name as _shard_name
 
     keys = [f"k{index}" for index in range(4096)]
     target = _shard_name(keys[0])
@@ -272,7 +273,7 @@ def test_a_shard_linked_elsewhere_while_open_costs_misses_never_a_file_outside_t
     before = _tree(elsewhere)
     with DiskStore(tmp_path / "store", 1 << 20) as store:
         assert store.put_if_absent([(stored, b"abc"), (evicted, b"mine")]) == [PutOutcome.STORED] * 2
-        shard = store._path(stored).parent
+        shard = DiskRoot(store.root).path(stored).parent
         for name in os.listdir(shard):
             (shard / name).unlink()
         shard.rmdir()

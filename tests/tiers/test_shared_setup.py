@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from hybridcache.errors import InvalidConfigError
-from hybridcache.tiers.backends.mooncake_store import MooncakeStore
+from hybridcache.errors import HybridCacheError, InvalidConfigError, InvalidTypeError
+from hybridcache.tiers.backends.mooncake_store import MooncakeLocal, MooncakeStore
 from hybridcache.tiers.shared_setup import check_shared_tier, mooncake_address
 
 META = "http://127.0.0.1:8080/metadata"
@@ -71,4 +71,15 @@ def test_mooncake_buffers_larger_than_the_machine_are_refused_before_connecting(
 
     monkeypatch.setattr(machine, "host_memory_bytes", lambda: 1 << 30)
     with pytest.raises(InvalidConfigError, match="more than this machine's memory"):
-        MooncakeStore("127.0.0.1:1", META, setup_timeout=0.5, **{field: 10**30})
+        MooncakeLocal(**{field: 10**30})
+
+
+@pytest.mark.parametrize("local", [{"hostname": ""}, {"local_buffer_bytes": 0}, {"segment_bytes": -1}, {"workers": 0}, {"workers": True}])
+def test_mooncake_local_side_is_checked_when_built(local):
+    with pytest.raises(HybridCacheError):
+        MooncakeLocal(**local)
+
+
+def test_mooncake_store_takes_its_local_side_as_a_mooncake_local():
+    with pytest.raises(InvalidTypeError, match="MooncakeLocal"):
+        MooncakeStore("127.0.0.1:1", META, local={"hostname": "127.0.0.1"}, setup_timeout=0.5)

@@ -8,8 +8,9 @@ import pytest
 from hybridcache.errors import InvalidArgumentError, InvalidStepError, InvalidTypeError, LifecycleError
 from hybridcache.tiers.backends import DiskStore, HostMemoryStore, PutOutcome
 from hybridcache.tiers.publish_index import NODE_BYTES, PublishIndex
-from hybridcache.tiers.restore_cost import RestoreCost
+from hybridcache.tiers.restore_cost import RestoreCost, StandInSizes
 from hybridcache.tiers.restore_values import SLOWER_THAN_RECOMPUTE
+from hybridcache.tiers.tier_calls import TierAccess
 from hybridcache.tiers.tiered import TieredStore
 
 from .faults import Fault, FaultInjectingStore, Operation
@@ -162,13 +163,14 @@ def test_a_slow_tier_is_skipped_when_recompute_is_faster():
     assert store.misses["missing"] == 2
 
 
-def test_the_size_hint_feeds_the_cost_model():
+def test_stand_in_sizes_feed_the_cost_model():
     keys = chain()
-    cost = RestoreCost(recompute_s_per_token=1e-3)  # 64 tokens: 64 ms to recompute; 3 GB: seconds
-    huge = TieredStore(shared=HostMemoryStore(1 << 24), cost=cost, size_hint=lambda kind, tokens: 10**9)
+    # 64 tokens: 64 ms to recompute; gigabytes per object: seconds
+    cost = RestoreCost(recompute_s_per_token=1e-3, stand_in=StandInSizes(10**9, 10**9, CHUNK))
+    huge = TieredStore(shared=HostMemoryStore(1 << 24), cost=cost)
     publish(huge, keys, 2 * CHUNK)
     assert huge.fetch_prefix(keys, local_step=0, local_kv_tokens=0) is None
-    small = TieredStore(shared=HostMemoryStore(1 << 24), cost=RestoreCost(1e-3), size_hint=lambda kind, tokens: 1)
+    small = TieredStore(shared=HostMemoryStore(1 << 24), cost=RestoreCost(1e-3, stand_in=StandInSizes(1, 1, CHUNK)))
     publish(small, keys, 2 * CHUNK)
     assert small.fetch_prefix(keys, local_step=0, local_kv_tokens=0) is not None
 
@@ -307,7 +309,7 @@ def test_a_disk_only_store_is_written_through(tmp_path):
 def test_a_chunk_failing_verification_falls_back_below_it(corrupted_chunk):
     keys = chain()
     shared = FaultInjectingStore(HostMemoryStore(1 << 24))
-    store = TieredStore(shared=shared, size_hint=lambda kind, tokens: 1)
+    store = TieredStore(shared=shared, cost=RestoreCost(stand_in=StandInSizes(1, 1, CHUNK)))
     for step in STEPS:
         publish(store, keys, step)
     shared.add(Fault.corrupt(keys=[keys.chunk_key(corrupted_chunk).name]))
@@ -335,3 +337,16 @@ def test_reachable_step_is_existence_only_and_can_take_a_shared_lookup():
     located = writer.locate(names, ["shared"])
     assert reader.reachable_step(keys, local_step=0, local_kv_tokens=0, shared_located=located) == 2 * CHUNK
     assert reader.reachable_step(keys, local_step=0, local_kv_tokens=0, shared_located={}) == 0
+
+
+def test_the_access_and_the_cost_model_are_checked_when_given():
+
+
+    with pytest.raises(InvalidTypeError, match="TierAccess"):
+        TieredStore(shared=HostMemoryStore(1 << 20), access={"timeout": 1.0})
+    with pytest.raises(InvalidTypeError, match="stand_in"):
+        RestoreCost(stand_in=lambda kind, tokens: 1)
+    with pytest.raises(InvalidArgumentError):
+        StandInSizes(1, 1, 0)
+    with pytest.raises(InvalidTypeError, match="breaker"):
+        TierAccess(breaker=60)

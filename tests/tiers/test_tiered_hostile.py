@@ -17,6 +17,7 @@ from hybridcache.tiers import encode_checkpoint
 from hybridcache.tiers.backends import DiskStore, HostMemoryStore
 from hybridcache.tiers.restore_cost import RestoreCost
 from hybridcache.tiers.restore_values import SLOWER_THAN_RECOMPUTE
+from hybridcache.tiers.tier_calls import TierAccess
 from hybridcache.tiers.tiered import TieredStore
 
 from .faults import Fault, FaultInjectingStore, Operation
@@ -35,12 +36,12 @@ def test_bad_timeouts_are_refused_when_built(bad):
         if bad is None:
             HostMemoryStore(1 << 20, default_timeout=bad)
         else:
-            TieredStore(shared=HostMemoryStore(1 << 20), timeout=bad)
+            TieredStore(shared=HostMemoryStore(1 << 20), access=TierAccess(timeout=bad))
 
 
 @pytest.mark.parametrize("good", [1, 0.5, np.float32(2.0), np.int64(3)])
 def test_numeric_timeouts_of_any_real_type_are_accepted(good):
-    assert TieredStore(shared=HostMemoryStore(1 << 20), timeout=good).timeout == float(good)
+    assert TieredStore(shared=HostMemoryStore(1 << 20), access=TierAccess(timeout=good)).timeout == float(good)
 
 
 def test_a_closed_store_costs_misses_and_failed_publishes_never_an_exception(tmp_path):
@@ -97,7 +98,7 @@ def test_a_squatter_under_a_key_is_removed_so_the_next_publish_replaces_it(squat
     }[squat]
     shared.put_if_absent([(name, squatter)])
     if squat == "forged":
-        store = TieredStore(shared=shared, deployment_key=KEY)
+        store = TieredStore(shared=shared, access=TierAccess(deployment_key=KEY))
     assert publish(store, keys, CHUNK).checkpoint_stored == {"shared": True}  # PRESENT: the squatter stays ...
     assert store.fetch_prefix(keys, local_step=0, local_kv_tokens=0) is None  # ... until a reader rejects it
     assert store.counters["shared_rejected_removed"] == 1 and shared.exists([name]) == [False]
@@ -123,7 +124,7 @@ def test_one_stalled_read_does_not_switch_a_tier_off_for_good():
 def test_with_a_deployment_key_a_forged_object_fails_as_a_checksum_mismatch_and_salts_stay_private():
     keys = chain(cache_salt="tenant-secret-salt")
     shared = HostMemoryStore(1 << 24)
-    sealed = TieredStore(shared=shared, deployment_key=KEY)
+    sealed = TieredStore(shared=shared, access=TierAccess(deployment_key=KEY))
     publish(sealed, keys, CHUNK)
     stored = shared.get([keys.checkpoint_key(CHUNK).name])[0]
     assert b"tenant-secret-salt" not in stored  # a keyed digest of the salt, never the salt
@@ -132,13 +133,13 @@ def test_with_a_deployment_key_a_forged_object_fails_as_a_checksum_mismatch_and_
     publish(forger, keys, CHUNK, seed=5)
     shared.remove([keys.checkpoint_key(CHUNK).name])
     shared.put_if_absent([(keys.checkpoint_key(CHUNK).name, forger.tiers["shared"].get([keys.checkpoint_key(CHUNK).name])[0])])
-    reader = TieredStore(shared=shared, deployment_key=KEY)
+    reader = TieredStore(shared=shared, access=TierAccess(deployment_key=KEY))
     assert reader.fetch_prefix(keys, local_step=0, local_kv_tokens=0) is None
     assert reader.misses["fingerprint_mismatch"] + reader.misses["checksum_mismatch"] == 1
     with pytest.raises((InvalidArgumentError, InvalidTypeError)):
-        TieredStore(shared=shared, deployment_key=b"short")
+        TieredStore(shared=shared, access=TierAccess(deployment_key=b"short"))
     with pytest.raises(InvalidTypeError):
-        TieredStore(shared=shared, deployment_key="text key of enough length")
+        TieredStore(shared=shared, access=TierAccess(deployment_key="text key of enough length"))
 
 
 def test_a_forged_object_with_the_right_header_fails_as_a_checksum_mismatch():
@@ -153,7 +154,7 @@ def test_a_forged_object_with_the_right_header_fails_as_a_checksum_mismatch():
     described = bytearray(genuine[: header.header_length - 48])
     forged = bytes(described) + objects._payload_checksum(described, forged_payload, None)
     forged += objects._header_checksum(forged) + forged_payload
-    store = TieredStore(shared=HostMemoryStore(1 << 24), deployment_key=KEY)
+    store = TieredStore(shared=HostMemoryStore(1 << 24), access=TierAccess(deployment_key=KEY))
     store.tiers["shared"].put_if_absent([(keys.checkpoint_key(CHUNK).name, forged)])
     store.tiers["shared"].put_if_absent([(keys.chunk_key(0).name, objects.encode_kv_chunk(keys, 0, kv_arrays(0), auth_key=KEY))])
     assert store.fetch_prefix(keys, local_step=0, local_kv_tokens=0) is None
@@ -227,7 +228,7 @@ def test_a_read_only_disk_tier_under_a_tiered_store_serves_and_refuses_demotions
 def test_timeouts_over_one_day_are_refused_at_every_boundary(huge, tmp_path):
     """1e10 s used to be accepted, then every Redis call raised OverflowError."""
     with pytest.raises(InvalidArgumentError, match="one day"):
-        TieredStore(shared=HostMemoryStore(1 << 20), timeout=huge)
+        TieredStore(shared=HostMemoryStore(1 << 20), access=TierAccess(timeout=huge))
     with pytest.raises(InvalidArgumentError, match="one day"):
         HostMemoryStore(1 << 20, default_timeout=huge)
     with pytest.raises(InvalidArgumentError, match="one day"):
@@ -235,7 +236,7 @@ def test_timeouts_over_one_day_are_refused_at_every_boundary(huge, tmp_path):
     store = HostMemoryStore(1 << 20)
     with pytest.raises(InvalidArgumentError, match="one day"):
         store.get(["k"], timeout=huge)
-    assert TieredStore(shared=store, timeout=86_400).timeout == 86_400.0
+    assert TieredStore(shared=store, access=TierAccess(timeout=86_400)).timeout == 86_400.0
 
 
 @pytest.mark.parametrize("query", ["socket_timeout=1e10", "socket_connect_timeout=1e10", "socket_timeout=-1"])

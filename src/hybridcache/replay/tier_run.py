@@ -15,7 +15,6 @@ from hybridcache.errors import StoreError
 from hybridcache.profiles import ModelProfile
 from hybridcache.replay.adapter import CacheAdapter, Turn
 from hybridcache.replay.tiering import (
-    NominalSizes,
     RecomputeRate,
     ReplicaTiers,
     RunTiers,
@@ -25,6 +24,7 @@ from hybridcache.replay.tiering import (
 from hybridcache.router.replica_index import Depths
 from hybridcache.sequence import Sequence
 from hybridcache.tiers.keys import KeyChain
+from hybridcache.tiers.restore_cost import StandInSizes
 from hybridcache.tiers.tier_calls import TIER_NAMES
 from hybridcache.workloads.records import TraceRequest
 
@@ -37,7 +37,8 @@ class TierRun:
         """Tiers for the replicas serving ``adapters``, in one fresh namespace."""
         chunk = setup.chunk_size
         fingerprint = replay_fingerprint(profile, block_size, chunk, uuid.uuid4().hex[:16])
-        self.shared = RunTiers(setup, NominalSizes(profile, chunk), fingerprint, rate, profile)
+        sizes = StandInSizes(profile.kv_bytes_per_token, profile.state_bytes, chunk)
+        self.shared = RunTiers(setup, sizes, fingerprint, rate, profile)
         self.replicas: list[ReplicaTiers] = []
         self.published: set[str] = set()
         try:
@@ -55,19 +56,11 @@ class TierRun:
     def restorable_depths(self, chain: KeyChain, depths: list[Depths]) -> list[Depths]:
         """``depths`` (what each replica's device cache announced) deepened by the steps each
         replica's tiers make reachable, by existence only; the shared tier is asked once."""
-        located = self._shared_presence(chain)
+        located = self.replicas[0].client.shared_presence(chain)
         return [
-            Depths(d.kv_tokens, tiers.store.reachable_step(
-                chain, local_step=d.restorable, local_kv_tokens=d.kv_tokens, shared_located=located))
+            Depths(d.kv_tokens, tiers.client.reachable_step(chain, (d.restorable, d.kv_tokens), located))
             for tiers, d in zip(self.replicas, depths)
         ]
-
-    def _shared_presence(self, chain: KeyChain) -> dict[str, list[str]] | None:
-        if self.shared.setup.shared is None:
-            return None
-        names = [chain.checkpoint_key(step).name for step in chain.checkpoint_steps()]
-        names += [chain.chunk_key(index).name for index in range(chain.num_chunks)]
-        return self.replicas[0].store.locate(names, ["shared"])
 
     def store_prefix(self, replica: int, request: TraceRequest, turn: Turn, ends: list[int]) -> None:
         """Publish what the turn computed beyond its hit: every chunk-aligned chunk end (the engine
@@ -117,7 +110,7 @@ def tier_report(run: RunTiers, replicas: list[ReplicaTiers]) -> dict:
         "disk_bytes": setup.disk_bytes,
         "shared_bandwidth": setup.shared_bandwidth,
         "nominal_chunk_bytes": sizes.chunk,
-        "nominal_checkpoint_bytes": sizes.checkpoint,
+        "nominal_checkpoint_bytes": sizes.checkpoint_bytes,
         "restores": restores,
         "restores_using": {tier: summed.using[tier] for tier in TIER_NAMES},
         "adoptions_refused": summed.adoptions_refused,
@@ -131,7 +124,7 @@ def tier_report(run: RunTiers, replicas: list[ReplicaTiers]) -> dict:
         "recompute_s": recompute_s,
         "restore_over_recompute": restore_s / recompute_s if recompute_s else 0.0,
         "stored_bytes_nominal": {
-            tier: stored[f"{tier}_chunks_stored"] * sizes.chunk + stored[f"{tier}_checkpoints_stored"] * sizes.checkpoint
+            tier: stored[f"{tier}_chunks_stored"] * sizes.chunk + stored[f"{tier}_checkpoints_stored"] * sizes.checkpoint_bytes
             for tier in ("host", "shared")
         },
         "stored_bytes_actual": {tier: stored[f"{tier}_bytes_written"] for tier in ("host", "shared")},

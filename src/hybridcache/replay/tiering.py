@@ -12,8 +12,8 @@ ids it covers, its own key, a payload checksum), so every tier hit is verified b
 the engine uses; its payload is a one-byte stand-in. What an object *stands for* is accounted
 from the model profile: a KV chunk weighs ``kv_bytes_per_token * chunk`` bytes, a checkpoint one
 profile state. Host and disk budgets are charged those nominal sizes (the stores' ``charge``),
-the cost model is told them through ``TieredStore``'s ``size_hint``, and its
-per-byte rates are fixed (no smoothing: the loopback's speed on stand-in bytes says nothing
+the cost model is told them (both through ``restore_cost.StandInSizes``, data rather than
+callbacks, so the tiers never call back into the replay for a size), and its per-byte rates are fixed (no smoothing: the loopback's speed on stand-in bytes says nothing
 about a real link).
 """
 
@@ -34,15 +34,15 @@ from hybridcache.tiers.backends.disk import DiskStore
 from hybridcache.tiers.backends.host import HostMemoryStore
 from hybridcache.tiers.client import DeviceAdoption, TierClient
 from hybridcache.tiers.fingerprint import DEFAULT_CHUNK_SIZE, NamespaceFingerprint
-from hybridcache.tiers.keys import ObjectKey, ObjectKind
-from hybridcache.tiers.restore_cost import RestoreCost
+from hybridcache.tiers.payload import StandInPayloads
+from hybridcache.tiers.restore_cost import RestoreCost, StandInSizes
 from hybridcache.tiers.restore_values import Restore
 from hybridcache.tiers.tier_calls import TIER_NAMES
 from hybridcache.tiers.tiered import TieredStore
 
 DEFAULT_TIER_CHUNK = DEFAULT_CHUNK_SIZE  # 256: the issue's default, LMCache's chunk; see docs/tiers.md
 DEFAULT_SHARED_BANDWIDTH = 12.5e9  # bytes/s: one 100 Gb/s NIC between a replica and the shared store
-STAND_IN = {"virtual": np.zeros(1, dtype=np.uint8)}  # the payload every replay object carries
+STAND_INS = StandInPayloads({"virtual": np.zeros(1, dtype=np.uint8)})  # every replay object's payload
 
 
 @dataclass(frozen=True)
@@ -82,23 +82,6 @@ class TierSetup:
         return bool(self.host_bytes or self.shared is not None)
 
 
-class NominalSizes:
-    """The bytes a replay object stands for, by kind (one chunk of KV; one profile state)."""
-
-    def __init__(self, profile: ModelProfile, chunk_size: int) -> None:
-        self.chunk = profile.kv_bytes_per_token * chunk_size
-        self.checkpoint = profile.state_bytes
-        self.kv_per_token = profile.kv_bytes_per_token
-
-    def of_hint(self, kind: ObjectKind, tokens: int) -> int:
-        """``TieredStore``'s size_hint: what an object of ``kind`` covering ``tokens`` carries."""
-        return self.kv_per_token * tokens if kind is ObjectKind.KV_CHUNK else self.checkpoint
-
-    def of_key(self, key: str, size: int) -> int:
-        """A host or disk store's ``charge``: an object counts what it stands for, not ``size``."""
-        return self.chunk if ObjectKey.from_name(key).kind is ObjectKind.KV_CHUNK else self.checkpoint
-
-
 def replay_fingerprint(profile: ModelProfile, block_size: int, chunk_size: int, run_id: str) -> NamespaceFingerprint:
     """The run's namespace. ``run_id`` is unique per run, so runs sharing one store never hit
     each other's objects (and a run's cleanup removes only its own)."""
@@ -134,20 +117,10 @@ class RunTiers:
     recompute rate and profile."""
 
     setup: TierSetup
-    sizes: NominalSizes
+    sizes: StandInSizes
     fingerprint: NamespaceFingerprint
     rate: RecomputeRate
     profile: ModelProfile
-
-
-class _StandIns:
-    """Every replay object's payload, whatever it stands for."""
-
-    def chunk(self, index: int) -> dict[str, np.ndarray]:
-        return STAND_IN
-
-    def state(self) -> dict[str, np.ndarray]:
-        return STAND_IN
 
 
 class ReplayDevice:
@@ -163,8 +136,8 @@ class ReplayDevice:
     def adopt(self, prefix: Sequence, restore: Restore) -> DeviceAdoption:
         return DeviceAdoption(self.adapter.adopt(prefix.tokens, restore.step))
 
-    def payloads(self, seq: Sequence, slot: int) -> _StandIns:
-        return _StandIns()
+    def payloads(self, seq: Sequence, slot: int) -> StandInPayloads:
+        return STAND_INS
 
 
 @dataclass
@@ -180,17 +153,18 @@ class ReplicaTiers:
         """The tiers of replica ``index``, serving ``adapter``'s device cache."""
         setup, sizes = run.setup, run.sizes
         self.run, self.adapter = run, adapter
-        host = HostMemoryStore(setup.host_bytes, charge=sizes.of_key) if setup.host_bytes else None
+        host = HostMemoryStore(setup.host_bytes, charge=sizes.charge) if setup.host_bytes else None
         disk = None
         if setup.disk_bytes:
-            disk = DiskStore(Path(setup.disk_root) / f"replica-{index}", setup.disk_bytes, charge=sizes.of_key)
+            disk = DiskStore(Path(setup.disk_root) / f"replica-{index}", setup.disk_bytes, charge=sizes.charge)
         priors = RestoreCost()
         cost = RestoreCost(
             recompute_s_per_token=run.rate.s_per_token,
             smoothing=0.0,  # fixed rates: the stand-in bytes' timings are not a link's
             s_per_byte={**priors.s_per_byte, "shared": 1 / setup.shared_bandwidth},
+            stand_in=sizes,
         )
-        self.store = TieredStore(host=host, disk=disk, shared=setup.shared, cost=cost, size_hint=sizes.of_hint)
+        self.store = TieredStore(host=host, disk=disk, shared=setup.shared, cost=cost)
         self.client = TierClient(self.store, run.fingerprint, ReplayDevice(adapter))
         self.moved = MovedBytes()
         self.restore_s = 0.0  # nominal seconds the adopted restores' reads take at the stated rates
@@ -232,7 +206,7 @@ class ReplicaTiers:
         for tier in TIER_NAMES:
             chunks = after[f"{tier}_read_count_kv"] - before[f"{tier}_read_count_kv"]
             checkpoints = after[f"{tier}_read_count_ck"] - before[f"{tier}_read_count_ck"]
-            nominal[tier] = chunks * sizes.chunk + checkpoints * sizes.checkpoint
+            nominal[tier] = chunks * sizes.chunk + checkpoints * sizes.checkpoint_bytes
             self.moved.nominal[tier] += nominal[tier]
             self.moved.actual[tier] += after[f"{tier}_bytes_read"] - before[f"{tier}_bytes_read"]
         return nominal

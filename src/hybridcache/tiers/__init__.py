@@ -26,6 +26,7 @@ from hybridcache.tiers.objects import (
 )
 from hybridcache.tiers.restore_cost import RestoreCost
 from hybridcache.tiers.restore_values import PublishReport, Restore
+from hybridcache.tiers.tier_calls import TierAccess
 from hybridcache.tiers.tiered import TieredStore
 from hybridcache.tiers.verify import FetchMiss, FetchVerdict, verify
 
@@ -45,6 +46,7 @@ __all__ = [
     "Restore",
     "RestoreCost",
     "StoredObject",
+    "TierAccess",
     "TierClient",
     "TierDevice",
     "TierStats",

@@ -218,6 +218,27 @@ class TierClient:
         stats.restored_bytes.update(restore.bytes_by_tier)
         stats.restored_tokens.update(restore.tokens_by_tier(restore.step - gained, self.chunk_size))
 
+    # --- routing: what a restore could reach, by existence only ------------------------------
+
+    def shared_presence(self, chain: KeyChain) -> dict[str, list[str]] | None:
+        """Which of ``chain``'s checkpoints and chunks the shared tier holds (one batch
+        ``exists``; nothing read or refreshed), for a router scoring several replicas that
+        share that tier; None without one."""
+        if "shared" not in self.store.tiers:
+            return None
+        names = [chain.checkpoint_key(step).name for step in chain.checkpoint_steps()]
+        names += [chain.chunk_key(index).name for index in range(chain.num_chunks)]
+        return self.store.locate(names, ["shared"])
+
+    def reachable_step(self, chain: KeyChain, held: tuple[int, int], shared_located: dict | None = None) -> int:
+        """The deepest step a restore of ``chain`` could reach beyond ``held`` (the device
+        cache's checkpoint step and whole-block KV tokens), by existence only; ``held``'s step
+        when none. ``shared_located``: ``shared_presence``'s answer, asked once for many replicas."""
+        local_step, local_kv_tokens = held
+        return self.store.reachable_step(
+            chain, local_step=local_step, local_kv_tokens=local_kv_tokens, shared_located=shared_located
+        )
+
     # --- write path ------------------------------------------------------------------------------
 
     def after_forward(self, ends: Iterable[ForwardEnd], computed_tokens: int, seconds: float) -> None:

@@ -136,3 +136,21 @@ def _place_arrays(view: memoryview, entries: list, table_end: int) -> dict[str, 
     if last_offset + last_length != len(view):
         raise CorruptObjectError("payload has trailing bytes")
     return arrays
+
+
+# --- stand-ins ---------------------------------------------------------------------------------
+
+
+class StandInPayloads:
+    """One fixed array table as the payload of every chunk and of the state, for a caller whose
+    stored objects stand in for real ones (the replay): each still carries a real header and is
+    verified as any other; what it stands for is ``restore_cost.StandInSizes``."""
+
+    def __init__(self, arrays: Mapping[str, np.ndarray]) -> None:
+        self.arrays = checked_arrays(arrays)
+
+    def chunk(self, index: int) -> Mapping[str, np.ndarray]:
+        return self.arrays
+
+    def state(self) -> Mapping[str, np.ndarray]:
+        return self.arrays

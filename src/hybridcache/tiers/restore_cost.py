@@ -9,18 +9,49 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from hybridcache.errors import InvalidArgumentError
-from hybridcache.tiers.keys import Expectation, ObjectKind
+from hybridcache.errors import InvalidArgumentError, InvalidTypeError
+from hybridcache.tiers.keys import Expectation, ObjectKey, ObjectKind
+
+
+@dataclass(frozen=True)
+class StandInSizes:
+    """What objects whose stored payloads are stand-ins weigh: ``kv_bytes_per_token`` of KV
+    per token (a chunk of ``chunk_size`` tokens), ``checkpoint_bytes`` per checkpoint. The cost
+    model reads them (``of``), a host or disk store charges them (``charge``)."""
+
+    kv_bytes_per_token: int
+    checkpoint_bytes: int
+    chunk_size: int
+
+    def __post_init__(self) -> None:
+        for name in ("kv_bytes_per_token", "checkpoint_bytes", "chunk_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (name == "chunk_size"):
+                raise InvalidArgumentError(f"{name} must be a non-negative int (chunk_size >= 1), got {value!r}")
+
+    @property
+    def chunk(self) -> int:
+        return self.kv_bytes_per_token * self.chunk_size
+
+    def of(self, kind: ObjectKind, tokens: int) -> int:
+        """The bytes an object of ``kind`` covering ``tokens`` tokens stands for."""
+        return self.kv_bytes_per_token * tokens if kind is ObjectKind.KV_CHUNK else self.checkpoint_bytes
+
+    def charge(self, key: str, size: int) -> int:
+        """A store's ``charge``: the object named ``key`` counts what it stands for, not ``size``."""
+        return self.chunk if ObjectKey.from_name(key).kind is ObjectKind.KV_CHUNK else self.checkpoint_bytes
 
 
 @dataclass
 class RestoreCost:
     """A measured cost model: seconds per byte and per batch call of each tier (exponential
     averages of the reads done so far, from stated priors), against recompute seconds per token
-    (the caller's measurement). ``smoothing`` is the weight of the newest observation."""
+    (the caller's measurement). ``smoothing`` is the weight of the newest observation.
+    ``stand_in``: the sizes objects stand for when their stored payloads are stand-ins (the
+    replay); None: the mean size of the objects read so far."""
 
     recompute_s_per_token: float = 0.0  # 0: unknown, never skip
     smoothing: float = 0.2
@@ -29,8 +60,11 @@ class RestoreCost:
     )
     s_per_call: dict[str, float] = field(default_factory=lambda: {"host": 1e-6, "disk": 1e-4, "shared": 5e-4})
     recovery: float = 0.5  # each skipped restore moves the estimates this far back toward the priors
+    stand_in: StandInSizes | None = None
 
     def __post_init__(self) -> None:
+        if self.stand_in is not None and not isinstance(self.stand_in, StandInSizes):
+            raise InvalidTypeError(f"stand_in must be StandInSizes, got {type(self.stand_in).__name__}")
         if isinstance(self.recovery, bool) or not isinstance(self.recovery, (int, float)) or not 0 < self.recovery <= 1:
             raise InvalidArgumentError(f"recovery must lie in (0, 1], got {self.recovery!r}")
         self._priors = (dict(self.s_per_byte), dict(self.s_per_call))
@@ -74,13 +108,13 @@ class RestoreCost:
 
 
 class ObjectSizes:
-    """The bytes a stored object is expected to carry: ``size_hint(kind, tokens)`` when the
-    caller gives one (the replay, whose stored payloads stand in for larger ones), else the mean
-    of the objects of its kind read so far (before any read: 4 bytes per token of a chunk, the
-    token ids the headers alone carry)."""
+    """The bytes a stored object is expected to carry: what it stands for when the caller's
+    payloads are stand-ins (``StandInSizes``, the replay), else the mean of the objects of its
+    kind read so far (before any read: 4 bytes per token of a chunk, the token ids the headers
+    alone carry)."""
 
-    def __init__(self, size_hint: Callable[[ObjectKind, int], int] | None = None) -> None:
-        self.size_hint = size_hint
+    def __init__(self, stand_in: StandInSizes | None = None) -> None:
+        self.stand_in = stand_in
         self._count: Counter[ObjectKind] = Counter()
         self._bytes: Counter[ObjectKind] = Counter()
         self._lock = threading.Lock()
@@ -93,8 +127,8 @@ class ObjectSizes:
 
     def expected(self, expectation: Expectation, chunk_size: int) -> int:
         kind = expectation.key.kind
-        if self.size_hint is not None:
-            return self.size_hint(kind, expectation.step - expectation.start)
+        if self.stand_in is not None:
+            return self.stand_in.of(kind, expectation.step - expectation.start)
         with self._lock:
             count = self._count[kind]
             return self._bytes[kind] // count if count else 4 * chunk_size

@@ -15,10 +15,12 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
-from hybridcache.errors import StoreError, StoreTimeoutError, StoreUnavailableError
-from hybridcache.tiers.backends.base import ObjectStore
+from hybridcache.errors import InvalidTypeError, StoreError, StoreTimeoutError, StoreUnavailableError
+from hybridcache.tiers.backends.base import ObjectStore, checked_timeout
 from hybridcache.tiers.breaker import BreakerDecision, CircuitBreaker
+from hybridcache.tiers.objects import check_auth_key
 from hybridcache.tiers.verify import FetchMiss
 
 TIER_NAMES = ("host", "disk", "shared")
@@ -26,6 +28,26 @@ TIER_NAMES = ("host", "disk", "shared")
 
 class TierSkipped(StoreUnavailableError):
     """A call not made: the tier's breaker is open. Never leaves ``hybridcache.tiers``."""
+
+
+@dataclass(frozen=True)
+class TierAccess:
+    """How a ``TieredStore`` calls its tiers: ``timeout`` bounds each batch call (None: each
+    store's default), ``breaker`` skips a failing tier for a back-off window (None: a fresh
+    30 s one per store), and ``deployment_key`` (16 to 64 bytes) seals every object written and
+    is required of every object read (None: objects are checksummed, not sealed). Checked and
+    normalized when built."""
+
+    timeout: float | None = None
+    breaker: CircuitBreaker | None = None
+    deployment_key: bytes | None = None
+
+    def __post_init__(self) -> None:
+        if self.timeout is not None:
+            object.__setattr__(self, "timeout", checked_timeout(self.timeout))
+        if self.breaker is not None and not isinstance(self.breaker, CircuitBreaker):
+            raise InvalidTypeError("breaker must be a CircuitBreaker")
+        object.__setattr__(self, "deployment_key", check_auth_key(self.deployment_key))
 
 
 def failure_reason(error: StoreError) -> FetchMiss:

@@ -24,18 +24,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from hybridcache.errors import InvalidArgumentError, InvalidTypeError, LifecycleError
-from hybridcache.tiers.backends.base import ObjectStore, checked_timeout
+from hybridcache.tiers.backends.base import ObjectStore
 from hybridcache.tiers.backends.disk import DiskStore
 from hybridcache.tiers.backends.host import HostMemoryStore
 from hybridcache.tiers.breaker import CircuitBreaker
-from hybridcache.tiers.keys import KeyChain, ObjectKind
-from hybridcache.tiers.objects import check_auth_key
+from hybridcache.tiers.keys import KeyChain
 from hybridcache.tiers.publish_ledger import ArraysFor, EncodedPrefix, PublishLedger
 from hybridcache.tiers.restore_attempt import RestoreAttempt
 from hybridcache.tiers.restore_cost import ObjectSizes, RestoreCost
 from hybridcache.tiers.restore_path import RestorePath
 from hybridcache.tiers.restore_values import PublishReport, Restore, RestoreLookup
-from hybridcache.tiers.tier_calls import TierCalls
+from hybridcache.tiers.tier_calls import TierAccess, TierCalls
 from hybridcache.types import as_int
 
 
@@ -46,41 +45,33 @@ class TieredStore:
         host: HostMemoryStore | None = None,
         disk: ObjectStore | None = None,
         shared: ObjectStore | None = None,
-        timeout: float | None = None,
+        access: TierAccess | None = None,
         cost: RestoreCost | None = None,
-        size_hint: Callable[[ObjectKind, int], int] | None = None,
-        breaker: CircuitBreaker | None = None,
-        deployment_key: bytes | None = None,
     ) -> None:
         """Tiers may be any subset. This store listens to ``host``'s evictions (its write-back
-        demotion), so a host store serves one ``TieredStore``. ``timeout`` bounds each batch call
-        (None: each store's default). ``size_hint(kind, tokens)``: the bytes an object of that
-        kind covering ``tokens`` tokens carries, for the cost model (None: the mean size read so
-        far), for callers whose stored payloads stand in for larger ones (the replay).
-        ``breaker``: the tiers' circuit breaker (None: a 30 s back-off). ``deployment_key``
-        (16 to 64 bytes): seal every object with it and accept only objects sealed with it."""
-        if size_hint is not None and not callable(size_hint):
-            raise InvalidTypeError("size_hint must be callable")
+        demotion), so a host store serves one ``TieredStore``. ``access``: each call's timeout,
+        the circuit breaker and the deployment key (``TierAccess``; None: the defaults).
+        ``cost``: the restore cost model, with the object sizes it assumes (None: measured)."""
         given = {"host": host, "disk": disk, "shared": shared}
         for name, store in given.items():
             if store is not None and not isinstance(store, ObjectStore):
                 raise InvalidTypeError(f"{name} must be an ObjectStore")
         if host is not None and not isinstance(host, HostMemoryStore):
             raise InvalidTypeError("host must be a HostMemoryStore")
+        access = TierAccess() if access is None else access
+        if not isinstance(access, TierAccess):
+            raise InvalidTypeError(f"access must be a TierAccess, got {type(access).__name__}")
         if cost is not None and not isinstance(cost, RestoreCost):
             raise InvalidTypeError("cost must be a RestoreCost")
-        if breaker is not None and not isinstance(breaker, CircuitBreaker):
-            raise InvalidTypeError("breaker must be a CircuitBreaker")
-        timeout = None if timeout is None else checked_timeout(timeout)
-        self.deployment_key = check_auth_key(deployment_key)
         tiers = {name: store for name, store in given.items() if store is not None}
         if not tiers:
             raise InvalidArgumentError("a TieredStore needs at least one tier")
-        self.calls = TierCalls(tiers, CircuitBreaker() if breaker is None else breaker, timeout)
-        self.tiers, self.breaker, self.timeout = self.calls.tiers, self.calls.breaker, timeout
+        self.deployment_key, self.timeout = access.deployment_key, access.timeout
+        self.calls = TierCalls(tiers, CircuitBreaker() if access.breaker is None else access.breaker, access.timeout)
+        self.tiers, self.breaker = self.calls.tiers, self.calls.breaker
         self.counters, self.misses = self.calls.counters, self.calls.misses
         self.cost = RestoreCost() if cost is None else cost
-        self.sizes = ObjectSizes(size_hint)
+        self.sizes = ObjectSizes(self.cost.stand_in)
         self.ledger = PublishLedger(self.calls)
         self.reader = RestorePath(self.calls, self.cost, self.sizes, self.ledger, self.deployment_key)
         if host is not None:

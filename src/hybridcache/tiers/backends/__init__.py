@@ -8,7 +8,7 @@ extras installed.
 from hybridcache.tiers.backends.base import DEFAULT_TIMEOUT_S, DeadlineRunner, ObjectStore, PutOutcome, check_key
 from hybridcache.tiers.backends.disk import DiskStore
 from hybridcache.tiers.backends.host import HostMemoryStore
-from hybridcache.tiers.backends.mooncake_store import MooncakeStore
+from hybridcache.tiers.backends.mooncake_store import MooncakeLocal, MooncakeStore
 from hybridcache.tiers.backends.redis_store import RedisStore
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "DeadlineRunner",
     "DiskStore",
     "HostMemoryStore",
+    "MooncakeLocal",
     "MooncakeStore",
     "ObjectStore",
     "PutOutcome",

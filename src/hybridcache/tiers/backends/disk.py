@@ -15,8 +15,8 @@ either no object or the complete one; leftover scratch files (only names of that
 deleted on the next open. Recency survives a restart through file modification times,
 refreshed on every read when the directory is writable.
 
-Every per-object call (open, link, unlink, stat, utime) runs relative to its shard directory,
-opened with ``O_DIRECTORY | O_NOFOLLOW`` (through ``objects/``, opened the same way): a shard or
+Every per-object call runs relative to its shard directory, opened without following links
+(``disk_root.DiskRoot``, which owns the layout and the file operations): a shard or
 ``objects/``/``scratch/`` replaced by a link to somewhere else, even after the store opened,
 costs a miss or a rejected put, never a file read or written outside the root.
 
@@ -28,37 +28,18 @@ are ``REJECTED``, removals and evictions do nothing, and a warm cache on a read-
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import fcntl
-import hashlib
 import itertools
 import os
-import re
-import stat
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
-from hybridcache.errors import (
-    InvalidArgumentError,
-    InvalidTypeError,
-    LifecycleError,
-    NotAStoreRootError,
-    StoreError,
-    StoreLockedError,
-)
-from hybridcache.tiers.backends.base import DEFAULT_TIMEOUT_S, ObjectStore, PutOutcome, check_key
+from hybridcache.errors import InvalidArgumentError, InvalidTypeError, LifecycleError, StoreError
+from hybridcache.tiers.backends.base import DEFAULT_TIMEOUT_S, ObjectStore, PutOutcome
+from hybridcache.tiers.backends.disk_root import MARKER_NAME, DiskRoot
 
-_SUFFIX = ".obj"
-MARKER_NAME = "hybridcache-disk-tier"
-_MARKER_TEXT = b"hybridcache disk tier, layout 2: objects/<shard>/<key>.obj, scratch/<pid>-<n>.tmp\n"
-_SCRATCH_NAME = re.compile(r"[0-9]+-[0-9]+\.tmp")
-_OWN_NAMES = {MARKER_NAME, "lock", "objects", "scratch"}
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-_NOT_OUR_DIRECTORY = (errno.ELOOP, errno.ENOTDIR)  # a link, or a file, where a directory belongs
+__all__ = ["MARKER_NAME", "DiskStore"]
 
 
 class DiskStore(ObjectStore):
@@ -91,8 +72,7 @@ class DiskStore(ObjectStore):
         self.capacity_bytes = capacity_bytes
         self.read_only = read_only
         self.root = Path(root)
-        self._objects_dir = self.root / "objects"
-        self._scratch_dir = self.root / "scratch"
+        self._files = DiskRoot(self.root)
         self._lock = threading.Lock()
         self._names = itertools.count()
         self._index: OrderedDict[str, int] = OrderedDict()  # key -> charged bytes, oldest first
@@ -101,7 +81,7 @@ class DiskStore(ObjectStore):
         self._evictions = 0
         self._on_evict: Callable[[str], None] | None = None
         self._evicted: list[str] = []  # evicted by the put in progress, reported once the lock is released
-        self._lock_fd = self._open_read_only() if read_only else self._open_exclusively()
+        self._lock_fd = self._files.open_read_only() if read_only else self._files.open_exclusively()
         try:
             self._recover()
         except BaseException:
@@ -119,118 +99,23 @@ class DiskStore(ObjectStore):
 
     # --- opening -------------------------------------------------------------------------------
 
-    def _claim_root(self) -> None:
-        """Mark a new or empty root as this store's; refuse one holding anything else."""
-        marker = self.root / MARKER_NAME
-        if marker.is_file():
-            return
-        if self.root.is_dir() and any(self.root.iterdir()):
-            raise NotAStoreRootError(
-                f"{self.root} is not empty and has no {MARKER_NAME} marker: not a disk tier; "
-                "give a new or empty directory"
-            )
-        self.root.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        except FileExistsError:
-            return  # another store marked it first
-        try:
-            _write_all(fd, _MARKER_TEXT)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        _fsync_directory(self.root)
-
-    def _open_exclusively(self) -> int:
-        try:
-            self._claim_root()
-            self._objects_dir.mkdir(exist_ok=True)
-            self._scratch_dir.mkdir(exist_ok=True)
-            fd = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-        except OSError as error:
-            raise StoreError(f"cannot open disk tier at {self.root}: {error}") from error
-        return self._flocked(fd, fcntl.LOCK_EX)
-
-    def _open_read_only(self) -> int | None:
-        """A shared lock when the lock file can be read (a writer holds it exclusively);
-        None when it cannot, on a medium where no writer can run anyway."""
-        if not (self.root / MARKER_NAME).is_file():
-            raise NotAStoreRootError(f"{self.root} has no {MARKER_NAME} marker: not a disk tier to read")
-        try:
-            fd = os.open(self.root / "lock", os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError:
-            return None
-        return self._flocked(fd, fcntl.LOCK_SH)
-
-    def _flocked(self, fd: int, mode: int) -> int:
-        try:
-            fcntl.flock(fd, mode | fcntl.LOCK_NB)
-        except OSError as error:
-            os.close(fd)
-            if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise StoreLockedError(f"{self.root} is already open in another store") from error
-            raise StoreError(f"cannot lock {self.root}: {error}") from error
-        return fd
-
     def _recover(self) -> None:
         """Delete this store's interrupted writes, then index the complete objects, oldest first."""
-        for folder in (self._objects_dir, self._scratch_dir):
-            if folder.is_symlink():  # its files would be someone else's
-                raise NotAStoreRootError(f"{folder} is a symbolic link: a disk tier keeps its files in its own root")
+        self._files.check_folders()
         try:
             if not self.read_only:
-                for leftover in self._scratch_dir.iterdir():
-                    if _SCRATCH_NAME.fullmatch(leftover.name) and leftover.is_file():
-                        leftover.unlink(missing_ok=True)
-            found = [entry for entry in map(self._indexable, self._object_files()) if entry is not None]
+                self._files.remove_interrupted_writes()
+            found = self._files.stored_objects(self.capacity_bytes)
         except OSError as error:
             raise StoreError(f"cannot scan disk tier at {self.root}: {error}") from error
-        for _, key, size in sorted(found):
+        for _, key, size in found:
             self._index[key] = self._charge(key, size)
             self._sizes[key] = size
             self._used += self._index[key]
         self._evict_until_fits(0)
         self._evicted.clear()  # before anyone listens: nothing was announced of them
 
-    def _object_files(self) -> list[Path]:
-        return list(self._objects_dir.glob(f"*/*{_SUFFIX}")) if self._objects_dir.is_dir() else []
-
-    def _indexable(self, path: Path) -> tuple[int, str, int] | None:
-        """(mtime, key, size) of a regular object file at its own key's path, else None."""
-        key = path.name[: -len(_SUFFIX)]
-        try:
-            check_key(key)
-        except InvalidArgumentError:
-            return None
-        if path.parent.is_symlink():
-            return None
-        info = path.lstat()
-        if not stat.S_ISREG(info.st_mode) or not 0 < info.st_size <= self.capacity_bytes or self._path(key) != path:
-            return None
-        return info.st_mtime_ns, key, info.st_size
-
     # --- operations ----------------------------------------------------------------------------
-
-    def _path(self, key: str) -> Path:
-        return self._objects_dir / _shard_name(key) / _object_name(key)
-
-    @contextlib.contextmanager
-    def _shard(self, key: str, *, create: bool = False) -> Iterator[int | None]:
-        """A descriptor of ``key``'s shard directory, opened without following links (None when
-        it is missing, or is not a real directory of this root: a planted link is a miss)."""
-        with _directory(self._objects_dir) as objects:
-            if objects is None:
-                yield None
-                return
-            name = _shard_name(key)
-            if create:
-                try:
-                    os.mkdir(name, 0o755, dir_fd=objects)
-                    os.fsync(objects)  # the new shard's entry must survive a crash
-                except FileExistsError:
-                    pass
-            with _directory(name, dir_fd=objects) as shard:
-                yield shard
 
     def _exists(self, keys: list[str], timeout: float) -> list[bool]:
         with self._lock:
@@ -261,46 +146,13 @@ class DiskStore(ObjectStore):
         if self.read_only or size > self.capacity_bytes:
             return PutOutcome.REJECTED
         self._evict_until_fits(size)
-        outcome = self._write_atomically(key, value)
+        outcome = self._files.write(key, value, f"{os.getpid()}-{next(self._names)}.tmp")
         if outcome is not PutOutcome.STORED:
             return outcome
         self._index[key] = size
         self._sizes[key] = len(value)
         self._used += size
         return PutOutcome.STORED
-
-    def _write_atomically(self, key: str, value: bytes) -> PutOutcome:
-        """Write, fsync, link into place: ``PRESENT`` when an object already sits under the
-        key's name, ``REJECTED`` when its shard or the scratch folder is not this root's own."""
-        temporary = f"{os.getpid()}-{next(self._names)}.tmp"
-        try:
-            with _directory(self._scratch_dir) as scratch:
-                if scratch is None:
-                    return PutOutcome.REJECTED
-                try:
-                    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=scratch)
-                    try:
-                        _write_all(fd, value)
-                        os.fsync(fd)
-                    finally:
-                        os.close(fd)
-                    return self._link_into_shard(key, scratch, temporary)
-                finally:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(temporary, dir_fd=scratch)
-        except OSError as error:
-            raise StoreError(f"cannot write {_object_name(key)}: {error}") from error
-
-    def _link_into_shard(self, key: str, scratch: int, temporary: str) -> PutOutcome:
-        with self._shard(key, create=True) as shard:
-            if shard is None:
-                return PutOutcome.REJECTED
-            try:
-                os.link(temporary, _object_name(key), src_dir_fd=scratch, dst_dir_fd=shard, follow_symlinks=False)
-            except FileExistsError:
-                return PutOutcome.PRESENT
-            os.fsync(shard)
-            return PutOutcome.STORED
 
     def _get(self, keys: list[str], timeout: float) -> list[bytes | None]:
         with self._lock:
@@ -309,41 +161,11 @@ class DiskStore(ObjectStore):
     def _read_one(self, key: str) -> bytes | None:
         if key not in self._index:
             return None
-        try:
-            with self._shard(key) as shard:
-                data = None if shard is None else self._read_regular(shard, _object_name(key), self._sizes[key])
-        except FileNotFoundError:  # removed behind our back: forget it
-            data = None
-        except OSError as error:
-            raise StoreError(f"cannot read {_object_name(key)}: {error}") from error
+        data = self._files.read(key, self._sizes[key], refresh=not self.read_only)
         if data is None:
             self._forget(key)
             return None
         self._index.move_to_end(key)
-        return data
-
-    def _read_regular(self, shard: int, name: str, size: int) -> bytes | None:
-        """The bytes of ``name`` in the ``shard`` directory when it is a regular file of ``size``
-        bytes (None otherwise: a link, a FIFO, a device, or a file that changed size is not the
-        object that was stored)."""
-        try:
-            fd = os.open(name, _READ_FLAGS, dir_fd=shard)
-        except OSError as error:
-            if error.errno in (errno.ELOOP, errno.ENXIO, errno.EMLINK):
-                return None  # a symbolic link, or a FIFO or socket with nothing behind it
-            raise
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode) or info.st_size != size:
-                return None
-            data = _read_exactly(fd, size)
-            if data is not None and not self.read_only:
-                try:
-                    os.utime(fd)  # persists recency for the next open, on the very file read
-                except OSError:
-                    pass  # recency is a hint; a read that succeeded stays a hit
-        finally:
-            os.close(fd)
         return data
 
     def _forget(self, key: str) -> None:
@@ -358,13 +180,7 @@ class DiskStore(ObjectStore):
         if self.read_only or key not in self._index:
             return False
         self._forget(key)
-        try:
-            with self._shard(key) as shard:
-                if shard is not None:  # a planted link: nothing of ours to remove behind it
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(_object_name(key), dir_fd=shard)
-        except OSError as error:
-            raise StoreError(f"cannot remove {key}: {error}") from error
+        self._files.unlink(key)
         return True
 
     def _evict_until_fits(self, incoming: int) -> None:
@@ -378,59 +194,3 @@ class DiskStore(ObjectStore):
         with self._lock:
             if self._lock_fd is not None:
                 os.close(self._lock_fd)  # closing the descriptor releases the flock
-
-
-def _write_all(fd: int, value: bytes) -> None:
-    view = memoryview(value)
-    while view:
-        written = os.write(fd, view)
-        if written <= 0:
-            raise OSError(errno.EIO, "write made no progress")
-        view = view[written:]
-
-
-def _read_exactly(fd: int, size: int) -> bytes | None:
-    """``size`` bytes from ``fd``, or None when the file ends early or holds more."""
-    parts, left = [], size
-    while left:
-        piece = os.read(fd, min(left, 1 << 24))
-        if not piece:
-            return None
-        parts.append(piece)
-        left -= len(piece)
-    return None if os.read(fd, 1) else b"".join(parts)
-
-
-def _shard_name(key: str) -> str:
-    return hashlib.blake2b(key.encode(), digest_size=1).hexdigest()
-
-
-def _object_name(key: str) -> str:
-    return f"{key}{_SUFFIX}"
-
-
-@contextlib.contextmanager
-def _directory(path: str | Path, *, dir_fd: int | None = None) -> Iterator[int | None]:
-    """A descriptor of the directory at ``path`` (relative to ``dir_fd``), never through a link;
-    None when it is missing, a link or not a directory."""
-    try:
-        fd = os.open(path, _DIRECTORY_FLAGS, dir_fd=dir_fd)
-    except FileNotFoundError:
-        fd = None
-    except OSError as error:
-        if error.errno not in _NOT_OUR_DIRECTORY:
-            raise
-        fd = None
-    try:
-        yield fd
-    finally:
-        if fd is not None:
-            os.close(fd)
-
-
-def _fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -25,6 +25,7 @@ import http.client
 import os
 import socket
 import time
+from dataclasses import dataclass
 from typing import Callable, TypeVar
 from urllib.parse import urlsplit
 
@@ -51,13 +52,44 @@ def _import_store_class():
     return MooncakeDistributedStore
 
 
+@dataclass(frozen=True)
+class MooncakeLocal:
+    """This process's side of the cluster: the ``hostname`` it advertises to its peers, the
+    memory it mounts as a segment of the cluster (``segment_bytes``, 0: none) and stages every
+    transfer through (``local_buffer_bytes``, the largest object it can move), and the threads
+    its calls run on (``workers``). Checked when built; both sizes are allocated in this process,
+    so neither may exceed this machine's memory."""
+
+    hostname: str = "127.0.0.1"
+    segment_bytes: int = 0
+    local_buffer_bytes: int = 64 << 20
+    workers: int = 4
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.hostname, str) or not self.hostname:
+            raise InvalidTypeError("hostname must be a non-empty str")
+        sizes = (("segment_bytes", self.segment_bytes), ("local_buffer_bytes", self.local_buffer_bytes))
+        for name, value in sizes:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidConfigError(f"{name} must be a non-negative int")
+        if self.local_buffer_bytes == 0:
+            raise InvalidConfigError("local_buffer_bytes must be positive: every transfer stages through it")
+        memory = machine.host_memory_bytes()
+        for name, value in sizes:
+            if value > memory:
+                raise InvalidConfigError(f"{name} {value:,} is more than this machine's memory ({memory:,} bytes)")
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+            raise InvalidConfigError(f"workers must be a positive int, got {self.workers!r}")
+
+
 class MooncakeStore(ObjectStore):
     """A Mooncake Store client over TCP, registered with the master at ``master_address``.
 
     ``metadata_server`` is the master's HTTP metadata URL (``http://host:port/metadata``).
-    ``local_hostname`` is the address this client advertises to its peers; Mooncake reads its
-    bind address from the environment, so it is set there (``MC_TCP_BIND_ADDRESS``, and
-    ``MC_FORCE_TCP`` for the TCP transport) unless the caller set them first.
+    ``local`` (a ``MooncakeLocal``) is this client's side of the cluster; Mooncake reads its
+    bind address from the environment, so ``local.hostname`` is set there
+    (``MC_TCP_BIND_ADDRESS``, and ``MC_FORCE_TCP`` for the TCP transport) unless the caller set
+    them first.
     """
 
     def __init__(
@@ -65,37 +97,27 @@ class MooncakeStore(ObjectStore):
         master_address: str,
         metadata_server: str,
         *,
-        local_hostname: str = "127.0.0.1",
-        segment_bytes: int = 0,
-        local_buffer_bytes: int = 64 << 20,
+        local: MooncakeLocal | None = None,
         default_timeout: float = DEFAULT_TIMEOUT_S,
         setup_timeout: float = DEFAULT_SETUP_TIMEOUT_S,
-        workers: int = 4,
     ) -> None:
         super().__init__(default_timeout=default_timeout)
-        if not isinstance(local_hostname, str) or not local_hostname:
-            raise InvalidTypeError("local_hostname must be a non-empty str")
+        local = MooncakeLocal() if local is None else local
+        if not isinstance(local, MooncakeLocal):
+            raise InvalidTypeError(f"local must be a MooncakeLocal, got {type(local).__name__}")
         master_host_port(master_address)  # both addresses checked whole before anything runs
         metadata_host_port(metadata_server)
-        for name, value in (("segment_bytes", segment_bytes), ("local_buffer_bytes", local_buffer_bytes)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise InvalidConfigError(f"{name} must be a non-negative int")
-        if local_buffer_bytes == 0:
-            raise InvalidConfigError("local_buffer_bytes must be positive: every transfer stages through it")
-        memory = machine.host_memory_bytes()
-        for name, value in (("segment_bytes", segment_bytes), ("local_buffer_bytes", local_buffer_bytes)):
-            if value > memory:  # both are allocated in this process
-                raise InvalidConfigError(f"{name} {value:,} is more than this machine's memory ({memory:,} bytes)")
-        self.max_object_bytes = local_buffer_bytes
+        self.max_object_bytes = local.local_buffer_bytes
         setup_timeout = checked_timeout(setup_timeout)
         _probe_cluster(master_address, metadata_server, setup_timeout)
         store_class = _import_store_class()
-        os.environ.setdefault("MC_TCP_BIND_ADDRESS", local_hostname)
+        os.environ.setdefault("MC_TCP_BIND_ADDRESS", local.hostname)
         os.environ.setdefault("MC_FORCE_TCP", "1")
-        self._runner = DeadlineRunner("mooncake-store", workers=workers)
+        self._runner = DeadlineRunner("mooncake-store", workers=local.workers)
         self._store = store_class()
         setup = functools.partial(
-            self._store.setup, local_hostname, metadata_server, segment_bytes, local_buffer_bytes, "tcp", "", master_address
+            self._store.setup, local.hostname, metadata_server, local.segment_bytes, local.local_buffer_bytes,
+            "tcp", "", master_address,
         )
         try:
             status = self._runner.run(setup, setup_timeout, "mooncake setup")

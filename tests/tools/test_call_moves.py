@@ -1,0 +1,64 @@
+"""The counting of tests/tools/call_moves.py on hand-built trees (the tool itself runs a replay)."""
+
+from __future__ import annotations
+
+import sys
+
+from tests.tools.call_moves import CallRecorder, Room, count, walk
+
+BELOW = {  # each module's transitive imports
+    "hybridcache.replay.a": {"hybridcache.replay.b", "hybridcache.tiers.c", "hybridcache.types"},
+    "hybridcache.replay.b": {"hybridcache.tiers.c", "hybridcache.types"},
+    "hybridcache.tiers.c": {"hybridcache.types"},
+}
+
+
+def _tree(*edges: tuple[str, str]) -> Room:
+    rooms: dict[str, Room] = {}
+    root = None
+    for parent, child in edges:
+        node = rooms.setdefault(parent, Room(parent))
+        root = root or node
+        rooms[child] = node.child(child)
+    return root
+
+
+def test_a_walk_goes_into_each_child_and_back():
+    tree = _tree(("hybridcache.replay.a", "hybridcache.replay.b"), ("hybridcache.replay.b", "hybridcache.tiers.c"))
+    assert [room for _, room in walk(tree)] == [
+        "hybridcache.replay.a", "hybridcache.replay.b", "hybridcache.tiers.c", "hybridcache.replay.b", "hybridcache.replay.a"
+    ]
+    counts = count(walk(tree), BELOW)
+    assert (counts["stays"], counts["rooms"], counts["moves"]) == (5, 3, 4)
+    assert counts["climbs"] == 2 and counts["upcalls"] == 0  # the two returns up to an importer
+    assert counts["returns"] == 2  # b and a, each left once before
+    assert counts["entered_by_a_call"] == {"hybridcache.replay.b": 1, "hybridcache.tiers.c": 1}
+
+
+def test_a_callback_into_an_importer_is_a_climb():
+    tree = _tree(("hybridcache.replay.a", "hybridcache.tiers.c"), ("hybridcache.tiers.c", "hybridcache.replay.b"))
+    counts = count(walk(tree), BELOW)
+    # a -> c (down), c -> b (up: a callback into a module importing c), b -> c (down), c -> a (up)
+    assert counts["climbs"] == 2 and counts["upcalls"] == 1
+    assert counts["returns"] == 2
+
+
+def _leaf():
+    return None
+
+
+def _middle():
+    _leaf()
+    _leaf()  # a repeated call collapses into the first
+
+
+def test_the_recorder_follows_only_the_root_and_collapses_repeated_calls():
+    recorder = CallRecorder(_middle.__code__)
+    sys.setprofile(recorder)
+    try:
+        _leaf()  # before the root runs: not recorded
+        _middle()
+        _middle()
+    finally:
+        sys.setprofile(None)
+    assert recorder.tree.module == __name__ and recorder.tree.children == {}  # one module, outside the package
