@@ -165,6 +165,7 @@ def _summary(policy: str, tally: _Tally, wall: float, counters: dict[str, float]
         "predictions": f"{counters.get('hybridcache_router_predictions_exact_total', 0.0):.0f}/{checked:.0f}",
         "hit_depth_mean": cached / len(turns) if turns else 0.0,  # cached tokens a request restored, on average
         "settles_read": counters.get("hybridcache_router_settles_read_total", 0.0),
+        "settles_unapplied": counters.get("hybridcache_router_settles_unapplied_total", 0.0),  # answers ended without their events
         "predicted_cached_tokens": counters.get("hybridcache_router_predicted_cached_tokens_total", 0.0),
         # what choosing by restorable depth alone would have added at each decision, over the prompts
         "headroom": (counters.get("hybridcache_router_deepest_restorable_tokens_total", 0.0)
