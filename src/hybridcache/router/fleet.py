@@ -48,6 +48,7 @@ class Replica:
     instance_id: str | None = None  # the run of its streams the index was built from (None: not said)
     announced: tuple[int | None, int | None] = (None, None)  # the highest next_seq per stream it said (answers, /kv_events)
     catch_ups: int = 0  # replays asked because a seq it announced had not arrived live
+    index_losses: int = 0  # times its index was dropped (no answer to /metrics, a failed connection, a restart)
 
     @property
     def load(self) -> float:
@@ -81,13 +82,15 @@ class ReplicaStatus(NamedTuple):
     undecodable: int
     applied_seqs: tuple[int | None, int | None]  # the last seq applied from the KV and checkpoint streams
     catch_ups: int = 0  # replays asked because an announced seq had not arrived live
+    index_losses: int = 0  # times its index was dropped
 
 
 def _status(replica: Replica) -> ReplicaStatus:
     feed = replica.feed
     if feed is None:
-        return ReplicaStatus(replica.url, replica.healthy, replica.load, 0, (None, None), replica.catch_ups)
-    return ReplicaStatus(replica.url, replica.healthy, replica.load, feed.undecodable, feed.last_seqs, replica.catch_ups)
+        return ReplicaStatus(replica.url, replica.healthy, replica.load, 0, (None, None), replica.catch_ups, replica.index_losses)
+    return ReplicaStatus(replica.url, replica.healthy, replica.load, feed.undecodable, feed.last_seqs, replica.catch_ups,
+                         replica.index_losses)
 
 
 def _restarted(subscribed_id: str | None, applied: tuple[int | None, int | None], now: Continuity) -> bool:
@@ -326,6 +329,7 @@ class Fleet:
         replica.healthy = False
         if replica.feed is not None:
             replica.feed.close()
+            replica.index_losses += 1
         replica.feed = None
         if replica.index is not None:
             replica.index.clear()
