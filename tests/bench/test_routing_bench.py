@@ -19,3 +19,4 @@ def test_the_routing_bench_drives_conversations_through_the_router():
     assert 0 < record["predictions_exact"] <= 1 and record["restorable_over_this"] == 1.0
     assert record["config"]["replicas"] == 2 and record["config"]["checkpoint_policy"] == "marconi"
     assert 0 <= record["headroom"] < 1  # the deepest restore offered at each decision, less the one taken
+    assert record["settles_unapplied"] >= 0 and record["catch_ups"] >= 0 and record["index_losses"] >= 0

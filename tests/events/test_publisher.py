@@ -119,6 +119,30 @@ def test_a_batch_is_sent_before_publish_returns(publisher):
         assert publisher.published == publisher.accepted == expected
 
 
+class _RecordingSocket:
+    """Stands in for the PUB socket: notes the publisher's ``accepted`` as each batch goes out."""
+
+    def __init__(self, publisher):
+        self._publisher, self._socket, self.seen = publisher, publisher._pub, []
+
+    def send_multipart(self, frames, copy=True):
+        self.seen.append((int.from_bytes(frames[1], "big"), self._publisher.accepted))
+        return self._socket.send_multipart(frames, copy=copy)
+
+
+def test_accepted_passes_a_batchs_seq_before_the_batch_is_on_the_wire(publisher):
+    # ``accepted`` is the next_seq /kv_events reports from another thread; seen at or below a seq
+    # a router already applied, it reads as a restart and the router forgets the index.
+    recording = _RecordingSocket(publisher)
+    publisher._pub = recording
+    try:
+        for _ in range(3):
+            publisher.publish(KVEventBatch(0.0, []))
+    finally:
+        publisher._pub = recording._socket
+    assert recording.seen and all(accepted > seq for seq, accepted in recording.seen)
+
+
 def test_batches_queued_behind_a_busy_socket_keep_their_order_and_a_full_queue_drops():
     pub = EventPublisher(LOOPBACK_ANY_PORT, LOOPBACK_ANY_PORT, max_queue_size=1)
     try:

@@ -73,6 +73,9 @@ class _Feed:
             self.last_seqs = self._arriving.pop(0)
         return 1
 
+    def catch_up(self):
+        return None
+
 
 def test_settle_applies_the_replicas_events_up_to_its_next_seq(monkeypatch):
     import hybridcache.router.fleet as fleet_module
@@ -104,9 +107,6 @@ def test_settle_uses_the_next_seq_the_answer_carried_without_asking(monkeypatch)
 
 class _ClosableFeed(_Feed):
     closed = False
-
-    def catch_up(self):
-        return None
 
     def close(self):
         self.closed = True

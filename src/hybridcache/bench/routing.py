@@ -130,6 +130,9 @@ def _router_counters(base: str) -> dict[str, float]:
     for line in text.decode().splitlines():
         if line.startswith("hybridcache_router_") and line.split(" ", 1)[0].endswith("_total"):
             counters[line.split(" ", 1)[0]] = float(line.rsplit(" ", 1)[1])
+        for summed in ("catch_ups", "index_losses"):  # per replica, summed
+            if line.startswith(f"hybridcache_router_replica_{summed}{{"):
+                counters[summed] = counters.get(summed, 0.0) + float(line.rsplit(" ", 1)[1])
     return counters
 
 
@@ -165,6 +168,9 @@ def _summary(policy: str, tally: _Tally, wall: float, counters: dict[str, float]
         "predictions": f"{counters.get('hybridcache_router_predictions_exact_total', 0.0):.0f}/{checked:.0f}",
         "hit_depth_mean": cached / len(turns) if turns else 0.0,  # cached tokens a request restored, on average
         "settles_read": counters.get("hybridcache_router_settles_read_total", 0.0),
+        "settles_unapplied": counters.get("hybridcache_router_settles_unapplied_total", 0.0),  # answers ended without their events
+        "catch_ups": counters.get("catch_ups", 0.0),  # replays asked for announced seqs that had not arrived live
+        "index_losses": counters.get("index_losses", 0.0),  # replicas' indexes dropped during the run
         "predicted_cached_tokens": counters.get("hybridcache_router_predicted_cached_tokens_total", 0.0),
         # what choosing by restorable depth alone would have added at each decision, over the prompts
         "headroom": (counters.get("hybridcache_router_deepest_restorable_tokens_total", 0.0)

@@ -93,13 +93,17 @@ class EventPublisher:
         if not isinstance(batch, (KVEventBatch, StateEventBatch)):
             raise EventStreamError(f"expected an event batch, got {type(batch).__name__}")
         payload = encode_batch(batch)
+        # Counted before it can be on the wire: ``accepted`` is the next_seq a replica reports
+        # (``/kv_events``, read on another thread), and a reader that saw it at or below a seq
+        # already sent and applied took the replica for restarted (its index forgotten).
+        self.accepted += 1
         if not self._send_now(payload):
             try:
                 self._queue.put_nowait(payload)
             except queue.Full:
+                self.accepted -= 1
                 self.dropped += 1
                 return False
-        self.accepted += 1
         return True
 
     def _send_now(self, payload: bytes) -> bool:

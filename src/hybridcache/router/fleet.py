@@ -1,8 +1,8 @@
 """The replicas behind a router: their indexes, health and load, kept current by one thread.
 
 Owns: one ``Replica`` record per URL (its index, its feed while it is healthy, the instance id
-of the streams its index was built from, its load, its health, the requests this router is
-relaying to it), the adapter names the replicas announced, and the lock that orders the
+of the streams its index was built from, the highest seqs it announced that are not applied
+yet, its load, its health, the requests this router is relaying to it), the adapter names the replicas announced, and the lock that orders the
 thread's updates against routing. Every ``health_interval_s`` the thread reads each replica's
 ``/metrics``: a replica that does not answer is marked dead, its feed closed and its index
 cleared, so it is never chosen for longer than one interval; one that answers again is
@@ -12,7 +12,8 @@ restarted since: its index is forgotten and rebuilt the same way. Between health
 thread applies the streams' batches as they arrive, and once per interval asks the replay
 sockets for anything a lost last message hid; ``route`` applies whatever arrived since the
 thread's last poll before it scores, so a turn that follows its predecessor at once sees the
-checkpoint that predecessor saved.
+checkpoint that predecessor saved, and asks the replay socket (once, bounded by its timeout)
+for any batch the replica announced (an answer's next_seq, a health read) that did not arrive.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from hybridcache.router.request_key import RequestKey
 _POLL_MS = 10
 _SETTLE_S = 0.2  # the most an answer's end waits for its replica's events
 _SETTLE_POLL_S = 0.001
+_LIVE_WAIT_S = 0.02  # how long a settle waits for announced batches live before asking the replay socket
 
 
 @dataclass(eq=False)
@@ -44,6 +46,9 @@ class Replica:
     in_flight: int = 0  # requests this router is relaying to it now
     prefill_tokens: int = 0  # what this router's requests not yet answering still compute
     instance_id: str | None = None  # the run of its streams the index was built from (None: not said)
+    announced: tuple[int | None, int | None] = (None, None)  # the highest next_seq per stream it said (answers, /kv_events)
+    catch_ups: int = 0  # replays asked because a seq it announced had not arrived live
+    index_losses: int = 0  # times its index was dropped (no answer to /metrics, a failed connection, a restart)
 
     @property
     def load(self) -> float:
@@ -76,13 +81,16 @@ class ReplicaStatus(NamedTuple):
     load: float
     undecodable: int
     applied_seqs: tuple[int | None, int | None]  # the last seq applied from the KV and checkpoint streams
+    catch_ups: int = 0  # replays asked because an announced seq had not arrived live
+    index_losses: int = 0  # times its index was dropped
 
 
 def _status(replica: Replica) -> ReplicaStatus:
     feed = replica.feed
     if feed is None:
-        return ReplicaStatus(replica.url, replica.healthy, replica.load, 0, (None, None))
-    return ReplicaStatus(replica.url, replica.healthy, replica.load, feed.undecodable, feed.last_seqs)
+        return ReplicaStatus(replica.url, replica.healthy, replica.load, 0, (None, None), replica.catch_ups, replica.index_losses)
+    return ReplicaStatus(replica.url, replica.healthy, replica.load, feed.undecodable, feed.last_seqs, replica.catch_ups,
+                         replica.index_losses)
 
 
 def _restarted(subscribed_id: str | None, applied: tuple[int | None, int | None], now: Continuity) -> bool:
@@ -101,6 +109,11 @@ def _restarted(subscribed_id: str | None, applied: tuple[int | None, int | None]
 def _applied(applied: tuple[int | None, int | None], expected: tuple[int | None, int | None]) -> bool:
     """Whether each stream's applied seq reached ``next_seq - 1`` (a stream with nothing sent is)."""
     return all(not wanted or (seen is not None and seen >= wanted - 1) for seen, wanted in zip(applied, expected))
+
+
+def _highest(known: tuple[int | None, int | None], said: tuple[int | None, int | None]) -> tuple[int | None, int | None]:
+    """Per stream, the higher of two next_seqs (None: not said)."""
+    return tuple(b if a is None else a if b is None else max(a, b) for a, b in zip(known, said))
 
 
 class Fleet:
@@ -143,9 +156,9 @@ class Fleet:
             candidates = [r for r in self.replicas if r.healthy and r not in exclude]
             if not candidates:
                 return None
-            for replica in candidates:  # what arrived since the thread's last poll: a turn's own checkpoint
-                if replica.feed is not None and key is not None:
-                    replica.feed.poll(0)
+            if key is not None:
+                for replica in candidates:
+                    self._apply_announced(replica)
             number, self._number = self._number, self._number + 1
             policy = self.policy if key is not None else "round-robin"
             depths = [r.index.depths(key) if key is not None and r.index is not None else Depths(0, 0) for r in candidates]
@@ -155,6 +168,22 @@ class Fleet:
                 self._predicted_compute += prompt_tokens - decision.predicted_tokens
                 self._keyed_routes += 1
             return candidates[decision.index], decision
+
+    def _apply_announced(self, replica: Replica) -> None:
+        """Apply what reached the router since the thread's last poll (a turn's own checkpoint);
+        when the replica announced a later seq than that (an answer's next_seq whose settle ran
+        out of time, a health check's read), the batches in between were published before this
+        decision but lost or late: ask the replay socket for them (bounded by its timeout), so
+        the route scores every change the replica said it made. Asked once per announcement:
+        what the replay cannot give (a restart) the continuity check handles. Under the lock."""
+        feed = replica.feed
+        if feed is None:
+            return
+        feed.poll(0)
+        if not _applied(feed.last_seqs, replica.announced):
+            replica.catch_ups += 1
+            feed.catch_up()
+        replica.announced = (None, None)
 
     def _per_request_tokens(self) -> float:
         """What a request sent by others is taken to compute: ``load_tokens``, else the mean
@@ -190,25 +219,37 @@ class Fleet:
     def settle(self, replica: Replica, timeout_s: float = _SETTLE_S,
                expected: tuple[int | None, int | None] | None = None) -> bool:
         """Apply every batch ``replica`` published up to ``expected`` (the ``next_seq`` its
-        answer carried; without it, read from its ``/kv_events``), waiting at most
-        ``timeout_s``; True once applied. Called as a relayed answer ends, before its last
-        bytes reach the client: the client's next turn is then routed with the events of the
-        step that finished this one (they travel on another socket, and could arrive after the
-        turn did). False when the replica does not say or they do not arrive in time."""
+        answer carried; without it, read from its ``/kv_events``); True once applied. Called as
+        a relayed answer ends, before its last bytes reach the client: the client's next turn
+        is then routed with the events of the step that finished this one (they travel on
+        another socket, and could arrive after the turn did). Waits for them live for at most
+        ``_LIVE_WAIT_S``, then asks the replay socket once (a lost last message reveals no
+        gap, and the health loop's catch-up may be an interval away), then live again until
+        ``timeout_s``; whatever is still missing the next ``route`` to this replica asks the
+        replay for (``announced``). False when the replica does not say or they did not arrive."""
         if expected is None:
             expected = read_next_seqs(replica.url, timeout_s)
-        deadline = time.monotonic() + timeout_s
-        while expected is not None:
+        if expected is None:
+            return False
+        began = time.monotonic()
+        asked = False
+        while True:
             with self._lock:
                 if replica.feed is None:
                     return False
                 replica.feed.poll(0)
                 if _applied(replica.feed.last_seqs, expected):
                     return True
-            if time.monotonic() >= deadline:
-                return False
+                waited = time.monotonic() - began
+                if not asked and waited >= min(_LIVE_WAIT_S, timeout_s):
+                    asked = True
+                    replica.catch_ups += 1
+                    replica.feed.catch_up()
+                    continue
+                if waited >= timeout_s:
+                    replica.announced = _highest(replica.announced, expected)
+                    return False
             time.sleep(_SETTLE_POLL_S)
-        return False
 
     def mark_dead(self, replica: Replica) -> None:
         """A connection to ``replica`` failed: stop routing to it until it answers again."""
@@ -262,6 +303,8 @@ class Fleet:
         with self._lock:
             if now is not None and replica.feed is feed and _restarted(subscribed_id, applied, now):
                 self._forget(replica)
+            elif now is not None and replica.feed is feed:  # published before now: the next route waits for it
+                replica.announced = _highest(replica.announced, now.next_seqs)
 
     def _forget(self, replica: Replica) -> None:
         """Close the feed and clear the index, but keep routing to the replica (it answers)."""
@@ -286,8 +329,10 @@ class Fleet:
         replica.healthy = False
         if replica.feed is not None:
             replica.feed.close()
+            replica.index_losses += 1
         replica.feed = None
         if replica.index is not None:
             replica.index.clear()
         replica.index = None
         replica.instance_id = None
+        replica.announced = (None, None)

@@ -5,7 +5,8 @@ comparison of each predicted restorable depth with the ``cached_tokens`` the rep
 reported (``usage.prompt_tokens_details.cached_tokens``), the deepest depth any replica could
 have restored at each decision (``deepest_restorable_tokens``: minus the predicted, what a
 choice by restorable depth alone would have gained then), and how each answer's settle learnt
-its replica's ``next_seq`` (from the answer, or read from ``/kv_events``). Thread safe (one lock).
+its replica's ``next_seq`` (from the answer, or read from ``/kv_events``) and how many settles
+ended without the events (``settles_unapplied``). Thread safe (one lock).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class RouterMetrics:
                 lines.append(f'hybridcache_router_decisions_total{{reason="{reason}",replica="{replica}"}} {count}')
             for name in ("requests", "retries", "no_replica", "predictions_checked", "predictions_exact",
                          "predicted_cached_tokens", "reported_cached_tokens", "deepest_restorable_tokens",
-                         "settles_from_answer", "settles_read"):
+                         "settles_from_answer", "settles_read", "settles_unapplied"):
                 lines.append(f"# TYPE hybridcache_router_{name}_total counter")
                 lines.append(f"hybridcache_router_{name}_total {self._counters[name]}")
         lines.append("# TYPE hybridcache_router_replica_healthy gauge")
@@ -61,6 +62,10 @@ class RouterMetrics:
         lines.extend(f'hybridcache_router_replica_load{{replica="{r.url}"}} {r.load}' for r in replicas)
         lines.append("# TYPE hybridcache_router_undecodable_batches gauge")
         lines.extend(f'hybridcache_router_undecodable_batches{{replica="{r.url}"}} {r.undecodable}' for r in replicas)
+        lines.append("# TYPE hybridcache_router_replica_catch_ups counter")
+        lines.extend(f'hybridcache_router_replica_catch_ups{{replica="{r.url}"}} {r.catch_ups}' for r in replicas)
+        lines.append("# TYPE hybridcache_router_replica_index_losses counter")
+        lines.extend(f'hybridcache_router_replica_index_losses{{replica="{r.url}"}} {r.index_losses}' for r in replicas)
         lines.append("# TYPE hybridcache_router_replica_applied_seq gauge")
         for r in replicas:
             for stream, seq in zip(("kv", "state"), r.applied_seqs):

@@ -241,7 +241,8 @@ class _Handler(BaseHTTPRequestHandler):
         checkpoint."""
         if predicted is not None:
             self.router.metrics.count("settles_from_answer" if next_seqs is not None else "settles_read")
-            self.router.fleet.settle(relay.replica, expected=next_seqs)
+            if not self.router.fleet.settle(relay.replica, expected=next_seqs):
+                self.router.metrics.count("settles_unapplied")
 
     def _check_prediction(self, data: bytes | None, predicted: Decision | None) -> None:
         if predicted is None or not data:
