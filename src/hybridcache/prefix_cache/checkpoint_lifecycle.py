@@ -292,7 +292,6 @@ class CheckpointLifecycle(CheckpointStore):
         """``select_restore`` then ``pin_restore`` of each published ``records[k]`` for
         ``seqs[k]`` (its own, its restore not pinned), its recency stamped ``stamps[k]`` (ticks
         the caller took where ``pin_restore``'s would have been): a batch of admissions."""
-        lru, frozen_lru, live = self._lru, self._frozen_lru, self._num_live
         for seq, record, stamp in zip(seqs, records, stamps):
             refs = seq.prefix_state.checkpoints
             refs.restore = record
@@ -300,9 +299,10 @@ class CheckpointLifecycle(CheckpointStore):
             record.restore_pins += 1
             record.hits += 1
             record.stamp = stamp
-            lru.push(record, stamp, live)
-            if record.is_partial:
-                frozen_lru.push(record, stamp, live)
+        self._lru.push_many(records, stamps, self._num_live)
+        partial = [k for k, record in enumerate(records) if record.is_partial]
+        if partial:
+            self._frozen_lru.push_many([records[k] for k in partial], [stamps[k] for k in partial], self._num_live)
 
     def unpin_restore(self, seq: Sequence) -> bool:
         """Release the restore pin (at the boundary after the restore copy is queued) and clear

@@ -35,6 +35,8 @@ from hybridcache.prefix_cache.match_txn import MatchBook, MatchTxn
 from hybridcache.prefix_cache.node import NodePath, Runs
 from hybridcache.prefix_cache.routed_experts import RoutedExpertStore
 from hybridcache.prefix_cache.stats import MissReason
+
+_EMPTY_RANGE = (0, 0)
 from hybridcache.sequence import Sequence
 
 # A miss probing more candidate steps than this first checks the request's first block.
@@ -220,6 +222,18 @@ class CheckpointMatcher:
                 break
             hits.append(found)
         return hits
+
+    def apply_remembered_hits(self, seqs: list[Sequence], records: list[CheckpointRecord]) -> None:
+        """What ``match`` sets for each of ``seqs`` hitting ``records[k]`` as its remembered
+        hit (its path already borrowed): the step, the cursor at the anchor, the fresh range
+        (empty: the chunk attaches nothing)."""
+        empty = _EMPTY_RANGE
+        for seq, record in zip(seqs, records):
+            state = seq.prefix_state
+            position = state.trie
+            seq.set_computed(record.step)
+            position.cursor, position.cursor_generation = record.anchor, record.anchor_generation
+            state.overlap.fresh_range = empty
 
     def _still_usable(self, record: CheckpointRecord | None) -> bool:
         return (

@@ -268,23 +268,14 @@ class BlockTrie:
         since): what ``match``, ``pin_restore`` (its recency stamped ``pin_stamps[k]``) and
         ``allocate_if_trivial`` do, without a transaction (the caller admits them all)."""
         records = [found.record for found in hits]
-        self.kv.pin_paths([record.anchor for record in records])
-        nodes, empty = self.nodes, _EMPTY_RANGE
-        query = hit = counted = 0
-        for seq, found, record in zip(seqs, hits, records):
-            state = seq.prefix_state
-            ids = nodes.path_blocks(found.path)
-            borrowing, position = state.borrow, state.trie
-            borrowing.node, borrowing.depth = record.anchor, ids.size
-            seq.place_blocks(0, ids)
-            seq.set_computed(record.step)
-            position.cursor, position.cursor_generation = record.anchor, record.anchor_generation
-            state.overlap.fresh_range = empty
-            if not state.suppress_stats:
-                query, hit, counted = query + seq.num_tokens, hit + record.step, counted + 1
+        nodes = self.nodes
+        self.book.borrow_paths_of(seqs, [record.anchor for record in records], [nodes.path_blocks(found.path) for found in hits])
+        self.matcher.apply_remembered_hits(seqs, records)
         self.checkpoints.pin_selected_restores(seqs, records, pin_stamps)
+        counted = [seq for seq in seqs if not seq.prefix_state.suppress_stats]
         if counted:
-            self.stats.record_hits(counted, query, hit)
+            query = sum(seq.num_tokens for seq in counted)
+            self.stats.record_hits(len(counted), query, sum(seq.num_computed for seq in counted))
 
     def commit(self, txn: MatchTxn) -> None:
         """Make a match final: drop the references on blocks it displaced."""
