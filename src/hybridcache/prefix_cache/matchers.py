@@ -223,17 +223,23 @@ class CheckpointMatcher:
             hits.append(found)
         return hits
 
-    def apply_remembered_hits(self, seqs: list[Sequence], records: list[CheckpointRecord]) -> None:
+    def apply_remembered_hits(self, seqs: list[Sequence], records: list[CheckpointRecord]) -> tuple[int, int, int]:
         """What ``match`` sets for each of ``seqs`` hitting ``records[k]`` as its remembered
         hit (its path already borrowed): the step, the cursor at the anchor, the fresh range
-        (empty: the chunk attaches nothing)."""
+        (empty: the chunk attaches nothing). Returns what the match counters take: the hits
+        counted (a sequence may suppress its statistics), tokens asked and tokens hit."""
         empty = _EMPTY_RANGE
+        counted = query = hit = 0
         for seq, record in zip(seqs, records):
             state = seq.prefix_state
             position = state.trie
-            seq.set_computed(record.step)
+            step = record.step
+            seq.set_computed(step)
             position.cursor, position.cursor_generation = record.anchor, record.anchor_generation
             state.overlap.fresh_range = empty
+            if not state.suppress_stats:
+                counted, query, hit = counted + 1, query + seq.num_tokens, hit + step
+        return counted, query, hit
 
     def _still_usable(self, record: CheckpointRecord | None) -> bool:
         return (

@@ -270,12 +270,10 @@ class BlockTrie:
         records = [found.record for found in hits]
         nodes = self.nodes
         self.book.borrow_paths_of(seqs, [record.anchor for record in records], [nodes.path_blocks(found.path) for found in hits])
-        self.matcher.apply_remembered_hits(seqs, records)
+        counted, query, hit = self.matcher.apply_remembered_hits(seqs, records)
         self.checkpoints.pin_selected_restores(seqs, records, pin_stamps)
-        counted = [seq for seq in seqs if not seq.prefix_state.suppress_stats]
         if counted:
-            query = sum(seq.num_tokens for seq in counted)
-            self.stats.record_hits(len(counted), query, sum(seq.num_computed for seq in counted))
+            self.stats.record_hits(counted, query, hit)
 
     def commit(self, txn: MatchTxn) -> None:
         """Make a match final: drop the references on blocks it displaced."""
