@@ -71,15 +71,18 @@ short_step = st.tuples(
 )
 
 
-def run(cache: CacheProtocol, steps: list, batched: bool, after_admissions=lambda: None) -> list:
+def run(cache: CacheProtocol, steps: list, batched: bool, after_admissions=lambda: None, before_admissions=None) -> list:
     """Drive the same schedule through admit_many (batched) or admit one by one; return every
-    decision and what the cache looks like after each step."""
+    decision and what the cache looks like after each step. ``before_admissions(step)`` runs
+    between the requests' ``prepare`` and their admission."""
     trace, live = [], []
-    for requests, shared, runs, frees in steps:
+    for number, (requests, shared, runs, frees) in enumerate(steps):
         seqs = [Sequence(BASES[base][:cut] + suffix) for (base, cut, suffix), _ in requests]
         budgets = requests[0][1] if shared else [budget for _, budget in requests]
         for seq in seqs:
             cache.prepare(seq)
+        if before_admissions is not None:
+            trace.append(before_admissions(cache, number))
         if batched:
             admitted = cache.admit_many(seqs, budgets)
         else:
@@ -183,6 +186,8 @@ class FreeingMatches:
 
     def __init__(self, cache: CacheProtocol, at: set[int]) -> None:
         self.cache, self.at, self.calls = cache, at, 0
+        # a remembered hit frees nothing, so every match here takes the path that can
+        cache.trie.remembered_hits = lambda seqs: []
         self.blocks = list(cache.pool.allocate(len(at)).tolist())
         self.slots = [cache.states.allocate_checkpoint() for _ in at]
         self.match = cache.trie.match
@@ -297,3 +302,87 @@ def test_what_a_match_frees_mid_batch_goes_to_its_own_admission_and_those_after(
     first_admissions = traces[1][0]
     assert first_admissions[1][2] == freed[1][1]  # the second took the slot its own match freed
     assert traces[1][1][1][1][1] == [freed[1][0]]  # and the block
+
+
+# --- remembered hits: ingested requests whose checkpoint search still holds at admission ---------
+
+prompt = st.tuples(st.integers(0, len(BASES) - 1), st.sampled_from([4, 8, 11, 13, 16, 24, 33]))
+
+
+@st.composite
+def conversations(draw):
+    """A first step publishes a checkpoint at the end of each prompt (aligned and mid-block,
+    prompts sharing prefixes); later steps ask for the same prompts plus a few tokens, so
+    most of their requests' matches are the hits their ingest remembered, with budgets that
+    fit, complete a block, run nothing or need eviction."""
+    prompts = draw(st.lists(prompt, min_size=1, max_size=6))
+    first = ([((base, cut, []), 48) for base, cut in prompts], False, [True] * 6, [True] * 6)
+    later = st.tuples(
+        st.lists(st.tuples(st.tuples(st.sampled_from(prompts), st.lists(st.integers(0, 3), min_size=1, max_size=6)),
+                           st.sampled_from([0, 1, 2, 3, 3, 8, 48])), min_size=1, max_size=8),
+        st.booleans(), st.lists(likely, min_size=8, max_size=8), st.lists(likely, min_size=8, max_size=8),
+    )
+    steps = draw(st.lists(later, min_size=1, max_size=4))
+    return [first] + [([((base, cut, suffix), budget) for ((base, cut), suffix), budget in requests], shared, runs, frees)
+                      for requests, shared, runs, frees in steps]
+
+
+def release_checkpoints(which: set[int]):
+    """Between ingest and admission of the steps in ``which``, release one checkpoint under
+    state-slot pressure (a remembered search then no longer holds for requests that hit it)."""
+    def release(cache: CacheProtocol, number: int) -> int:
+        return cache.trie.free_state_slots(1) if number in which else 0
+    return release
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    blocks=st.integers(24, 140),
+    slots=st.integers(5, 20),
+    steps=conversations(),
+    released=st.sets(st.integers(1, 4), max_size=2),
+)
+def test_remembered_hits_decide_as_one_by_one(blocks, slots, steps, released):
+    """Ids, stamps, refcounts, slots, counters, tables and decisions end as one by one, with
+    roomy and tight pools (the fast run stops at the first that does not fit, the rest go on
+    one by one) and checkpoints released between ingest and admission."""
+    traces = [run(protocol(True, blocks, slots), steps, batched, before_admissions=release_checkpoints(released))
+              for batched in (False, True)]
+    assert traces[0] == traces[1]
+
+
+def published(prompts: list[list[int]]) -> CacheProtocol:
+    cache = protocol(hybrid=True, blocks=64, slots=16)
+    for tokens in prompts:
+        seq = Sequence(tokens)
+        admitted = cache.admit(seq, len(tokens))
+        cache.reserve_save(seq, len(tokens))
+        cache.forward_queued(seq)
+        seq.set_computed(len(tokens))
+        cache.forward_done(seq, 0)
+        cache.free(seq, admitted.runtime_slot)
+    return cache
+
+
+def test_remembered_hits_are_admitted_in_one_pass():
+    """Requests ingested against published checkpoints (two sharing a prefix, one mid-block)
+    are admitted without a match transaction each, one call per pool; a first chunk that
+    completes a block (attaches it) ends the run, and the rest go on as before. Everything
+    ends as one by one."""
+    prompts = [list(range(1, 13)), list(range(1, 9)) + [50], list(range(100, 116)), list(range(1, 9)) + [60, 61]]
+    results = []
+    for batched in (False, True):
+        cache = published(prompts)
+        seqs = [Sequence(tokens + [7, 7, 7]) for tokens in prompts]
+        for seq in seqs:
+            cache.prepare(seq)
+        seqs[1].prefix_state.suppress_stats = True  # its hit is not counted either way
+        match, stamped, runtimes = Spy(cache.trie, "match"), Spy(cache.pool, "allocate_stamped"), Spy(cache.states, "allocate_runtimes")
+        admitted = cache.admit_many(seqs, 2) if batched else [cache.admit(seq, 2) for seq in seqs]
+        assert all(seq.prefix_state.checkpoints.restore_pinned for seq in seqs)
+        cache.check_invariants(seqs)
+        results.append(([admission_facts(a) for a in admitted], cache_facts(cache, seqs), next_ids(cache)))
+    assert (match.calls, stamped.calls, runtimes.calls) == (1, 1, 1)  # the last one's chunk [10, 12) completes a block
+    starts = [(start, end, restore, hit) for start, end, _, restore, hit, _, _ in results[1][0]]
+    assert starts == [(12, 14, 12, 12), (9, 11, 9, 9), (16, 18, 16, 16), (10, 12, 10, 10)]
+    assert results[0] == results[1]

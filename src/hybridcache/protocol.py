@@ -117,7 +117,10 @@ class CacheProtocol:
         nothing for its sequence, and the next one is still tried). Every argument is checked
         before the first admission, so bad input raises and changes nothing.
 
-        Each sequence is matched and its restore pinned in turn (a match can depend on what
+        The leading sequences whose match is the checkpoint hit their ingest remembered
+        (nothing changed since), whose chunks fit what is free and attach nothing, are
+        admitted together first, their checks over arrays (``_admit_remembered``). Each one
+        after them is matched and its restore pinned in turn (a match can depend on what
         the admissions before it attached). While the chunks matched so far fit the free
         blocks and runtime slots without eviction and complete no block to attach, their
         blocks, slots and commits are deferred and then taken for all of them at once
@@ -128,8 +131,10 @@ class CacheProtocol:
             return [self._admit_one(seq, budget, None) for seq, budget in zip(seqs, budgets)]
         trie, checkpoints, pool, states = self.trie, self.checkpoints, self.pool, self.states
         admitted: list[Admission | None] = [None] * len(seqs)
+        first = self._admit_remembered(seqs, budgets, admitted)
         deferred = _DeferredAdmissions(self, admitted)
-        for index, seq in enumerate(seqs):
+        for index in range(first, len(seqs)):
+            seq = seqs[index]
             txn = trie.match(seq)
             pinned = seq.prefix_state.checkpoints.restore is None or checkpoints.pin_restore(seq)
             if pool.num_free != deferred.free_blocks or states.num_free != deferred.free_slots:
@@ -141,6 +146,42 @@ class CacheProtocol:
             deferred.restart()
         deferred.take()
         return admitted  # type: ignore[return-value]  # every entry was filled
+
+    def _admit_remembered(self, seqs: list[Sequence], budgets: list[int], admitted: list[Admission | None]) -> int:
+        """Admit the leading ``seqs`` whose match is their remembered checkpoint hit (found at
+        ``prepare``, nothing changed since) and whose first chunk fits what is free and
+        attaches nothing, all at once: the checks over arrays, one pass of per-sequence
+        writes, one clock advance, one ``allocate_stamped``, one ``allocate_runtimes``. Their
+        ticks, ids and slots are the ones admitting them one by one would take (per sequence:
+        the restore pin's tick, then, when it takes blocks, ``grow_table``'s). Returns how many."""
+        trie, pool, states, size = self.trie, self.pool, self.states, self.block_size
+        hits = trie.remembered_hits(seqs)
+        count = len(hits)
+        if count == 0:
+            return 0
+        steps = np.fromiter((found.record.step for found in hits), np.int64, count)
+        tokens = np.fromiter((seq.num_tokens for seq in seqs[:count]), np.int64, count)
+        ends = np.minimum(tokens, steps + np.asarray(budgets[:count], dtype=np.int64))
+        needed = np.maximum(0, -(-ends // size) - steps // size)
+        fits = (ends > steps) & (np.cumsum(needed) <= pool.num_free) & (np.arange(count) < states.num_free_runtime)
+        count = min(count if fits.all() else int(np.argmin(fits)), trie.attaching_nothing(seqs, hits, ends))
+        if count == 0:
+            return 0
+        needed = needed[:count]
+        ticks_each = 1 + (needed > 0)
+        pin_stamps = pool.tick_many(int(ticks_each.sum())) + np.cumsum(ticks_each) - ticks_each
+        trie.take_remembered_hits(seqs[:count], hits[:count], pin_stamps.tolist())
+        ids = pool.allocate_stamped(np.repeat(pin_stamps + 1, needed))
+        slots = states.allocate_runtimes(count)
+        offsets = np.cumsum(needed).tolist()
+        start = 0
+        for index, (seq, found, end, slot, stop) in enumerate(zip(seqs, hits, ends.tolist(), slots, offsets)):
+            if stop > start:
+                seq.place_blocks(seq.num_blocks, ids[start:stop])
+                start = stop
+            step = found.record.step
+            admitted[index] = Admission(step, end, slot, found.record, step)
+        return count
 
     def _validated_batch(self, seqs: object, budgets: object) -> tuple[list[Sequence], list[int]]:
         if isinstance(seqs, (str, bytes)) or not isinstance(seqs, SequenceLike):

@@ -23,12 +23,13 @@ def test_unit_costs_cover_every_unit_with_a_non_negative_cost():
 def test_admission_stages_count_the_calls_of_each_stage_per_request():
     record = measure_admission_stages(Case(batch=3, context=512, warmups=1, samples=1))
     stages = {stage["stage"]: stage for stage in record["stages"]}
-    for stage in ("match", "pin_restore", "defer › allocate_if_trivial", "take › place_blocks"):  # once per request
-        assert stages[stage]["calls_per_request"] == pytest.approx(1.0)
-        assert stages[stage]["python_calls_per_request"] >= 1
-    # the deferred admissions' blocks and slots come in one call for the whole batch
-    assert stages["take › allocate_stamped"]["calls_per_request"] == pytest.approx(1 / 3)
-    assert stages["take › allocate_runtimes"]["calls_per_request"] == pytest.approx(1 / 3)
+    # every request hits the checkpoint its ingest remembered: admitted together, no match each
+    assert "match" not in stages and "pin_restore" not in stages
+    assert stages["_admit_remembered › place_blocks"]["calls_per_request"] == pytest.approx(1.0)  # its new block
+    for stage in ("_admit_remembered › remembered_hits", "take_remembered_hits › pin_selected_restores",
+                  "_admit_remembered › allocate_stamped", "_admit_remembered › allocate_runtimes"):  # once per batch
+        assert stages[stage]["calls_per_request"] == pytest.approx(1 / 3)
+        assert stages[stage]["python_calls_per_request"] >= 1 / 3
     assert 0 < sum(stage["share"] for stage in record["stages"]) <= 1 + 1e-9
     assert record["python_calls_per_request"] > record["builtin_calls_per_request"] > 0
     assert record["cpu_us_per_request"] > 0 and record["wall_us_per_request"] > 0

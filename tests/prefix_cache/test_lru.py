@@ -75,3 +75,13 @@ def test_pop_always_returns_the_live_item_with_the_lowest_current_score(operatio
         popped.append((entry[0], entry[3]))
         items.generation[entry[3]] += 1  # evicted: its other entries are stale now
     assert popped == expected
+
+
+def test_push_many_files_as_pushing_each_in_turn():
+    """The same entries in the same order, compacted at the same points."""
+    one, many = (EvictionHeap(lambda item: item[0], lambda item: item[1], lambda item, token: token % 3 != 0, 2) for _ in range(2))
+    items = [(stamp % 7, stamp) for stamp in range(1, 30)]
+    for item in items:
+        one.push(item, item[1], 4)
+    many.push_many(items, [item[1] for item in items], 4)
+    assert one.entries() == many.entries() and len(one) == len(many)

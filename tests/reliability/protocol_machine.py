@@ -36,6 +36,7 @@ and for as long as asked through ``soak.py`` (``make soak``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 
@@ -43,11 +44,14 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from hybridcache.cache import CacheComponents
 from hybridcache.errors import InvalidStepError, OutOfBlocksError
 from hybridcache.memory.block_pool import BlockPool
 from hybridcache.memory.state_pool import SlotRole, StatePool
 from hybridcache.prefix_cache import BlockKeyer, BlockTrie, MatchTxn
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord, CheckpointState
+from hybridcache.protocol import CacheProtocol
+from hybridcache.protocol_values import Admission
 from hybridcache.types import NO_BLOCK
 from hybridcache.sequence import MultimodalSpan, Sequence
 
@@ -87,6 +91,7 @@ FOLLOW_UP = st.tuples(
 )
 NEW_SEQUENCE = st.tuples(st.just("base"), BASE_REQUEST) | st.tuples(st.just("follow_up"), FOLLOW_UP)
 RECOMPUTE = st.sampled_from([0, 0, 0, 1])
+BATCH_BUDGET = st.sampled_from([0, 1, B - 1, B, 2 * B + 1, MAX_TOKENS, MAX_TOKENS])  # 0: nothing to run
 STOP = st.sampled_from(["published"] * 5 + ["running"] * 2 + ["matched", "rolled back", "admitted"])
 
 
@@ -181,6 +186,7 @@ class CacheProtocolMachine(RuleBasedStateMachine):
             track_pending=pending,
         )
         self.cp = self.trie.checkpoints
+        self.protocol = CacheProtocol(CacheComponents(self.pool, self.states, self.trie))
         self.ready = True
 
     # --- model helpers ---------------------------------------------------------------------------
@@ -233,7 +239,10 @@ class CacheProtocolMachine(RuleBasedStateMachine):
 
     def _exact_steps(self, seq: Sequence, start: int) -> list[int]:
         """Steps of published, ready checkpoints a match of ``seq`` from ``start`` may use."""
-        steps = []
+        return [record.step for record in self._exact_records(seq, start)]
+
+    def _exact_records(self, seq: Sequence, start: int) -> list[CheckpointRecord]:
+        records = []
         for saved in self.published.values():
             step = saved.record.step
             if (
@@ -243,8 +252,8 @@ class CacheProtocolMachine(RuleBasedStateMachine):
                 and saved.prefix == self.prefix_id(seq, step)
                 and self._path_computed(saved.record)
             ):
-                steps.append(step)
-        return steps
+                records.append(saved.record)
+        return records
 
     # --- protocol helpers --------------------------------------------------------------------
 
@@ -303,7 +312,6 @@ class CacheProtocolMachine(RuleBasedStateMachine):
     def _match(self, entry: Entry) -> None:
         """Tentative match; checks the hit is exact and allowed, then pins the restore."""
         seq = entry.seq
-        state = seq.prefix_state
         start = seq.num_computed
         entry.before_match = (start, seq.block_table.copy())
         expected = self._exact_steps(seq, start) if self.hybrid else []
@@ -311,20 +319,32 @@ class CacheProtocolMachine(RuleBasedStateMachine):
         entry.txn, entry.phase = txn, "matched"
         hit = seq.num_computed - start
         assert txn.hit_tokens == hit >= 0, "hit tokens disagree with the step"
+        assert hit or seq.num_blocks == entry.before_match[1].size, "a miss changed the block table"
+        if self._check_hit(entry, txn.table_start, expected):
+            assert self.cp.pin_restore(seq), "could not pin a checkpoint the match selected"
+            assert not self.cp.pin_restore(seq), "pinned twice"
+            COUNTERS["hits"] += 1
+
+    def _check_hit(self, entry: Entry, table_start: int, expected: list[int]) -> bool:
+        """The match of ``entry`` (from ``entry.before_match``) is exact and allowed; True on a
+        hybrid hit (a restore to pin)."""
+        seq = entry.seq
+        state = seq.prefix_state
+        start = entry.before_match[0]
+        hit = seq.num_computed - start
         record = state.checkpoints.restore
         if hit == 0:
             assert record is None, "a restore selected without a hit"
-            assert seq.num_blocks == entry.before_match[1].size and np.array_equal(
-                seq.block_table, entry.before_match[1]
-            ), "a miss changed the block table"
+            before = entry.before_match[1]  # an admission grows the table beyond it
+            assert np.array_equal(seq.block_table[: before.size], before), "a miss changed the block table"
             if self.hybrid and state.overlap.recompute_blocks == 0:
                 assert not expected, f"missed exact published checkpoints at {expected}"
-            return
+            return False
         step = seq.num_computed
         assert step < seq.num_valid, "a hit must end before the last token"
         assert seq.is_boundary_safe(step), "the uncached suffix starts inside a multimodal span"
         table = seq.block_table
-        for index in range(txn.table_start, step // B):
+        for index in range(table_start, step // B):
             assert self.block_holds(int(table[index]), seq, index, index * B, (index + 1) * B), (
                 f"block {int(table[index])} at index {index} does not hold the sequence's tokens"
             )
@@ -333,7 +353,7 @@ class CacheProtocolMachine(RuleBasedStateMachine):
             assert self.prefix_id(seq, step) in self.kv_prefixes, "a hit on a prefix nobody computed"
             limit = (seq.num_valid - 1) // B - state.overlap.recompute_blocks
             assert step // B <= max(limit, start // B), "the hit leaves no recompute overlap"
-            return
+            return False
         assert record is not None, "a hybrid hit without a checkpoint"
         saved = self.published.get(record.record_id)
         assert saved is not None and saved.record is record, "a hit on a checkpoint nobody published"
@@ -348,9 +368,7 @@ class CacheProtocolMachine(RuleBasedStateMachine):
         assert step in expected, f"hit at {step}, which the model does not allow ({expected})"
         if state.overlap.recompute_blocks == 0:
             assert step == max(expected), f"hit at {step}, not the deepest exact checkpoint of {expected}"
-        assert self.cp.pin_restore(seq), "could not pin a checkpoint the match selected"
-        assert not self.cp.pin_restore(seq), "pinned twice"
-        COUNTERS["hits"] += 1
+        return True
 
     def _rollback(self, entry: Entry) -> None:
         seq = entry.seq
@@ -649,6 +667,75 @@ class CacheProtocolMachine(RuleBasedStateMachine):
             self._rollback(entry)
         elif self._finish_admission(entry, evict, evict_checkpoints) and not self.pending:
             self._forward(entry)
+
+    @precondition(lambda self: self.pending and self._has("idle"))
+    @rule(
+        picks=st.lists(st.integers(0, 99), min_size=1, max_size=5),  # the runtime cap is 4: some refused
+        budgets=st.lists(BATCH_BUDGET, min_size=5, max_size=5),
+        extend=st.booleans(),
+    )
+    @_step
+    def admit_many(self, picks, budgets, extend):
+        """One scheduler step admits several idle requests with ``CacheProtocol.admit_many``:
+        budgets that fit what is free (the deferred batch path) mixed with ones that need
+        eviction, refusals and chunks shorter than the prompt (then extended to the whole
+        prompt, or preempted). Every hit is checked as ``match`` checks it; a refusal left
+        its sequence as it was. Nodes stay pending until the forwards run (another rule), so
+        no request of the batch can hit what an earlier one of it attached."""
+        idle = [e for e in self.entries if e.phase == "idle"]
+        batch = list({id(e): e for e in (idle[-1 - p % len(idle)] for p in picks)}.values())
+        self._sweep()
+        expected = []
+        for entry in batch:
+            entry.before_match = (entry.seq.num_computed, entry.seq.block_table.copy())
+            expected.append(self._exact_records(entry.seq, entry.seq.num_computed) if self.hybrid else [])
+        with self._sweeping_allocations():
+            admissions = self.protocol.admit_many([e.seq for e in batch], budgets[: len(batch)])
+        assert len(admissions) == len(batch)
+        for entry, admission, records in zip(batch, admissions, expected):
+            self._check_batch_admission(entry, admission, records, extend)
+
+    def _check_batch_admission(self, entry: Entry, admission: Admission, records: list, extend: bool) -> None:
+        seq = entry.seq
+        start, table = entry.before_match
+        if not admission.admitted:
+            assert seq.num_computed == start and np.array_equal(seq.block_table, table), "a refusal changed the sequence"
+            assert seq.prefix_state.checkpoints.restore is None and not seq.prefix_state.checkpoints.restore_pinned
+            entry.before_match = None
+            return
+        assert admission.start == seq.num_computed and admission.hit_tokens == seq.num_computed - start
+        assert start < admission.end <= seq.num_tokens and seq.num_blocks >= -(-admission.end // B)
+        assert admission.restore is seq.prefix_state.checkpoints.restore
+        # a checkpoint evicted for an earlier admission of the batch is no longer expected
+        if self._check_hit(entry, start // B, [r.step for r in records if r.is_published]):
+            assert seq.prefix_state.checkpoints.restore_pinned, "admit_many left its restore unpinned"
+            COUNTERS["hits"] += 1
+        entry.runtime_slot = admission.runtime_slot
+        assert self.states.role_of(entry.runtime_slot) is SlotRole.RUNTIME
+        self.state[entry.runtime_slot] = None  # zeroed
+        entry.before_match, entry.phase = None, "admitted"
+        if admission.end < seq.num_tokens:  # the machine's forwards run to the prompt's end
+            with self._sweeping_allocations():
+                extended = extend and self.protocol.extend(seq, seq.num_tokens)
+            if not extended:
+                self._free(entry)
+
+    @contextlib.contextmanager
+    def _sweeping_allocations(self):
+        """While one protocol call evicts and allocates, forget the content of freed blocks
+        before each allocation hands them out again (the rules sweep between their calls)."""
+        pool = self.pool
+        for name in ("allocate", "allocate_stamped"):
+            method = getattr(pool, name)
+            setattr(pool, name, functools.partial(self._swept_then, method))
+        try:
+            yield
+        finally:
+            del pool.allocate, pool.allocate_stamped
+
+    def _swept_then(self, method, *args, **kwargs):
+        self._sweep()
+        return method(*args, **kwargs)
 
     @precondition(lambda self: self.hybrid and self._has("admitted"))
     @rule(index=st.integers(0, 99), choice=st.none() | st.integers(0, 1000), wild=st.booleans())

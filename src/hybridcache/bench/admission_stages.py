@@ -2,8 +2,9 @@
 
 ``measure_admission_stages``: where the time of one admission goes: ``CacheProtocol.admit_many`` on the ``admit-many``
 workload (every request hits an aligned checkpoint at its prompt's last block boundary),
-broken down by the stages ``admit_many`` calls (the deferred admissions' ``defer`` and
-``take`` broken down one level further, as ``defer › ...``).
+broken down by the stages ``admit_many`` calls (the remembered hits' ``_admit_remembered``
+and ``take_remembered_hits``, and the deferred admissions' ``defer`` and ``take``, broken
+down one level further, as ``defer › ...``).
 
 Two passes over the same prepared batch: one unprofiled (wall and CPU time per request, the
 true cost), one under ``cProfile`` (how many Python calls each stage makes per request, and
@@ -33,7 +34,8 @@ from hybridcache.protocol import CacheProtocol
 from hybridcache.sequence import Sequence
 
 STAGE_FUNCTION = "admit_many"
-EXPANDED_STAGES = ("defer", "take")  # stages of the deferred (batched) admissions, shown by their callees
+# stages shown by their callees: the deferred admissions', and the remembered hits' (nested)
+EXPANDED_STAGES = ("defer", "take", "_admit_remembered", "take_remembered_hits")
 
 
 def _prepared_batch(protocol: CacheProtocol, prompts: list, round_index: int) -> list[Sequence]:
@@ -81,7 +83,7 @@ def _stages(stats: pstats.Stats, batch: int) -> tuple[list[dict], int, int]:
     admit_many = next(key for key in table if key[2] == STAGE_FUNCTION)
     profiled_total = table[admit_many][3]
     inner_calls = _calls_below(table)
-    expanded = {key for key, entry in table.items() if key[2] in EXPANDED_STAGES and admit_many in entry[4]}
+    expanded = _expanded_stages(table, admit_many)
     stages = []
     for key, (_, _, self_time, _, callers) in table.items():
         for caller in [admit_many, *expanded]:
@@ -103,6 +105,21 @@ def _stages(stats: pstats.Stats, batch: int) -> tuple[list[dict], int, int]:
     # cProfile names C functions (builtins, NumPy's C entry points) with the file "~".
     builtin_calls = sum(entry[1] for key, entry in table.items() if key[0] == "~") / batch
     return stages, round(total_calls), round(builtin_calls)
+
+
+def _expanded_stages(table: dict, admit_many: tuple) -> set:
+    """The functions of ``EXPANDED_STAGES`` called by ``admit_many`` or by another of them."""
+    expanded: set = set()
+    parents = {admit_many}
+    grown = True
+    while grown:
+        grown = False
+        for key, entry in table.items():
+            if key[2] in EXPANDED_STAGES and key not in expanded and parents & entry[4].keys():
+                expanded.add(key)
+                parents.add(key)
+                grown = True
+    return expanded
 
 
 def _share(calls: int, all_calls: int) -> float:

@@ -193,6 +193,15 @@ class BlockPool:
         seq.truncate_blocks(0)
         return freed
 
+    def tick_many(self, count: int) -> int:
+        """Advance the clock by ``count`` ticks (what ``count`` ``tick`` calls would hand out)
+        and return the first of them."""
+        if count < 0:
+            raise InvalidArgumentError(f"cannot take {count} ticks")
+        first = self._clock + 1
+        self._clock += count
+        return first
+
     def tick(self) -> int:
         """Advance the logical clock and return the new time (also used for recency stamps
         kept elsewhere, such as checkpoints, so they compare with block stamps)."""

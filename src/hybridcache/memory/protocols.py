@@ -87,9 +87,12 @@ class StateSlotAllocator(Protocol):
 @runtime_checkable
 class BatchBlockAllocator(Protocol):
     """A ``KVBlockAllocator`` that hands out the blocks of several deferred ``allocate``
-    calls at once, in their order and with the stamps their ticks reserved."""
+    calls at once, in their order and with the stamps their ticks reserved, and reserves
+    several ticks at once (a batch's restore pins and allocations)."""
 
     def allocate_stamped(self, stamps: np.ndarray, beneath: int = 0) -> np.ndarray: ...
+
+    def tick_many(self, count: int) -> int: ...
 
 
 @runtime_checkable

@@ -288,6 +288,22 @@ class CheckpointLifecycle(CheckpointStore):
         self._touch(record)
         return True
 
+    def pin_selected_restores(self, seqs: list[Sequence], records: list[CheckpointRecord], stamps: list[int]) -> None:
+        """``select_restore`` then ``pin_restore`` of each published ``records[k]`` for
+        ``seqs[k]`` (its own, its restore not pinned), its recency stamped ``stamps[k]`` (ticks
+        the caller took where ``pin_restore``'s would have been): a batch of admissions."""
+        for seq, record, stamp in zip(seqs, records, stamps):
+            refs = seq.prefix_state.checkpoints
+            refs.restore = record
+            refs.restore_pinned = True
+            record.restore_pins += 1
+            record.hits += 1
+            record.stamp = stamp
+        self._lru.push_many(records, stamps, self._num_live)
+        partial = [k for k, record in enumerate(records) if record.is_partial]
+        if partial:
+            self._frozen_lru.push_many([records[k] for k in partial], [stamps[k] for k in partial], self._num_live)
+
     def unpin_restore(self, seq: Sequence) -> bool:
         """Release the restore pin (at the boundary after the restore copy is queued) and clear
         the selection. False when no pin is held."""

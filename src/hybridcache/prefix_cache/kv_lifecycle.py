@@ -47,6 +47,12 @@ class KVLifecycle:
         """A sequence borrows the path root..``slot`` (keeps it attached until unpinned)."""
         self._pins[slot] = self._pins.get(slot, 0) + 1
 
+    def pin_paths(self, slots: list[int]) -> None:
+        """``pin_path`` of each of ``slots``, in order."""
+        pins = self._pins
+        for slot in slots:
+            pins[slot] = pins.get(slot, 0) + 1
+
     def unpin_path(self, slot: int) -> None:
         count = self._pins.get(slot, 0)
         if count == 0:

@@ -48,6 +48,14 @@ class EvictionHeap(Generic[Item]):
         if len(self._heap) > 2 * live + self._slack:
             self.compact()
 
+    def push_many(self, items: list[Item], tokens: list[object], live: int) -> None:
+        """``push`` of each of ``items`` under ``tokens[k]``, in order (a batch's, in one call)."""
+        score, tie, limit = self._score, self._tie, 2 * live + self._slack
+        for item, token in zip(items, tokens):
+            heapq.heappush(self._heap, (score(item), tie(item), token, item))
+            if len(self._heap) > limit:
+                self.compact()
+
     def pop(self) -> Entry | None:
         """The live entry with the lowest current score, removed; None when none is left.
         Hand it back with ``restore`` when the caller decides to keep the item."""

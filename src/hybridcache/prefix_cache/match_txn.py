@@ -157,6 +157,17 @@ class MatchBook:
         txn.taken = ids
         txn.displaced = seq.place_blocks(base_depth, ids)
 
+    def borrow_paths_of(self, seqs: list[Sequence], anchors: list[int], path_ids: list[np.ndarray]) -> None:
+        """For each of ``seqs`` (holding no block, borrowing nothing), borrow the path from
+        the root to ``anchors[k]`` (its block ids ``path_ids[k]``) with one pin and write its
+        blocks at the start of the table: ``take_path_blocks`` of a remembered hit, without
+        a transaction."""
+        self.kv.pin_paths(anchors)
+        for seq, anchor, ids in zip(seqs, anchors, path_ids):
+            borrowing = seq.prefix_state.borrow
+            borrowing.node, borrowing.depth = anchor, ids.size
+            seq.place_blocks(0, ids)
+
     def _materialize_borrow(self, seq: Sequence) -> None:
         """Turn the sequence's path pin into one reference per borrowed block (before a match
         rewrites part of the borrowed range)."""

@@ -35,6 +35,8 @@ from hybridcache.prefix_cache.match_txn import MatchBook, MatchTxn
 from hybridcache.prefix_cache.node import NodePath, Runs
 from hybridcache.prefix_cache.routed_experts import RoutedExpertStore
 from hybridcache.prefix_cache.stats import MissReason
+
+_EMPTY_RANGE = (0, 0)
 from hybridcache.sequence import Sequence
 
 # A miss probing more candidate steps than this first checks the request's first block.
@@ -153,13 +155,7 @@ class CheckpointMatcher:
         # and the recompute overlap.
         window = (start, highest, state.overlap.recompute_blocks)
         earlier = position.last_search
-        if (
-            earlier is not None
-            and earlier.window == window
-            and earlier.epoch == self.index.epoch
-            and earlier.version == self.nodes.version
-            and (earlier.record is None or earlier.record.is_published)
-        ):
+        if self._reusable(earlier, window):
             return earlier  # nothing that could change the outcome happened since it was found
         self.keyer.identity(seq)
         if highest <= start:
@@ -190,6 +186,60 @@ class CheckpointMatcher:
             found = self._search(seq, self.index.candidate_steps(seq.namespace, start, highest), window)
         position.last_search = found
         return found
+
+    def _reusable(self, earlier: CheckpointSearch | None, window: tuple[int, int, int]) -> bool:
+        return (
+            earlier is not None
+            and earlier.window == window
+            and earlier.epoch == self.index.epoch
+            and earlier.version == self.nodes.version
+            and (earlier.record is None or earlier.record.is_published)
+        )
+
+    def remembered_hits(self, seqs: list[Sequence], owner: int) -> list[CheckpointSearch]:
+        """The remembered searches of the leading ``seqs`` (up to the first that is not one)
+        whose ``match`` would take exactly that hit, from the root, as the record's whole
+        anchor path below the first block and nothing else: owned by ``owner``, nothing
+        computed or held, no routed experts wanted, the search reusable as ``find`` reuses
+        it. Changes nothing."""
+        size = self.block_size
+        hits = []
+        for seq in seqs:
+            state = seq.prefix_state
+            found = state.trie.last_search
+            record = None if found is None else found.record
+            if (
+                record is None
+                or state.trie.owner != owner
+                or seq.num_computed
+                or seq.num_blocks
+                or state.borrow.depth
+                or seq.want_routed_experts
+                or record.step < size
+                or found.path.depth != record.step // size
+                or not self._reusable(found, (0, seq.num_valid - 1, state.overlap.recompute_blocks))
+            ):
+                break
+            hits.append(found)
+        return hits
+
+    def apply_remembered_hits(self, seqs: list[Sequence], records: list[CheckpointRecord]) -> tuple[int, int, int]:
+        """What ``match`` sets for each of ``seqs`` hitting ``records[k]`` as its remembered
+        hit (its path already borrowed): the step, the cursor at the anchor, the fresh range
+        (empty: the chunk attaches nothing). Returns what the match counters take: the hits
+        counted (a sequence may suppress its statistics), tokens asked and tokens hit."""
+        empty = _EMPTY_RANGE
+        counted = query = hit = 0
+        for seq, record in zip(seqs, records):
+            state = seq.prefix_state
+            position = state.trie
+            step = record.step
+            seq.set_computed(step)
+            position.cursor, position.cursor_generation = record.anchor, record.anchor_generation
+            state.overlap.fresh_range = empty
+            if not state.suppress_stats:
+                counted, query, hit = counted + 1, query + seq.num_tokens, hit + step
+        return counted, query, hit
 
     def _still_usable(self, record: CheckpointRecord | None) -> bool:
         return (

@@ -57,6 +57,15 @@ class PrefixCacheStats:
         query = self.match.query_tokens
         return self.match.hit_tokens / query if query > 0 else 0.0
 
+    def record_hits(self, count: int, query: int, hit: int) -> None:
+        """``record_match`` of ``count`` full hits (no miss reason) of ``query`` tokens asked
+        and ``hit`` reused in all."""
+        counters = self.match
+        counters.matches += count
+        counters.query_tokens += query
+        counters.hit_tokens += hit
+        counters.hits += count
+
     def record_match(self, query: int, hit: int, reason: MissReason | None) -> None:
         counters = self.match
         counters.matches += 1

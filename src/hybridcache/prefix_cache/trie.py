@@ -24,12 +24,15 @@ from __future__ import annotations
 import itertools
 from typing import Callable
 
+import numpy as np
+
 from hybridcache.errors import ForeignSequenceError, InvalidArgumentError, InvalidTypeError, PinnedError
 from hybridcache.memory.protocols import KVBlockAllocator, StateSlotAllocator
 from hybridcache.prefix_cache.attach import Attacher
 from hybridcache.prefix_cache.change_log import CacheChanges, ChangeLog
 from hybridcache.prefix_cache.checkpoint_index import CheckpointIndex
 from hybridcache.prefix_cache.checkpoint_lifecycle import CheckpointLifecycle
+from hybridcache.prefix_cache.checkpoint_record import CheckpointSearch
 from hybridcache.prefix_cache.eviction_view import EvictionScores, EvictionView
 from hybridcache.prefix_cache.identity import BlockKeyer
 from hybridcache.prefix_cache.invariants import check_trie
@@ -234,6 +237,43 @@ class BlockTrie:
             txn.recorded = (seq.num_tokens - txn.step_before, txn.hit_tokens, reason)
             self.stats.record_match(*txn.recorded)
         return txn
+
+    def remembered_hits(self, seqs: list[Sequence]) -> list[CheckpointSearch]:
+        """The searches of the leading ``seqs`` whose ``match`` is exactly their remembered
+        checkpoint hit taken from the root as one borrowed path
+        (``CheckpointMatcher.remembered_hits``). Empty for an attention-only or disabled trie,
+        or without borrowed paths. Changes nothing."""
+        if not (self.enabled and self.is_hybrid and self.borrow_paths):
+            return []
+        return self.matcher.remembered_hits(seqs, self.trie_id)
+
+    def attaching_nothing(self, seqs: list[Sequence], hits: list[CheckpointSearch], ends: np.ndarray) -> int:
+        """How many of the leading ``seqs``, matched to their remembered ``hits``, would
+        attach nothing for a first chunk to ``ends[k]`` (``allocate_if_trivial`` holds: the
+        anchor attached, as deep as the chunk's complete blocks, no private block to settle)."""
+        count = len(hits)
+        if count == 0:
+            return 0
+        anchors = np.fromiter((found.record.anchor for found in hits), np.int64, count)
+        generations = np.fromiter((found.record.anchor_generation for found in hits), np.int64, count)
+        valid = np.fromiter((seq.num_valid for seq in seqs[:count]), np.int64, count)
+        nodes = self.nodes
+        trivial = nodes.attached[anchors] & (nodes.generation[anchors] == generations)
+        trivial &= nodes.depth[anchors] >= np.minimum(valid, ends[:count]) // self.block_size
+        trivial &= np.fromiter((not seq.prefix_state.overlap.trie_block_map for seq in seqs[:count]), bool, count)
+        return count if trivial.all() else int(np.argmin(trivial))
+
+    def take_remembered_hits(self, seqs: list[Sequence], hits: list[CheckpointSearch], pin_stamps: list[int]) -> None:
+        """For each of ``seqs`` and its remembered hit (``remembered_hits``, nothing changed
+        since): what ``match``, ``pin_restore`` (its recency stamped ``pin_stamps[k]``) and
+        ``allocate_if_trivial`` do, without a transaction (the caller admits them all)."""
+        records = [found.record for found in hits]
+        nodes = self.nodes
+        self.book.borrow_paths_of(seqs, [record.anchor for record in records], [nodes.path_blocks(found.path) for found in hits])
+        counted, query, hit = self.matcher.apply_remembered_hits(seqs, records)
+        self.checkpoints.pin_selected_restores(seqs, records, pin_stamps)
+        if counted:
+            self.stats.record_hits(counted, query, hit)
 
     def commit(self, txn: MatchTxn) -> None:
         """Make a match final: drop the references on blocks it displaced."""
