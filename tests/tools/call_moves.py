@@ -161,6 +161,7 @@ class ParameterFollower:
         self.followed_frames = 0
         self.finished = False
         self._existing: set[int] = set()
+        self._alive_at_seed: list = []
         self._stack: list[tuple[object, Room | None, bool]] = []  # frame, room for callees, followed
 
     def __call__(self, frame, event, arg) -> None:
@@ -203,7 +204,8 @@ class ParameterFollower:
         if self.tree is None:
             seed = self._request(frame, values, self.index)
             if seed is not None:
-                self._existing = {id(o) for o in gc.get_objects()}
+                self._alive_at_seed = gc.get_objects()  # held, so that no later object takes one's id
+                self._existing = {id(o) for o in self._alive_at_seed}
                 self._carry(seed)
                 self.tree = Room(module)
                 self.followed_frames += 1
