@@ -34,18 +34,42 @@ The method (mechanical, so two versions of the code are measured alike):
 
 Only the main thread is followed (store calls a ``DeadlineRunner`` runs on its threads are
 not). The counts describe the code's shape, not its speed.
+
+``--follow-request N`` (replay only) follows one request's parameters instead of every call,
+the way the counts of issue 20 were taken by reading:
+
+* the **seed** is trace request ``N`` (the record whose ``index`` is ``N``), from the first
+  frame of a ``hybridcache.replay`` module other than ``replay.cli`` that receives it, until
+  the first such frame that receives request ``N + 1`` (the next request's handling begins:
+  what later requests do to objects built for ``N``, say evicting its checkpoints, is theirs);
+* a frame is **followed** when one of its arguments (``self`` included; ``*args`` items and
+  ``**kwargs`` values too) *is*, by identity, a carried object, or when it is the
+  ``__init__``/``__post_init__`` a followed frame calls directly (what it builds);
+* the **carried** objects are the seed and what followed frames derive: each object a
+  followed frame returns, unless it existed when the seed was first met (so a getter handing
+  back a long-lived store or cache does not make the whole store followed); each object a
+  followed frame builds (the ``self`` of that ``__init__``); and the items of a carried
+  ``tuple``/``list``/``set``/``dict``, two levels deep (a key chain's keys). Numbers, strings,
+  ``None``, types and functions are never carried (their identity means nothing);
+* frames that are not followed are transparent, as the standard library is in the default
+  mode; a followed frame's room hangs below its nearest followed caller (below the seed's
+  first room when it has none, e.g. a later pass over the same request).
+
+The tree is collapsed and counted exactly as above.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import gc
 import importlib
 import json
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
 
 FOLLOWED = ("hybridcache.replay", "hybridcache.tiers", "hybridcache.engine")  # the code issue 20 is about
 TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "mooncake-synthetic.jsonl"
@@ -99,6 +123,106 @@ class CallRecorder:
             self._stack.append((frame, here))
         else:
             self._stack.append((frame, here.child(module)))
+
+
+_NEVER_CARRIED = (type(None), bool, int, float, complex, str, bytes, type, ModuleType, FunctionType,
+                  BuiltinFunctionType, MethodType)
+_CONTAINERS = (tuple, list, set, frozenset, dict)
+_CONSTRUCTORS = ("__init__", "__post_init__")
+
+
+def arguments(frame) -> list:
+    """The values a frame received: its positional and keyword parameters, ``*args`` items and
+    ``**kwargs`` values."""
+    code = frame.f_code
+    named = code.co_argcount + code.co_kwonlyargcount
+    local = frame.f_locals
+    values = [local[name] for name in code.co_varnames[:named] if name in local]
+    if code.co_flags & 0x04:  # CO_VARARGS
+        values += list(local.get(code.co_varnames[named], ()))
+        named += 1
+    if code.co_flags & 0x08:  # CO_VARKEYWORDS
+        values += list(local.get(code.co_varnames[named], {}).values())
+    return values
+
+
+def _scalar(value) -> bool:
+    return isinstance(value, _NEVER_CARRIED) or (type(value).__module__ == "numpy" and not hasattr(value, "__len__"))
+
+
+class ParameterFollower:
+    """Builds the collapsed tree of the frames that receive trace request ``index`` or an
+    object derived from it (the rules are in the module docstring)."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.tree: Room | None = None
+        self.carried: dict[int, object] = {}  # id -> object, held so that no id is reused
+        self.followed_frames = 0
+        self.finished = False
+        self._existing: set[int] = set()
+        self._alive_at_seed: list = []
+        self._stack: list[tuple[object, Room | None, bool]] = []  # frame, room for callees, followed
+
+    def __call__(self, frame, event, arg) -> None:
+        if event == "call":
+            self._call(frame)
+        elif event == "return" and self._stack and self._stack[-1][0] is frame:
+            _, _, followed = self._stack.pop()
+            if followed and id(arg) not in self._existing:
+                self._carry(arg)
+
+    def _carry(self, value, depth: int = 0) -> None:
+        if _scalar(value):
+            return
+        if isinstance(value, _CONTAINERS) and depth < 2:
+            for item in (value.values() if isinstance(value, dict) else value):
+                self._carry(item, depth + 1)
+        self.carried.setdefault(id(value), value)
+
+    def _request(self, frame, values, index: int) -> object | None:
+        module = frame.f_globals.get("__name__", "")
+        if not module.startswith("hybridcache.replay.") or module == "hybridcache.replay.cli":
+            return None
+        for value in values:
+            if type(value).__module__ == "hybridcache.workloads.records" and hasattr(value, "prompt_length") \
+                    and getattr(value, "index", None) == index:
+                return value
+        return None
+
+    def _call(self, frame) -> None:
+        module = frame.f_globals.get("__name__", "")
+        parent = self._stack[-1] if self._stack else (None, None, False)
+        if not module.startswith("hybridcache"):
+            self._stack.append((frame, parent[1], False))
+            return
+        values = arguments(frame)
+        if self.finished or self.tree is not None and self._request(frame, values, self.index + 1) is not None:
+            self.finished = True
+            self._stack.append((frame, None, False))
+            return
+        if self.tree is None:
+            seed = self._request(frame, values, self.index)
+            if seed is not None:
+                self._alive_at_seed = gc.get_objects()  # held, so that no later object takes one's id
+                self._existing = {id(o) for o in self._alive_at_seed}
+                self._carry(seed)
+                self.tree = Room(module)
+                self.followed_frames += 1
+            self._stack.append((frame, self.tree, seed is not None))
+            return
+        builds = frame.f_code.co_name in _CONSTRUCTORS and parent[2] and frame.f_back is parent[0]
+        if not builds and not any(id(value) in self.carried for value in values):
+            self._stack.append((frame, parent[1], False))
+            return
+        if builds and values:
+            self._carry(values[0])
+        self.followed_frames += 1
+        here = parent[1] or self.tree
+        if module == here.module or (here.opaque and is_opaque(module)):
+            self._stack.append((frame, here, True))
+        else:
+            self._stack.append((frame, here.child(module), True))
 
 
 def walk(tree: Room) -> list[tuple[str, str]]:
@@ -182,10 +306,15 @@ def count(steps: list[tuple[str, str]], below: dict[str, set[str]]) -> dict:
     }
 
 
-def measure(run, root_code) -> tuple[dict, Room]:
-    """The counts of one run of ``run`` below ``root_code``, and the collapsed tree."""
-    recorder = CallRecorder(root_code)
-    sys.setprofile(recorder)
+def measure(run, recorders: list) -> list[tuple[dict, Room]]:
+    """The counts of one run of ``run`` as each recorder (a ``CallRecorder`` or a
+    ``ParameterFollower``; several watch the same run) builds its tree, and the tree."""
+
+    def every(frame, event, arg) -> None:
+        for recorder in recorders:
+            recorder(frame, event, arg)
+
+    sys.setprofile(every)
     try:
         run()
     finally:
@@ -193,7 +322,7 @@ def measure(run, root_code) -> tuple[dict, Room]:
     import hybridcache
 
     below = depends_on(import_graph(Path(hybridcache.__file__).parent))
-    return count(walk(recorder.tree), below), recorder.tree
+    return [(count(walk(recorder.tree), below), recorder.tree) for recorder in recorders]
 
 
 def tree_lines(room: Room, depth: int = 0) -> list[str]:
@@ -257,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("scenario", choices=["replay", "engine"])
     parser.add_argument("--trace", type=Path, default=TRACE, help="the replay's trace (default: the shared one)")
     parser.add_argument("--limit", type=int, default=60, help="the replay's requests (default: 60)")
+    parser.add_argument("--follow-request", type=int, nargs="+", metavar="N",
+                        help="replay: follow these trace requests' parameters (each alone) instead of every call")
     parser.add_argument("--tree", action="store_true", help="also print the collapsed tree")
     options = parser.parse_args(argv)
     import tempfile
@@ -266,10 +397,17 @@ def main(argv: list[str] | None = None) -> int:
             run, root = replay_scenario(options.trace, options.limit, Path(scratch))
         else:
             run, root = engine_scenario()
-        counts, tree = measure(run, root)
-    if options.tree:
-        print("\n".join(tree_lines(tree)))
-    print(json.dumps(counts, indent=1))
+        if options.follow_request is None:
+            recorders = [CallRecorder(root)]
+        else:
+            recorders = [ParameterFollower(index) for index in options.follow_request]
+        results = measure(run, recorders)
+    for recorder, (counts, tree) in zip(recorders, results):
+        if isinstance(recorder, ParameterFollower):
+            counts = {"request": recorder.index, "followed_frames": recorder.followed_frames, **counts}
+        if options.tree:
+            print("\n".join(tree_lines(tree)))
+        print(json.dumps(counts, indent=1))
     return 0
 
 

@@ -62,3 +62,68 @@ def test_the_recorder_follows_only_the_root_and_collapses_repeated_calls():
     finally:
         sys.setprofile(None)
     assert recorder.tree.module == __name__ and recorder.tree.children == {}  # one module, outside the package
+
+
+_TIERS = """
+class Chain:
+    def __init__(self, tokens):
+        self.tokens = tokens
+
+    def keys(self):
+        return [("key", i) for i in range(2)]
+
+
+def make(prompt):
+    return Chain(prompt)
+
+
+def fetch(key):
+    return None
+"""
+
+_ENGINE = """
+def unrelated(value):
+    return value
+"""
+
+_REPLAY = """
+def handle(request, shared):
+    chain = tiers["make"](request.prompt)
+    for key in chain.keys():
+        tiers["fetch"](key)
+    engine["unrelated"](shared)  # receives nothing derived from the request: not followed
+    return chain
+"""
+
+
+def _fake_module(name: str, source: str, **names) -> dict:
+    namespace = {"__name__": name, **names}
+    exec(compile(source, f"<{name}>", "exec"), namespace)
+    return namespace
+
+
+def test_the_follower_records_only_frames_receiving_the_request_or_what_derives_from_it():
+    import numpy as np
+
+    from hybridcache.workloads.records import TraceRequest
+    from tests.tools.call_moves import ParameterFollower
+
+    tiers = _fake_module("hybridcache.tiers.fake", _TIERS)
+    engine = _fake_module("hybridcache.engine.fake", _ENGINE)
+    replay = _fake_module("hybridcache.replay.fake", _REPLAY, tiers=tiers, engine=engine)
+    requests = [TraceRequest(i, 0.0, 3, np.arange(4, dtype=np.int32)) for i in range(3)]
+    follower = ParameterFollower(1)
+    sys.setprofile(follower)
+    try:
+        for request in requests:
+            replay["handle"](request, [1])
+    finally:
+        sys.setprofile(None)
+    tree = follower.tree
+    assert tree.module == "hybridcache.replay.fake"
+    # the prompt property (records), the chain built from it and its keys (tiers), not the engine
+    assert list(tree.children) == ["hybridcache.workloads.records", "hybridcache.tiers.fake"]
+    assert tree.children["hybridcache.tiers.fake"].children == {}
+    assert follower.finished  # request 2's handling ended the following
+    # handle, prompt, make, Chain.__init__, keys, fetch twice (each receives a derived key)
+    assert follower.followed_frames == 7

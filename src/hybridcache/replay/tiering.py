@@ -181,8 +181,8 @@ class ReplicaTiers:
         chain = self.client.store_prefix(seq, steps)
         if chain is None:
             return
-        published.update(chain.checkpoint_key(step).name for step in steps)
-        published.update(chain.chunk_key(index).name for index in range(steps[-1] // chain.chunk_size))
+        published.update(chain.checkpoint_names[step] for step in steps)
+        published.update(chain.chunk_names[: steps[-1] // chain.chunk_size])
 
     def adopt_prefix(self, turn: Turn) -> Restore | None:
         """Before admission: adopt the deepest verified restore beyond the device cache's hit

@@ -226,8 +226,8 @@ class TierClient:
         share that tier; None without one."""
         if "shared" not in self.store.tiers:
             return None
-        names = [chain.checkpoint_key(step).name for step in chain.checkpoint_steps()]
-        names += [chain.chunk_key(index).name for index in range(chain.num_chunks)]
+        names = [chain.checkpoint_names[step] for step in chain.steps]
+        names += chain.chunk_names
         return self.store.locate(names, ["shared"])
 
     def reachable_step(self, chain: KeyChain, held: tuple[int, int], shared_located: dict | None = None) -> int:

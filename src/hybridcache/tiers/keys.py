@@ -16,7 +16,8 @@ from __future__ import annotations
 import enum
 import hashlib
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 
 import numpy as np
 
@@ -46,20 +47,19 @@ _KEY_NAME = re.compile(rf"hc{FORMAT_VERSION}-(kv|ck)-([0-9a-f]{{{2 * DIGEST_BYTE
 
 @dataclass(frozen=True)
 class ObjectKey:
-    """An object's identity: its kind and its chain digest. ``name`` is the key in every store."""
+    """An object's identity: its kind and its chain digest. ``name`` is the key in every store
+    (spelled once, when the key is made: every phase of a lookup reads it)."""
 
     kind: ObjectKind
     digest: bytes
+    name: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, ObjectKind):
             raise InvalidTypeError("kind must be an ObjectKind")
         if not isinstance(self.digest, bytes) or len(self.digest) != DIGEST_BYTES:
             raise InvalidArgumentError(f"digest must be {DIGEST_BYTES} bytes")
-
-    @property
-    def name(self) -> str:
-        return f"hc{FORMAT_VERSION}-{self.kind.tag}-{self.digest.hex()}"
+        object.__setattr__(self, "name", f"hc{FORMAT_VERSION}-{self.kind.tag}-{self.digest.hex()}")
 
     @classmethod
     def from_name(cls, name: str) -> ObjectKey:
@@ -102,7 +102,12 @@ def _as_carried(span: MultimodalSpan) -> MultimodalSpan:
 
 
 class KeyChain:
-    """Keys of every complete chunk and chunk-aligned checkpoint of one request's tokens."""
+    """Keys of every complete chunk and chunk-aligned checkpoint of one request's tokens.
+
+    The keys are made once, at construction, and are plain data the phases of a lookup or a
+    publish read (``steps``, ``chunk_keys``/``chunk_names`` by chunk index,
+    ``checkpoint_keys``/``checkpoint_names`` by step) rather than derive again; the methods
+    are the validating way in for callers holding an index or a step of their own."""
 
     def __init__(self, fingerprint: NamespaceFingerprint, tokens: object, multimodal: object = ()) -> None:
         if not isinstance(fingerprint, NamespaceFingerprint):
@@ -113,6 +118,13 @@ class KeyChain:
         self.spans = tuple(_as_carried(span) for span in validated_spans(multimodal, self.tokens.size))
         self.chunk_size = fingerprint.chunk_size
         self._digests = self._chain()
+        size = self.chunk_size
+        self.chunk_keys = tuple(ObjectKey(ObjectKind.KV_CHUNK, digest) for digest in self._digests)
+        self.chunk_names = tuple(key.name for key in self.chunk_keys)
+        checkpoints = {(i + 1) * size: ObjectKey(ObjectKind.CHECKPOINT, d) for i, d in enumerate(self._digests)}
+        self.checkpoint_keys = MappingProxyType(checkpoints)
+        self.checkpoint_names = MappingProxyType({step: key.name for step, key in checkpoints.items()})
+        self.steps = tuple(checkpoints)
 
     @classmethod
     def for_sequence(cls, base: NamespaceFingerprint, sequence: Sequence, end: int | None = None) -> KeyChain:
@@ -152,14 +164,14 @@ class KeyChain:
 
     def chunk_key(self, index: int) -> ObjectKey:
         self._check_index(index)
-        return ObjectKey(ObjectKind.KV_CHUNK, self._digests[index])
+        return self.chunk_keys[index]
 
     def checkpoint_steps(self) -> tuple[int, ...]:
         """Every step a checkpoint of this request may sit at, shallowest first."""
-        return tuple((index + 1) * self.chunk_size for index in range(self.num_chunks))
+        return self.steps
 
     def checkpoint_key(self, step: int) -> ObjectKey:
-        return ObjectKey(ObjectKind.CHECKPOINT, self._digests[self._checkpoint_index(step)])
+        return self.checkpoint_keys[self.steps[self._checkpoint_index(step)]]
 
     def expect_chunk(self, index: int) -> Expectation:
         start, end = self.chunk_range(index)

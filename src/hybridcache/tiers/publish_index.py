@@ -50,7 +50,7 @@ class PublishIndex:
     def begin(self, chain: KeyChain, step: int) -> bytes:
         """Remember the checkpoint at ``step`` of ``chain`` and its chunks, marked as being
         published until :meth:`end`; returns the checkpoint's digest."""
-        digests = [chain.chunk_key(index).digest for index in range(step // chain.chunk_size)]
+        digests = [key.digest for key in chain.chunk_keys[: step // chain.chunk_size]]
         with self._lock:
             for index, digest in enumerate(digests):
                 if digest not in self._parent:

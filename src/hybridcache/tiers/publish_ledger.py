@@ -55,8 +55,8 @@ class EncodedPrefix:
     _encoded: dict[str, bytes] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.checkpoint_name = self.chain.checkpoint_key(self.step).name
-        self.chunk_names = [self.chain.chunk_key(i).name for i in range(self.step // self.chain.chunk_size)]
+        self.checkpoint_name = self.chain.checkpoint_names[self.step]
+        self.chunk_names = list(self.chain.chunk_names[: self.step // self.chain.chunk_size])
         self._index_of = {name: index for index, name in enumerate(self.chunk_names)}
 
     def chunk(self, name: str) -> bytes:

@@ -50,12 +50,12 @@ class RestoreAttempt:
         local_step = as_int("local_step", local_step, 0)
         local_kv_tokens = as_int("local_kv_tokens", local_kv_tokens, 0)
         size = chain.chunk_size
-        steps = [step for step in reversed(chain.checkpoint_steps()) if step > local_step]
+        steps = [step for step in reversed(chain.steps) if step > local_step]
         if not steps:
             return cls(chain, local_step, steps, 0, [])
         first_chunk = min(max(local_kv_tokens, local_step), steps[0]) // size
-        names = [chain.checkpoint_key(step).name for step in steps]
-        names += [chain.chunk_key(index).name for index in range(first_chunk, steps[0] // size)]
+        names = [chain.checkpoint_names[step] for step in steps]
+        names += chain.chunk_names[first_chunk: steps[0] // size]
         return cls(chain, local_step, steps, first_chunk, names)
 
     def located_run(self, end: int) -> int:
@@ -64,12 +64,12 @@ class RestoreAttempt:
         in the chunks, where checking each step's own chunk list is quadratic (a 20k-token
         prompt has 80 steps of up to 80 chunks)."""
         index = self.first_chunk
-        while index < end and self.where.get(self.chain.chunk_key(index).name):
+        while index < end and self.where.get(self.chain.chunk_names[index]):
             index += 1
         return index
 
     def checkpoint_located(self, step: int) -> bool:
-        return bool(self.where.get(self.chain.checkpoint_key(step).name))
+        return bool(self.where.get(self.chain.checkpoint_names[step]))
 
     def needed(self, step: int) -> list[Expectation]:
         """What restoring ``step`` reads: its checkpoint, then the chunks the device lacks."""
@@ -87,8 +87,8 @@ class RestoreAttempt:
     def restore_at(self, step: int) -> Restore:
         """The restore of ``step``, every object of which was fetched."""
         chain, first = self.chain, self.lowest_chunk(step)
-        names = {i: chain.chunk_key(i).name for i in range(first, step // chain.chunk_size)}
-        checkpoint = chain.checkpoint_key(step).name
+        names = {i: chain.chunk_names[i] for i in range(first, step // chain.chunk_size)}
+        checkpoint = chain.checkpoint_names[step]
         bytes_by_tier: dict[str, int] = {}
         for name in (checkpoint, *names.values()):
             tier = self.served_by[name]

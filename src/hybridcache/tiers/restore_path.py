@@ -89,7 +89,7 @@ class RestorePath:
         this process published (since evicted), or (None) nothing known."""
         if reason is not FetchMiss.MISSING:
             return reason.value
-        return EVICTED if self.ledger.was_published(attempt.chain.checkpoint_key(step)) else None
+        return EVICTED if self.ledger.was_published(attempt.chain.checkpoint_keys[step]) else None
 
     def _fetch_step(self, attempt: RestoreAttempt, step: int) -> Restore | None:
         needed = attempt.needed(step)
