@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from hybridcache import CacheConfig, Sequence
 from hybridcache.cache import build_cache
-from hybridcache.errors import ForeignSequenceError, InvalidArgumentError, InvalidTypeError, PinnedError
+from hybridcache.errors import ForeignSequenceError, InvalidArgumentError, InvalidTypeError, PinnedError, StaleHandleError
 from hybridcache.protocol import CacheProtocol
 
 B = 4
@@ -386,3 +386,15 @@ def test_remembered_hits_are_admitted_in_one_pass():
     starts = [(start, end, restore, hit) for start, end, _, restore, hit, _, _ in results[1][0]]
     assert starts == [(12, 14, 12, 12), (9, 11, 9, 9), (16, 18, 16, 16), (10, 12, 10, 10)]
     assert results[0] == results[1]
+
+
+
+def test_commit_undisplacing_refuses_one_match_twice_and_closes_none():
+    cache = protocol(True, 16, 4)
+    seq = Sequence(list(range(8)))
+    txn = cache.trie.match(seq)
+    with pytest.raises(StaleHandleError):
+        cache.trie.commit_undisplacing([txn, txn])
+    assert txn.open
+    cache.trie.rollback(txn)
+    cache.check_invariants([seq])

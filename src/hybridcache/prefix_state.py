@@ -27,6 +27,8 @@ import numpy as np
 
 from hybridcache.types import NO_NODE, MultimodalSpan
 
+NO_FRESH_RANGE = (0, 0)  # a fresh range recomputing no cached block
+
 if TYPE_CHECKING:  # type-only: checkpoint_record and node import neither sequence nor this module
     from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord, CheckpointSearch
     from hybridcache.prefix_cache.node import NodePath
@@ -90,7 +92,7 @@ class RecomputeOverlap:
     still writes them. Writer: the trie's match and attach path (the caller sets the policy)."""
 
     recompute_blocks: int = 0
-    fresh_range: tuple[int, int] = (0, 0)
+    fresh_range: tuple[int, int] = NO_FRESH_RANGE
     trie_block_map: dict[int, int] = field(default_factory=dict)
 
     def in_fresh_range(self, block_index: int) -> bool:
@@ -130,5 +132,5 @@ class PrefixState:
         """Forget everything tied to the blocks the sequence holds (keeps keys and policy)."""
         self.trie.clear_cursor()
         self.trie.experts_cached_blocks = 0
-        self.overlap.fresh_range = (0, 0)
+        self.overlap.fresh_range = NO_FRESH_RANGE
         self.overlap.trie_block_map = {}

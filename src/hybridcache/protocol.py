@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from collections.abc import Sequence as SequenceLike
+from typing import NamedTuple
 
 import numpy as np
 
@@ -133,18 +134,20 @@ class CacheProtocol:
         admitted: list[Admission | None] = [None] * len(seqs)
         first = self._admit_remembered(seqs, budgets, admitted)
         deferred = _DeferredAdmissions(self, admitted)
-        for index in range(first, len(seqs)):
-            seq = seqs[index]
-            txn = trie.match(seq)
-            pinned = seq.prefix_state.checkpoints.restore is None or checkpoints.pin_restore(seq)
-            if pool.num_free != deferred.free_blocks or states.num_free != deferred.free_slots:
-                deferred.take_beneath_frees()  # the match freed blocks or slots (a stale checkpoint released)
-            if pinned and deferred.defer(index, seq, txn, budgets[index]):
-                continue
+        try:
+            for index in range(first, len(seqs)):
+                seq = seqs[index]
+                txn = trie.match(seq)
+                pinned = seq.prefix_state.checkpoints.restore is None or checkpoints.pin_restore(seq)
+                if pool.num_free != deferred.free_blocks or states.num_free != deferred.free_slots:
+                    deferred.take_beneath_frees()  # the match freed blocks or slots (a stale checkpoint released)
+                if pinned and deferred.defer(index, seq, txn, budgets[index]):
+                    continue
+                deferred.take()
+                admitted[index] = self._admit_matched(seq, txn, pinned, budgets[index], None)
+                deferred.restart()
+        finally:  # admissions decided before a failure end admitted, as they would one by one
             deferred.take()
-            admitted[index] = self._admit_matched(seq, txn, pinned, budgets[index], None)
-            deferred.restart()
-        deferred.take()
         return admitted  # type: ignore[return-value]  # every entry was filled
 
     def _admit_remembered(self, seqs: list[Sequence], budgets: list[int], admitted: list[Admission | None]) -> int:
@@ -484,6 +487,19 @@ class CacheProtocol:
         self.states.check_invariants()
 
 
+class _Deferred(NamedTuple):
+    """One deferred admission: its place in the batch, its matched sequence, the blocks it
+    still needs and the clock tick its allocation reserved (0 when it needs none)."""
+
+    index: int
+    seq: Sequence
+    txn: MatchTxn
+    start: int
+    end: int
+    needed: int
+    tick: int
+
+
 class _DeferredAdmissions:
     """The admissions of one ``admit_many`` call whose allocations are deferred, and then
     taken for all of them at once: one ``allocate_stamped`` for their blocks, one
@@ -505,8 +521,7 @@ class _DeferredAdmissions:
         self.protocol = protocol
         self.trie = protocol.trie
         self.admitted = admitted
-        # (index, seq, txn, start, end, blocks needed, clock tick of its allocation)
-        self.entries: list[tuple[int, Sequence, MatchTxn, int, int, int, int]] = []
+        self.entries: list[_Deferred] = []
         self.blocks = 0
         self.restart()
 
@@ -529,7 +544,7 @@ class _DeferredAdmissions:
         needed = needed if needed > 0 else 0
         if needed > self.free_blocks - self.blocks or not self.trie.allocate_if_trivial(seq, end):
             return False
-        self.entries.append((index, seq, txn, start, end, needed, self.protocol.pool.tick() if needed else 0))
+        self.entries.append(_Deferred(index, seq, txn, start, end, needed, self.protocol.pool.tick() if needed else 0))
         self.blocks += needed
         return True
 
@@ -537,11 +552,11 @@ class _DeferredAdmissions:
         """Deferred admissions are in batch order, open and undisplaced, fit what was free
         when deferring started, and hold ticks the clock handed out, in order."""
         entries = self.entries
-        assert [entry[0] for entry in entries] == sorted({entry[0] for entry in entries}), "entries out of order"
-        assert all(entry[2].open and not entry[2].displaced.size for entry in entries), "a deferred match closed or displaced"
-        assert self.blocks == sum(entry[5] for entry in entries) <= self.free_blocks, "deferred blocks do not fit"
+        assert [entry.index for entry in entries] == sorted({entry.index for entry in entries}), "entries out of order"
+        assert all(entry.txn.open and not entry.txn.displaced.size for entry in entries), "a deferred match closed or displaced"
+        assert self.blocks == sum(entry.needed for entry in entries) <= self.free_blocks, "deferred blocks do not fit"
         assert len(entries) <= self.free_runtime, "deferred runtime slots do not fit"
-        ticks = [entry[6] for entry in entries if entry[5]]
+        ticks = [entry.tick for entry in entries if entry.needed]
         assert ticks == sorted(set(ticks)) and all(0 < tick <= self.protocol.pool.clock for tick in ticks), "bad ticks"
 
     def take_beneath_frees(self) -> None:
@@ -558,11 +573,11 @@ class _DeferredAdmissions:
         if not entries:
             return
         protocol = self.protocol
-        needed = np.fromiter((entry[5] for entry in entries), dtype=np.int64, count=len(entries))
-        ticks = np.fromiter((entry[6] for entry in entries), dtype=np.int64, count=len(entries))
+        needed = np.fromiter((entry.needed for entry in entries), dtype=np.int64, count=len(entries))
+        ticks = np.fromiter((entry.tick for entry in entries), dtype=np.int64, count=len(entries))
         ids = protocol.pool.allocate_stamped(np.repeat(ticks, needed), blocks_beneath)
         slots = protocol.states.allocate_runtimes(len(entries), slots_beneath)
-        protocol.trie.commit_undisplacing([entry[2] for entry in entries])
+        protocol.trie.commit_undisplacing([entry.txn for entry in entries])
         offset = 0
         admitted = self.admitted
         for (index, seq, txn, start, end, count, _), slot in zip(entries, slots):

@@ -766,3 +766,31 @@ def test_allocate_stamped_refuses_what_it_cannot_give_and_changes_nothing():
         pool.allocate_stamped(np.array([tick + 1]))  # a tick the clock has not handed out
     assert pool.num_free == 4 and pool.clock == tick
     pool.check_invariants()
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda pool, tick: pool.allocate_stamped([tick, tick]),  # a list is taken as an array: fine
+        lambda pool, tick: pool.allocate_stamped(np.array([1.0])),
+        lambda pool, tick: pool.allocate_stamped(np.full((1, 1), tick)),
+        lambda pool, tick: pool.allocate_stamped(np.array([tick]), beneath=0.5),
+        lambda pool, tick: pool.allocate_stamped(np.array([tick]), beneath=-1),
+        lambda pool, tick: pool.tick_many(2.5),
+        lambda pool, tick: pool.tick_many("3"),
+        lambda pool, tick: pool.tick_many(True),
+        lambda pool, tick: pool.tick_many(-1),
+    ],
+)
+def test_batch_calls_refuse_malformed_arguments_with_our_errors_and_change_nothing(call):
+    pool = BlockPool(4)
+    tick = pool.tick()
+    try:
+        call(pool, tick)
+    except HybridCacheError as error:
+        assert isinstance(error, (InvalidTypeError, InvalidArgumentError))
+        assert pool.num_free == 4 and pool.clock == tick
+    else:  # only the well-formed list is accepted
+        assert pool.num_free == 2 and pool.clock == tick
+    assert isinstance(pool.clock, int)
+    pool.check_invariants()

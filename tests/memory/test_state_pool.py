@@ -13,6 +13,7 @@ from hybridcache.errors import (
     HybridCacheError,
     InvalidArgumentError,
     InvalidBlockIdError,
+    InvalidTypeError,
     OutOfStateSlotsError,
     WrongRoleError,
 )
@@ -437,5 +438,14 @@ def test_allocate_runtimes_refuses_beyond_the_runtime_cap_and_changes_nothing():
         pool.allocate_runtimes(4)
     with pytest.raises(OutOfStateSlotsError):
         pool.allocate_runtimes(1, beneath=5)
+    assert pool.num_runtime == 0 and pool.num_free == 5
+    pool.check_invariants()
+
+
+@pytest.mark.parametrize("count, beneath", [(-1, 0), (1.5, 0), ("2", 0), (True, 0), (1, -1), (1, 0.5)])
+def test_allocate_runtimes_refuses_malformed_counts_with_our_errors_and_changes_nothing(count, beneath):
+    pool = StatePool(6, checkpoint_budget=2)
+    with pytest.raises((InvalidArgumentError, InvalidTypeError)):
+        pool.allocate_runtimes(count, beneath=beneath)
     assert pool.num_runtime == 0 and pool.num_free == 5
     pool.check_invariants()

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from hybridcache.errors import InvalidArgumentError
+from hybridcache.errors import InvalidArgumentError, InvalidTypeError
 from hybridcache.policies import BRANCH, SPECULATIVE, TURN_END, resolve_policy
 from hybridcache.policies.reuse import ReuseLearner, save_class
 from hybridcache.prefix_cache.checkpoint_record import CheckpointState
@@ -210,3 +210,22 @@ def test_a_declined_save_is_a_ghost_a_later_prompt_can_reach():
         learner.decline(first, 31, SPECULATIVE, 0)
     with pytest.raises(InvalidArgumentError):
         learner.admits(first, 8, "whim")
+
+
+def test_a_save_declined_twice_is_one_ghost_until_it_leaves_the_window():
+    keyer = BlockKeyer.deterministic(BLOCK)
+    learner = ReuseLearner(BLOCK, window=2)
+    document = np.arange(300, 340, dtype=np.int32)
+    seq = Sequence(document[:30])
+    for _ in range(3):  # a preempted sequence re-plans the same grid step
+        learner.decline(seq, 18, SPECULATIVE, _anchor_key(keyer, document, 18))
+        learner.check_invariants()
+    assert learner.declined == 1 and learner.declined_by_class[save_class(SPECULATIVE, 18)] == 1
+    for step in (8, 12):  # two more positions push the first ghost out of the window
+        learner.decline(Sequence(document[:20]), step, SPECULATIVE, 0)
+        learner.check_invariants()
+    learner.decline(seq, 18, SPECULATIVE, _anchor_key(keyer, document, 18))
+    learner.check_invariants()
+    assert learner.declined == 4  # out of the window, it is a new candidate again
+    with pytest.raises(InvalidTypeError):
+        learner.admits(seq, 8.5, SPECULATIVE)

@@ -1,8 +1,8 @@
 """Where the time of a hit goes, over what it cannot avoid.
 
-``measure_admission_stages``: where the time of one admission goes: ``CacheProtocol.admit_many`` on the ``admit-many``
-workload (every request hits an aligned checkpoint at its prompt's last block boundary),
-broken down by the stages ``admit_many`` calls (the remembered hits' ``_admit_remembered``
+``measure_admission_stages``: where the time of one ``CacheProtocol.admit_many`` admission
+goes, on the ``admit-many`` workload (every request hits an aligned checkpoint at its prompt's
+last block boundary), broken down by the stages ``admit_many`` calls (the remembered hits' ``_admit_remembered``
 and ``take_remembered_hits``, and the deferred admissions' ``defer`` and ``take``, broken
 down one level further, as ``defer › ...``).
 
@@ -21,14 +21,13 @@ calls per request and the functions that take the most of it.
 from __future__ import annotations
 
 import cProfile
-import gc
 import pstats
 import time
 
 import numpy as np
 
 from hybridcache.bench.impl import HybridcacheImpl
-from hybridcache.bench.scenarios import ADMIT_BUDGET, Case, _admission_protocol, _cache_with_checkpoint, _with_suffix
+from hybridcache.bench.scenarios import ADMIT_BUDGET, Case, _admission_protocol, _cache_with_checkpoint, _with_suffix, gc_paused
 from hybridcache.bench.workload import distinct_prompts
 from hybridcache.protocol import CacheProtocol
 from hybridcache.sequence import Sequence
@@ -55,11 +54,10 @@ def _timed_rounds(protocol: CacheProtocol, prompts: list, rounds: int) -> tuple[
     best_wall = best_cpu = float("inf")
     for round_index in range(rounds):
         requests = _prepared_batch(protocol, prompts, round_index + 1)
-        gc.disable()
-        wall, cpu = time.perf_counter(), time.process_time()
-        admitted = protocol.admit_many(requests, ADMIT_BUDGET)
-        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-        gc.enable()
+        with gc_paused():
+            wall, cpu = time.perf_counter(), time.process_time()
+            admitted = protocol.admit_many(requests, ADMIT_BUDGET)
+            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
         _free_all(protocol, requests, admitted)
         best_wall, best_cpu = min(best_wall, wall), min(best_cpu, cpu)
     return best_wall, best_cpu
@@ -184,25 +182,23 @@ def _identity_round(impl: HybridcacheImpl, prompts: list, case: Case, round_inde
     the trie makes it (``TokenStore.equals`` of the cached run against the request)."""
     tokens = _with_suffix(prompts, round_index)
     requests = impl.new_requests(tokens)
-    gc.disable()
-    started = time.process_time()
-    impl.ingest(requests)
-    ingested = time.process_time()
-    handles = impl.match(requests)
-    matched = time.process_time()
-    [np.array_equal(t[: case.context], p) for t, p in zip(tokens, prompts)]
-    floor = time.process_time()
-    gc.enable()
+    with gc_paused():
+        started = time.process_time()
+        impl.ingest(requests)
+        ingested = time.process_time()
+        handles = impl.match(requests)
+        matched = time.process_time()
+        [np.array_equal(t[: case.context], p) for t, p in zip(tokens, prompts)]
+        floor = time.process_time()
     impl.rollback(requests, handles)
     blocks = case.context // case.block_size
     lasts = [seq.prefix_state.trie.verified for seq in requests]  # each prompt's cached run ends there
     fresh = impl.new_requests(_with_suffix(prompts, round_index + 1000))
     equals = impl.trie.tokens.equals
-    gc.disable()
-    compared = time.process_time()
-    same = [equals(last - blocks + 1, last, seq, 0) for seq, last in zip(fresh, lasts)]
-    compared = time.process_time() - compared
-    gc.enable()
+    with gc_paused():
+        compared = time.process_time()
+        same = [equals(last - blocks + 1, last, seq, 0) for seq, last in zip(fresh, lasts)]
+        compared = time.process_time() - compared
     if not all(same):
         raise AssertionError("a request's cached run is not one run of consecutive slots")
     return {"ingest": ingested - started, "match": matched - ingested, "floor": floor - matched, "comparison": compared}

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import gc
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -61,19 +62,25 @@ def _record(scenario: str, impl: Impl, case: Case, samples_ms: list[float], per:
     return record
 
 
-def _timed(action: Callable[[], object]) -> tuple[object, float]:
-    """Run ``action`` once and return its value and wall time in ms. The garbage collector is
-    paused inside the timed call (as ``timeit`` does) and runs between samples, so neither
-    implementation pays for collecting the other's heap."""
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """The garbage collector paused inside (as ``timeit`` does), as it was after, even on an
+    error: it runs between samples, so no implementation pays for collecting another's heap."""
     collecting = gc.isenabled()
     gc.disable()
     try:
-        started = time.perf_counter_ns()
-        value = action()
-        elapsed = time.perf_counter_ns() - started
+        yield
     finally:
         if collecting:
             gc.enable()
+
+
+def _timed(action: Callable[[], object]) -> tuple[object, float]:
+    """Run ``action`` once and return its value and wall time in ms (``gc_paused``)."""
+    with gc_paused():
+        started = time.perf_counter_ns()
+        value = action()
+        elapsed = time.perf_counter_ns() - started
     return value, elapsed / 1e6
 
 

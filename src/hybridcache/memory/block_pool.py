@@ -24,6 +24,7 @@ from hybridcache.errors import (
     RefcountUnderflowError,
 )
 from hybridcache.sequence import Sequence
+from hybridcache.types import as_int
 
 BLOCK_DTYPE = np.int32
 
@@ -84,9 +85,13 @@ class BlockPool:
         taken (``tick``) at the time each would have run and the top ``beneath`` ids of the
         free list were freed after them (they stay on top). One array operation for a batch
         of admissions; the clock does not move."""
+        stamps = np.asarray(stamps)
+        if stamps.ndim != 1 or (stamps.size and stamps.dtype.kind not in "iu"):
+            raise InvalidTypeError(f"stamps must be a 1-D integer array, got {stamps.dtype} of shape {stamps.shape}")
+        beneath = as_int("beneath", beneath, 0)
         count = int(stamps.size)
         top = self._num_free - beneath
-        if beneath < 0 or top < count:
+        if top < count:
             raise OutOfBlocksError(f"need {count} blocks beneath {beneath}, {self._num_free} free")
         if count and (int(stamps.min()) <= 0 or int(stamps.max()) > self._clock):
             raise InvalidArgumentError("stamps must be ticks the clock already handed out")
@@ -196,8 +201,7 @@ class BlockPool:
     def tick_many(self, count: int) -> int:
         """Advance the clock by ``count`` ticks (what ``count`` ``tick`` calls would hand out)
         and return the first of them."""
-        if count < 0:
-            raise InvalidArgumentError(f"cannot take {count} ticks")
+        count = as_int("count", count, 0)
         first = self._clock + 1
         self._clock += count
         return first

@@ -2,11 +2,12 @@
 
 Owns nothing: two protocols, and two optional batch extensions of them
 (``BatchBlockAllocator``, ``BatchSlotAllocator``) that let ``CacheProtocol.admit_many`` take a
-batch's blocks and slots in one call; a pool without them is admitted one by one. ``BlockPool`` and ``StatePool`` satisfy them; an engine that
-owns its block ids and state rows (a serving engine's block manager and state manager) wraps
-them in objects with the same calls and passes those to ``build_cache`` or ``BlockTrie``.
-The calls keep the pools' contract: ids are validated, a failed call changes nothing, and
-every holder of a block owns exactly one reference.
+batch's blocks and slots in one call; a pool without them is admitted one by one.
+``BlockPool`` and ``StatePool`` satisfy them; an engine that owns its block ids and state rows
+(a serving engine's block manager and state manager) wraps them in objects with the same
+calls and passes those to ``build_cache`` or ``BlockTrie``. The calls keep the pools'
+contract: ids are validated, a failed call changes nothing, and every holder of a block owns
+exactly one reference.
 """
 
 from __future__ import annotations
@@ -89,6 +90,9 @@ class BatchBlockAllocator(Protocol):
     """A ``KVBlockAllocator`` that hands out the blocks of several deferred ``allocate``
     calls at once, in their order and with the stamps their ticks reserved, and reserves
     several ticks at once (a batch's restore pins and allocations)."""
+
+    @property
+    def clock(self) -> int: ...
 
     def allocate_stamped(self, stamps: np.ndarray, beneath: int = 0) -> np.ndarray: ...
 

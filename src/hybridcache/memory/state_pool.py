@@ -20,6 +20,7 @@ from hybridcache.errors import (
     OutOfStateSlotsError,
     WrongRoleError,
 )
+from hybridcache.types import as_int
 
 
 class SlotRole(enum.IntEnum):
@@ -81,9 +82,10 @@ class StatePool:
         """``count`` runtime slots, the ones consecutive ``allocate_runtime`` calls would have
         handed out when the top ``beneath`` slots of the free list were freed after them
         (they stay on top): one batch of admissions at once."""
+        count, beneath = as_int("count", count, 0), as_int("beneath", beneath, 0)
         free = self._free
         top = len(free) - beneath
-        if beneath < 0 or top < count or count > self.runtime_cap - self._num_runtime:
+        if top < count or count > self.runtime_cap - self._num_runtime:
             raise OutOfStateSlotsError(
                 f"no {count} runtime slots: {self._num_runtime}/{self.runtime_cap} used, {top} free beneath {beneath}"
             )

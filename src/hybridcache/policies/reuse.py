@@ -50,6 +50,7 @@ from hybridcache.errors import InvalidArgumentError
 from hybridcache.policies.admission import DEFAULT_GRID, KINDS, PROMPT_END, SPECULATIVE, TURN_END
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord, CheckpointState, anchor_step
 from hybridcache.sequence import Sequence
+from hybridcache.types import as_int
 
 LEVELS = 3  # reuses so far, and turns of one conversation served in a row: 0, 1, 2 or more
 CONTINUED = (TURN_END, PROMPT_END)  # a request resuming from one of these continues a conversation
@@ -103,6 +104,7 @@ class ReuseLearner:
         self._entries: OrderedDict[int, _Entry] = OrderedDict()  # record id -> entry, oldest touch first
         self._by_anchor: dict[int, dict[int, _Entry]] = {}  # anchor key -> record id -> entry
         self._lineage_of: dict[int, int] = {}  # producer sequence id -> lineage of what it saves
+        self._declined_at: dict[tuple[int, int], int] = {}  # (producer id, step) -> its ghost's id, in the window
         shape = (SAVE_CLASSES, LEVELS, LEVELS)  # save class, lineage, reuses so far
         self.reused = np.zeros(shape, np.int64)
         self.unused = np.zeros(shape, np.int64)
@@ -175,6 +177,7 @@ class ReuseLearner:
         requests would have resumed from is admitted again."""
         if kind not in KINDS:
             raise InvalidArgumentError(f"kind must be one of {KINDS}, got {kind!r}")
+        step = as_int("step", step, 1)
         if kind != SPECULATIVE:
             return True
         lineage = min(self._lineage_of.get(seq.seq_id, 0), LEVELS - 1)
@@ -184,14 +187,20 @@ class ReuseLearner:
 
     def decline(self, seq: Sequence, step: int, kind: str, anchor_key: int) -> None:
         """The save at ``step`` was declined: a ghost enters the window (its position, the
-        tail tokens past its anchor block, whose prefix key is ``anchor_key``)."""
-        if kind not in KINDS or not 0 < step <= seq.num_tokens:
+        tail tokens past its anchor block, whose prefix key is ``anchor_key``). A save declined
+        again (the sequence re-planned the same step after a preemption) while its ghost is in
+        the window adds no second ghost: one position is one candidate."""
+        step = as_int("step", step, 1)
+        if kind not in KINDS or step > seq.num_tokens:
             raise InvalidArgumentError(f"cannot decline a {kind!r} save at {step} of {seq.num_tokens} tokens")
+        if (seq.seq_id, step) in self._declined_at:
+            return
         self.declined += 1
         self.declined_by_class[save_class(kind, step)] += 1
         start = anchor_step(step, self.block_size)
         tail = np.array(seq.tokens[start:step], dtype=np.int32)
-        self._enter(_Declined(-self.declined, int(step), tail, seq.seq_id), kind, anchor_key)
+        self._declined_at[seq.seq_id, step] = -self.declined
+        self._enter(_Declined(-self.declined, step, tail, seq.seq_id), kind, anchor_key)
 
     def admitted(self, seq: Sequence, restore: CheckpointRecord | None, keys_of) -> None:
         """A request was admitted, resuming from ``restore`` (None: from nothing). Credits the
@@ -252,6 +261,8 @@ class ReuseLearner:
     def _forget(self, entry: _Entry) -> None:
         record_id = entry.record.record_id
         del self._entries[record_id]
+        if record_id < 0:
+            del self._declined_at[entry.record.producer_id, entry.record.step]
         bucket = self._by_anchor.get(entry.anchor_key)
         if bucket is not None:
             bucket.pop(record_id, None)
@@ -269,6 +280,7 @@ class ReuseLearner:
         assert all(e.save_class == save_class(e.kind, e.record.step) for e in self._entries.values()), "classes"
         declined = [e.record for e in self._entries.values() if e.record.record_id < 0]
         assert all(d.state is CheckpointState.RELEASED and not d.hits for d in declined), "declined = ghosts"
+        assert self._declined_at == {(d.producer_id, d.step): d.record_id for d in declined}, "one ghost per declined position"
         assert all(-self.declined <= d.record_id for d in declined) and int(self.declined_by_class.sum()) == self.declined
         assert (self.reused >= 0).all() and (self.unused >= 0).all() and (self.reuse_ages >= 0).all()
         assert self.ghost_hits <= int(self.reused.sum()) and min(self.left_evicted, self.left_live) >= 0

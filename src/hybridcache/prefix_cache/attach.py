@@ -18,9 +18,9 @@ from hybridcache.memory.protocols import KVBlockAllocator
 from hybridcache.prefix_cache.kv_lifecycle import KVLifecycle
 from hybridcache.prefix_cache.lookup import PathLookup
 from hybridcache.prefix_cache.routed_experts import RoutedExpertStore
+from hybridcache.prefix_state import NO_FRESH_RANGE
 from hybridcache.sequence import Sequence
 
-_EMPTY_RANGE = (0, 0)
 
 
 class Attacher:
@@ -51,7 +51,7 @@ class Attacher:
         position = state.trie
         recompute = state.overlap
         if not self.enabled:
-            recompute.fresh_range = _EMPTY_RANGE
+            recompute.fresh_range = NO_FRESH_RANGE
             return
         if not self.nodes.is_valid(position.cursor, position.cursor_generation):
             position.cursor = self._lookup.root(seq.namespace)
@@ -64,7 +64,7 @@ class Attacher:
         if recompute.trie_block_map:
             self._settle_private_blocks(seq)
         if depth >= end:
-            recompute.fresh_range = _EMPTY_RANGE
+            recompute.fresh_range = NO_FRESH_RANGE
             return
         self.keyer.resume_at(seq, depth, int(self.nodes.key_sums[node]))
         found_node, found_depth = self._lookup.extend_verified(seq, end)
@@ -84,7 +84,7 @@ class Attacher:
         generation = int(self.nodes.generation[node])
         position.cursor, position.cursor_generation = node, generation
         position.verified, position.verified_generation = node, generation
-        recompute.fresh_range = _EMPTY_RANGE
+        recompute.fresh_range = NO_FRESH_RANGE
 
     def allocate_if_trivial(self, seq: Sequence, upto: int) -> bool:
         """``allocate(seq, upto)`` when the table will cover ``upto`` tokens and it would only
@@ -98,7 +98,7 @@ class Attacher:
                 return False
             if int(self.nodes.depth[position.cursor]) < min(seq.num_valid, upto) // self.block_size:
                 return False
-        state.overlap.fresh_range = _EMPTY_RANGE
+        state.overlap.fresh_range = NO_FRESH_RANGE
         return True
 
     def validated_new_blocks(self, seq: Sequence, block_ids: object) -> np.ndarray:

@@ -90,6 +90,8 @@ class MatchBook:
                 raise InvalidTypeError(f"expected a MatchTxn, got {type(txn).__name__}")
             if not txn.open or txn.displaced.size:
                 raise StaleHandleError("commit_undisplacing takes open matches that displaced no block")
+        if len({id(txn) for txn in txns}) != len(txns):
+            raise StaleHandleError("commit_undisplacing got one match twice (a match commits once)")
         for txn in txns:
             txn.open = False
 

@@ -35,8 +35,7 @@ from hybridcache.prefix_cache.match_txn import MatchBook, MatchTxn
 from hybridcache.prefix_cache.node import NodePath, Runs
 from hybridcache.prefix_cache.routed_experts import RoutedExpertStore
 from hybridcache.prefix_cache.stats import MissReason
-
-_EMPTY_RANGE = (0, 0)
+from hybridcache.prefix_state import NO_FRESH_RANGE
 from hybridcache.sequence import Sequence
 
 # A miss probing more candidate steps than this first checks the request's first block.
@@ -228,7 +227,7 @@ class CheckpointMatcher:
         hit (its path already borrowed): the step, the cursor at the anchor, the fresh range
         (empty: the chunk attaches nothing). Returns what the match counters take: the hits
         counted (a sequence may suppress its statistics), tokens asked and tokens hit."""
-        empty = _EMPTY_RANGE
+        empty = NO_FRESH_RANGE
         counted = query = hit = 0
         for seq, record in zip(seqs, records):
             state = seq.prefix_state

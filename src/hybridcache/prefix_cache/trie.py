@@ -45,10 +45,10 @@ from hybridcache.prefix_cache.node import NodePath, NodeTable
 from hybridcache.prefix_cache.routed_experts import RoutedExpertStore
 from hybridcache.prefix_cache.stats import PrefixCacheStats
 from hybridcache.prefix_cache.token_store import TokenStore
+from hybridcache.prefix_state import NO_FRESH_RANGE
 from hybridcache.sequence import Sequence
 from hybridcache.types import NO_NODE, as_int
 
-_EMPTY_RANGE = (0, 0)
 _TRIE_IDS = itertools.count()
 _PINNED_MATCH = "match while the sequence's restore is pinned; unpin or roll back first"
 
@@ -226,7 +226,7 @@ class BlockTrie:
         if refs.restore_pinned:
             raise PinnedError(_PINNED_MATCH)
         txn = MatchTxn(seq)
-        state.overlap.fresh_range = _EMPTY_RANGE
+        state.overlap.fresh_range = NO_FRESH_RANGE
         refs.restore = None
         if not self.enabled:
             return txn
