@@ -202,12 +202,17 @@ class LmdeployBlockTrie:
         shadow = self._shadows.existing(seq)
         if shadow is None or seq.return_routed_experts:
             return False
+        cursor, position = seq.prefix_cache.trie_cursor, shadow.seq.prefix_state.trie
+        # lmdeploy holds the view of the shadow's cursor node, still live (a root's view has no
+        # slot, and depth 0 leaves nothing settled)
+        if not isinstance(cursor, NodeView) or cursor.slot < 0 or cursor.slot != position.cursor:
+            return False
+        if cursor.generation != position.cursor_generation or not cursor.is_live:
+            return False
         if shadow.seq.prefix_state.overlap.trie_block_map or self._shadows.lmdeploy_released(shadow, seq):
             return False
-        if not isinstance(seq.prefix_cache.trie_cursor, NodeView) or seq.prefix_cache.trie_cursor is not self._cursor_view(shadow, seq):
-            return False
         limit = int(seq.num_valid_ids) if seq.kv_token_limit is None else min(int(seq.num_valid_ids), int(seq.kv_token_limit))
-        return self._cursor_depth(shadow.seq) >= limit // self.block_size and self._cursor_depth(shadow.seq) > 0
+        return cursor.depth >= limit // self.block_size
 
     def _nothing_to_attach(self, hc_seq: object, limit: int) -> bool:
         """No block beyond the cursor completes, and no private block waits to be settled or
@@ -234,16 +239,24 @@ class LmdeployBlockTrie:
 
     @staticmethod
     def _mirror_table(shadow: Shadow, seq: object, first: int) -> None:
-        """Write the shadow's table onto ``seq.logical_blocks`` from index ``first`` on."""
+        """Write the shadow's table onto ``seq.logical_blocks`` from index ``first`` on: one
+        slice assignment, into a buffer of lmdeploy's own growth unit when the table grows
+        (lmdeploy's ``append`` regrows by ``np.pad``, a copy twice the cost of the write)."""
         table = shadow.seq.block_table
         blocks = seq.logical_blocks
         have = len(blocks)
-        if have > first:
-            current = np.asarray(blocks.get_real_blocks()[first:have])
-            for index in (np.flatnonzero(current != table[first:have]) + first).tolist():
-                blocks[index] = int(table[index])
-        if table.size > have:
-            blocks.append(table[have:])  # lmdeploy's int64 table converts as it copies
+        if table.size <= have:
+            if table.size > first:
+                blocks[first : table.size] = table[first:]
+            return
+        unit = type(blocks).ALLOC_SIZE
+        grown = np.empty(-(-(table.size + 1) // unit) * unit, dtype=np.int64)  # room for the suffix block
+        keep = min(first, have)
+        grown[:keep] = blocks.get_real_blocks()[:keep]
+        grown[keep : table.size] = table[keep:]
+        mirrored = type(blocks)(grown)  # lmdeploy's public constructor, then its length
+        mirrored.resize(table.size)
+        seq.logical_blocks = mirrored
 
     # --- eviction and routed experts -----------------------------------------------------------
 

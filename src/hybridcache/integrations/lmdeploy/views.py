@@ -99,13 +99,15 @@ class CheckpointView:
 class NodeView:
     """One trie node (``slot`` at ``generation``), or an adapter's root."""
 
-    __slots__ = ("_views", "slot", "generation", "adapter_name", "__weakref__")
+    __slots__ = ("_views", "slot", "generation", "adapter_name", "depth", "__weakref__")
 
     def __init__(self, views: "ViewBook", slot: int, generation: int, adapter_name: str | None) -> None:
         self._views = views
         self.slot = slot
         self.generation = generation
         self.adapter_name = adapter_name
+        # A node's depth never changes while its generation lives: read once, not per access.
+        self.depth = int(views.trie.nodes.depth[slot]) if slot >= 0 else 0
 
     @property
     def is_live(self) -> bool:
@@ -120,10 +122,7 @@ class NodeView:
 
     @property
     def prefix_len(self) -> int:
-        if not self.is_live:
-            return 0
-        trie = self._views.trie
-        return int(trie.nodes.depth[self.slot]) * trie.block_size
+        return self.depth * self._views.trie.block_size if self.is_live else 0
 
     @property
     def block_id(self) -> int:
