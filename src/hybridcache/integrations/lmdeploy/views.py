@@ -3,7 +3,8 @@
 
 Owns: the identity of the views (one view per live node handle and per record, so lmdeploy's
 ``is`` comparisons between cursors and restore nodes hold). A view reads the trie on every
-access and never writes it.
+access, but for its node's depth, read once (fixed while the node's generation lives), and
+never writes it.
 """
 
 from __future__ import annotations
