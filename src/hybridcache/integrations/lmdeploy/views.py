@@ -51,11 +51,12 @@ class MatchData:
 class CheckpointView:
     """``node.state_checkpoint``: what the inputs maker reads to build its copy plans."""
 
-    __slots__ = ("record", "_match_data", "external_pins")
+    __slots__ = ("record", "_trie", "_match_data", "external_pins")
 
     def __init__(self, record: CheckpointRecord, trie: object) -> None:
         self.record = record
-        self._match_data = MatchData(trie, record)
+        self._trie = trie
+        self._match_data: MatchData | None = None  # built when first read: the inputs maker never does
         self.external_pins = 0  # pins set through ``pin_count``, held by no sequence
 
     @property
@@ -90,7 +91,11 @@ class CheckpointView:
     @property
     def exact_match_data(self) -> object:
         """The immutable path a published checkpoint is verified against (None before)."""
-        return self._match_data if self.record.is_published else None
+        if not self.record.is_published:
+            return None
+        if self._match_data is None:
+            self._match_data = MatchData(self._trie, self.record)
+        return self._match_data
 
     @property
     def last_access_time(self) -> int:
