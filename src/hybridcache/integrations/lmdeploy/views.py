@@ -9,8 +9,6 @@ never writes it.
 
 from __future__ import annotations
 
-import weakref
-
 import numpy as np
 
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord, CheckpointState
@@ -105,7 +103,7 @@ class CheckpointView:
 class NodeView:
     """One trie node (``slot`` at ``generation``), or an adapter's root."""
 
-    __slots__ = ("_views", "slot", "generation", "adapter_name", "depth", "__weakref__")
+    __slots__ = ("_views", "slot", "generation", "adapter_name", "depth")
 
     def __init__(self, views: "ViewBook", slot: int, generation: int, adapter_name: str | None) -> None:
         self._views = views
@@ -185,13 +183,16 @@ class NodeView:
 
 
 class ViewBook:
-    """Hands out one view per node handle (while anything holds it) and per live record."""
+    """Hands out one view per node handle and per live record. A node slot's view is kept
+    until the slot's generation changes (it is then replaced, and a holder of the old view
+    sees it dead): a cursor's view serves every request that reaches the node, instead of one
+    built per request after lmdeploy dropped the last."""
 
     def __init__(self, trie: object, expert_layout) -> None:
         """``expert_layout()``: lmdeploy's per-token expert row shape and dtype, or (None, None)."""
         self.trie = trie
         self.expert_layout = expert_layout
-        self._nodes: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self._nodes: dict[int, NodeView] = {}  # node slot -> the view of its current generation
         self._records: dict[int, CheckpointView] = {}
         self._roots: dict[str | None, NodeView] = {}
 
@@ -200,11 +201,10 @@ class ViewBook:
         nodes = self.trie.nodes
         if slot < 0 or not nodes.attached[slot] or nodes.is_root[slot]:
             return self.root(adapter_name)
-        key = (slot, int(nodes.generation[slot]))
-        view = self._nodes.get(key)
-        if view is None:
-            view = NodeView(self, slot, key[1], adapter_name)
-            self._nodes[key] = view
+        generation = int(nodes.generation[slot])
+        view = self._nodes.get(slot)
+        if view is None or view.generation != generation:
+            view = self._nodes[slot] = NodeView(self, slot, generation, adapter_name)
         return view
 
     def root(self, adapter_name: str | None) -> NodeView:
