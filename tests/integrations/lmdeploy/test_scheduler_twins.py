@@ -205,3 +205,28 @@ def test_an_allocate_with_no_block_to_complete_returns_before_syncing_the_shadow
     twins.step(lambda w: w.forward())
     done = twins.step(lambda w: w.finish("a"))
     assert done["free_gpu"] == 32 - 3
+
+
+def test_a_hit_longer_than_lmdeploys_table_growth_unit_keeps_the_same_table_as_it_grows():
+    """The adapter writes a matched path into a fresh table buffer instead of lmdeploy's
+    regrowing append: a hit of more blocks than lmdeploy grows a table by at once
+    (``LogicalTokenBlocks.ALLOC_SIZE``), its suffix block and a next turn's blocks land at the
+    same positions with the same counts on both tries."""
+    from lmdeploy.pytorch.block import LogicalTokenBlocks
+
+    blocks = LogicalTokenBlocks.ALLOC_SIZE + 3
+    num_gpu_blocks = 2 * blocks + 16
+    twins = Twins(ssm=True, num_gpu_blocks=num_gpu_blocks)
+    prompt = [(i % 97) + 1 for i in range(blocks * BLOCK)]
+    _serve(twins, "first", 0, prompt)
+    twins.step(lambda w: w.finish("first"))
+    observed = _serve(twins, "again", 1, prompt + [5] * BLOCK)
+    again = observed["seqs"]["again"]
+    assert again["step"] == observed["hits"] == blocks * BLOCK
+    assert len(again["blocks"]) == blocks + 1 and again["refs"] == [2] * (blocks + 1)  # the trie's and its own
+    twins.step(lambda w: w.continue_turn("again", [6] * (2 * BLOCK - 1)))  # the sampled token, then two blocks
+    grown = twins.step(lambda w: w.schedule())
+    assert "again" in grown["running"] and len(grown["seqs"]["again"]["blocks"]) == blocks + 3
+    twins.step(lambda w: w.forward())
+    done = twins.step(lambda w: w.finish("again"))
+    assert done["free_gpu"] == num_gpu_blocks - (blocks + 3)  # the trie keeps every complete block

@@ -111,14 +111,17 @@ class AllocatorBlocks:
         return ids
 
     def _with_refcounts(self, block_ids: object) -> tuple[np.ndarray, np.ndarray]:
-        """The ids (flat, intp) and lmdeploy's reference counts of them; the gather checks the
-        upper bound of the range (no separate pass for the largest id)."""
+        """The ids (flat, intp) and lmdeploy's reference counts of them. One gather checks
+        both ends of the range: a negative id, read as unsigned, lies beyond every block."""
         ids = np.asarray(block_ids)
-        if ids.dtype.kind not in "iu":
+        kind = ids.dtype.kind
+        if kind not in "iu":
             raise InvalidTypeError(f"block ids must be integers, got {ids.dtype}")
-        ids = ids.reshape(-1).astype(np.intp, copy=False)
-        if ids.size and int(ids.min()) < 0:
+        if ids.dtype == np.int32:  # the trie's ids; as uint32 a negative one is >= 2**31 > num_blocks
+            ids = ids.view(np.uint32)
+        elif kind == "i" and ids.size and int(ids.min()) < 0:
             raise InvalidBlockIdError(f"block id outside [0, {self.num_blocks})")
+        ids = ids.reshape(-1).astype(np.intp, copy=False)
         try:
             held = np.asarray(self.allocator.get_ref_count(ids))
         except IndexError:

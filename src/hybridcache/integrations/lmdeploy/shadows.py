@@ -233,6 +233,8 @@ class ShadowBook:
     def replay_experts(self, shadow: Shadow, lmd_seq: object) -> None:
         """Give lmdeploy's sequence the routed-expert rows a match replayed onto the shadow."""
         seq = shadow.seq
+        if not seq.want_routed_experts:
+            return
         rows = seq.routed_experts
         have = len(lmd_seq.all_routed_experts)
         if rows is None or seq.num_routed_experts <= have or self.expert_shape is None:

@@ -132,10 +132,11 @@ class LmdeployBlockTrie:
         if txn.hit_tokens:
             seq.set_step(shadow.seq.num_computed)
             self._shadows.replay_experts(shadow, seq)
+        prefix_cache.trie_cursor = cursor = self._cursor_view(shadow, seq)
         restore = shadow.seq.prefix_state.checkpoints.restore
-        if restore is not None:
-            prefix_cache.restore.select(int(restore.slot), self._views.node(restore.anchor, seq.adapter_name))
-        prefix_cache.trie_cursor = self._cursor_view(shadow, seq)
+        if restore is not None:  # an aligned hit restores at its cursor: the same view
+            anchor = cursor if restore.anchor == cursor.slot else self._views.node(restore.anchor, seq.adapter_name)
+            prefix_cache.restore.select(int(restore.slot), anchor)
         prefix_cache.recompute_overlap.set_fresh_block_range(*shadow.seq.prefix_state.overlap.fresh_range)
         if not prefix_cache.suppress_match_stats:
             self.stats.num_query_tokens += int(seq.num_all_ids) - initial_step
@@ -163,8 +164,9 @@ class LmdeployBlockTrie:
         """Attach the blocks lmdeploy's block manager gave ``seq`` (complete ones join the trie)."""
         if not self.enabled:
             return
-        if self._settled_before_sync(seq):  # a decode step inside a block, or a hit's suffix
-            self._close_match(self._shadows.existing(seq))  # the match stands: nothing to attach
+        settled = self._settled_before_sync(seq)  # a decode step inside a block, or a hit's suffix
+        if settled is not None:
+            self._close_match(settled)  # the match stands: nothing to attach
             seq.prefix_cache.recompute_overlap.clear_fresh_block_range()
             return
         shadow = self._shadows.synced(seq, with_table=False)
@@ -194,20 +196,25 @@ class LmdeployBlockTrie:
         overlap.clear_fresh_block_range()
         seq.prefix_cache.trie_cursor = self._cursor_view(shadow, seq)
 
-    def _settled_before_sync(self, seq: object) -> bool:
-        """Nothing to attach, known without syncing the shadow: no private block or experts to
-        settle, lmdeploy has not released the sequence, and no block beyond the cursor
-        completes (an open match, as a hit whose suffix fits its last block leaves it, only
-        needs its commit). The shadow's tokens and table catch up at the next sync."""
+    def _settled_before_sync(self, seq: object) -> Shadow | None:
+        """The shadow when nothing is to attach, known without syncing it: no private block or
+        experts to settle, lmdeploy has not released the sequence, and no block beyond the
+        cursor completes (an open match, as a hit whose suffix fits its last block leaves it,
+        only needs its commit). The shadow's tokens and table catch up at the next sync."""
         shadow = self._shadows.existing(seq)
         if shadow is None or seq.return_routed_experts:
-            return False
+            return None
+        cursor, position = seq.prefix_cache.trie_cursor, shadow.seq.prefix_state.trie
+        # lmdeploy holds the view of the shadow's cursor node, still live (a root's view has no
+        # slot, and depth 0 leaves nothing settled)
+        if not isinstance(cursor, NodeView) or cursor.slot < 0 or cursor.slot != position.cursor:
+            return None
+        if cursor.generation != position.cursor_generation or not cursor.is_live:
+            return None
         if shadow.seq.prefix_state.overlap.trie_block_map or self._shadows.lmdeploy_released(shadow, seq):
-            return False
-        if not isinstance(seq.prefix_cache.trie_cursor, NodeView) or seq.prefix_cache.trie_cursor is not self._cursor_view(shadow, seq):
-            return False
+            return None
         limit = int(seq.num_valid_ids) if seq.kv_token_limit is None else min(int(seq.num_valid_ids), int(seq.kv_token_limit))
-        return self._cursor_depth(shadow.seq) >= limit // self.block_size and self._cursor_depth(shadow.seq) > 0
+        return shadow if cursor.depth >= limit // self.block_size else None
 
     def _nothing_to_attach(self, hc_seq: object, limit: int) -> bool:
         """No block beyond the cursor completes, and no private block waits to be settled or
@@ -234,16 +241,24 @@ class LmdeployBlockTrie:
 
     @staticmethod
     def _mirror_table(shadow: Shadow, seq: object, first: int) -> None:
-        """Write the shadow's table onto ``seq.logical_blocks`` from index ``first`` on."""
+        """Write the shadow's table onto ``seq.logical_blocks`` from index ``first`` on: one
+        slice assignment, into a buffer of lmdeploy's own growth unit when the table grows
+        (lmdeploy's ``append`` regrows by ``np.pad``, a copy twice the cost of the write)."""
         table = shadow.seq.block_table
         blocks = seq.logical_blocks
         have = len(blocks)
-        if have > first:
-            current = np.asarray(blocks.get_real_blocks()[first:have])
-            for index in (np.flatnonzero(current != table[first:have]) + first).tolist():
-                blocks[index] = int(table[index])
-        if table.size > have:
-            blocks.append(table[have:])  # lmdeploy's int64 table converts as it copies
+        if table.size <= have:
+            if table.size > first:
+                blocks[first : table.size] = table[first:]
+            return
+        unit = type(blocks).ALLOC_SIZE
+        grown = np.empty(-(-(table.size + 1) // unit) * unit, dtype=np.int64)  # room for the suffix block
+        keep = min(first, have)
+        grown[:keep] = blocks.get_real_blocks()[:keep]
+        grown[keep : table.size] = table[keep:]
+        mirrored = type(blocks)(grown)  # lmdeploy's public constructor, then its length
+        mirrored.resize(table.size)
+        seq.logical_blocks = mirrored
 
     # --- eviction and routed experts -----------------------------------------------------------
 

@@ -3,12 +3,11 @@
 
 Owns: the identity of the views (one view per live node handle and per record, so lmdeploy's
 ``is`` comparisons between cursors and restore nodes hold). A view reads the trie on every
-access and never writes it.
+access, but for its node's depth, read once (fixed while the node's generation lives), and
+never writes it.
 """
 
 from __future__ import annotations
-
-import weakref
 
 import numpy as np
 
@@ -50,11 +49,12 @@ class MatchData:
 class CheckpointView:
     """``node.state_checkpoint``: what the inputs maker reads to build its copy plans."""
 
-    __slots__ = ("record", "_match_data", "external_pins")
+    __slots__ = ("record", "_trie", "_match_data", "external_pins")
 
     def __init__(self, record: CheckpointRecord, trie: object) -> None:
         self.record = record
-        self._match_data = MatchData(trie, record)
+        self._trie = trie
+        self._match_data: MatchData | None = None  # built when first read: the inputs maker never does
         self.external_pins = 0  # pins set through ``pin_count``, held by no sequence
 
     @property
@@ -89,7 +89,11 @@ class CheckpointView:
     @property
     def exact_match_data(self) -> object:
         """The immutable path a published checkpoint is verified against (None before)."""
-        return self._match_data if self.record.is_published else None
+        if not self.record.is_published:
+            return None
+        if self._match_data is None:
+            self._match_data = MatchData(self._trie, self.record)
+        return self._match_data
 
     @property
     def last_access_time(self) -> int:
@@ -99,13 +103,15 @@ class CheckpointView:
 class NodeView:
     """One trie node (``slot`` at ``generation``), or an adapter's root."""
 
-    __slots__ = ("_views", "slot", "generation", "adapter_name", "__weakref__")
+    __slots__ = ("_views", "slot", "generation", "adapter_name", "depth")
 
     def __init__(self, views: "ViewBook", slot: int, generation: int, adapter_name: str | None) -> None:
         self._views = views
         self.slot = slot
         self.generation = generation
         self.adapter_name = adapter_name
+        # A node's depth never changes while its generation lives: read once, not per access.
+        self.depth = int(views.trie.nodes.depth[slot]) if slot >= 0 else 0
 
     @property
     def is_live(self) -> bool:
@@ -120,10 +126,7 @@ class NodeView:
 
     @property
     def prefix_len(self) -> int:
-        if not self.is_live:
-            return 0
-        trie = self._views.trie
-        return int(trie.nodes.depth[self.slot]) * trie.block_size
+        return self.depth * self._views.trie.block_size if self.is_live else 0
 
     @property
     def block_id(self) -> int:
@@ -180,13 +183,16 @@ class NodeView:
 
 
 class ViewBook:
-    """Hands out one view per node handle (while anything holds it) and per live record."""
+    """Hands out one view per node handle and per live record. A node slot's view is kept
+    until the slot's generation changes (it is then replaced, and a holder of the old view
+    sees it dead): a cursor's view serves every request that reaches the node, instead of one
+    built per request after lmdeploy dropped the last."""
 
     def __init__(self, trie: object, expert_layout) -> None:
         """``expert_layout()``: lmdeploy's per-token expert row shape and dtype, or (None, None)."""
         self.trie = trie
         self.expert_layout = expert_layout
-        self._nodes: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self._nodes: dict[int, NodeView] = {}  # node slot -> the view of its current generation
         self._records: dict[int, CheckpointView] = {}
         self._roots: dict[str | None, NodeView] = {}
 
@@ -195,11 +201,10 @@ class ViewBook:
         nodes = self.trie.nodes
         if slot < 0 or not nodes.attached[slot] or nodes.is_root[slot]:
             return self.root(adapter_name)
-        key = (slot, int(nodes.generation[slot]))
-        view = self._nodes.get(key)
-        if view is None:
-            view = NodeView(self, slot, key[1], adapter_name)
-            self._nodes[key] = view
+        generation = int(nodes.generation[slot])
+        view = self._nodes.get(slot)
+        if view is None or view.generation != generation:
+            view = self._nodes[slot] = NodeView(self, slot, generation, adapter_name)
         return view
 
     def root(self, adapter_name: str | None) -> NodeView:
