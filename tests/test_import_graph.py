@@ -2,30 +2,11 @@
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
+from tests.tools.call_moves import import_graph
+
 SRC = Path(__file__).resolve().parents[1] / "src"
-
-
-def _modules() -> dict[str, Path]:
-    found = {}
-    for path in (SRC / "hybridcache").rglob("*.py"):
-        name = ".".join(path.relative_to(SRC).with_suffix("").parts)
-        found[name.removesuffix(".__init__")] = path
-    return found
-
-
-def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
-    targets = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("hybridcache"):
-            for alias in node.names:
-                full = f"{node.module}.{alias.name}"
-                targets.add(full if full in modules else node.module)
-        elif isinstance(node, ast.Import):
-            targets.update(alias.name for alias in node.names if alias.name.startswith("hybridcache"))
-    return {t for t in targets if t in modules}
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[str]:
@@ -49,8 +30,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_no_module_imports_itself_through_others():
-    modules = _modules()
-    graph = {name: _imports(path, modules) - {name} for name, path in modules.items()}
+    graph = import_graph(SRC / "hybridcache")
     assert len(graph) > 50  # the walk saw the whole package
     assert _cycles(graph) == []
 
