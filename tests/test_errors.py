@@ -10,6 +10,7 @@ from hybridcache import errors
 from hybridcache.errors import (
     AdoptionWriteError,
     AlreadyPublishedError,
+    BenchmarkSetupError,
     BodyTooLargeError,
     CorruptObjectError,
     DoubleFreeError,
@@ -100,6 +101,7 @@ HIERARCHY = {
     StoreUnavailableError: (StoreError, OSError),
     StoreTimeoutError: (StoreError, OSError),
     ServerStartError: (StoreError, OSError),
+    BenchmarkSetupError: (HybridCacheError, RuntimeError),
     EventStreamError: (HybridCacheError, OSError),
     NotAStoreRootError: (InvalidConfigError, ValueError),
     StoreClosedError: (StoreUnavailableError, OSError),

@@ -134,6 +134,11 @@ class RequestFailedError(HybridCacheError, RuntimeError):
     underlying error is its ``__cause__``; the other requests keep being served."""
 
 
+class BenchmarkSetupError(HybridCacheError, RuntimeError):
+    """A benchmark's set-up did not produce the state it measures (a checkpoint not published,
+    a request not admitted with its hit, a server that never became healthy)."""
+
+
 class EventStreamError(HybridCacheError, OSError):
     """An event stream's sockets could not be opened or used (a port taken, a closed
     publisher), or a replica's stream description could not be read."""

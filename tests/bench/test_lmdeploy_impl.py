@@ -15,6 +15,7 @@ import pytest
 from hybridcache.bench import lmdeploy_impl
 from hybridcache.bench.impl import HybridcacheImpl
 from hybridcache.bench.lmdeploy_impl import LmdeployImpl
+from hybridcache.errors import BenchmarkSetupError
 
 VOCAB = 151_000
 
@@ -22,7 +23,7 @@ VOCAB = 151_000
 def _reference_available() -> bool:
     try:
         lmdeploy_impl.load_lmdeploy()
-    except RuntimeError:
+    except BenchmarkSetupError:
         return False
     return True
 
@@ -79,7 +80,7 @@ def _reference_impl():
     impl = LmdeployImpl()
     if AVAILABLE:
         return impl
-    with pytest.raises(RuntimeError, match="run make compare-setup first"):
+    with pytest.raises(BenchmarkSetupError, match="run make compare-setup first"):
         impl.setup(**_setup_kwargs())
     return None
 
@@ -87,7 +88,7 @@ def _reference_impl():
 def test_hint_when_lmdeploy_is_hidden(monkeypatch):
     monkeypatch.setitem(sys.modules, "lmdeploy", None)  # any import of it now fails
     monkeypatch.setattr(lmdeploy_impl, "_api", None)
-    with pytest.raises(RuntimeError, match="run make compare-setup first"):
+    with pytest.raises(BenchmarkSetupError, match="run make compare-setup first"):
         LmdeployImpl().setup(**_setup_kwargs())
 
 
@@ -179,5 +180,5 @@ def test_prefill_and_publish_lifecycle():
     handles = impl.match([request])
     assert impl.hit_tokens(request) == 40
     impl.rollback([request], handles)
-    with pytest.raises(RuntimeError, match="refused to reserve"):
+    with pytest.raises(BenchmarkSetupError, match="refused to reserve"):
         impl.reserve_and_publish(impl.admit(prompt[:30].copy()), 31)

@@ -27,8 +27,9 @@ import time
 import numpy as np
 
 from hybridcache.bench.impl import HybridcacheImpl
-from hybridcache.bench.scenarios import ADMIT_BUDGET, Case, _admission_protocol, _cache_with_checkpoint, _with_suffix, gc_paused
+from hybridcache.bench.scenarios import ADMIT_BUDGET, Case, admission_protocol, cache_with_checkpoint, gc_paused, with_suffix
 from hybridcache.bench.workload import distinct_prompts
+from hybridcache.errors import BenchmarkSetupError
 from hybridcache.protocol import CacheProtocol
 from hybridcache.sequence import Sequence
 
@@ -38,7 +39,7 @@ EXPANDED_STAGES = ("defer", "take", "_admit_remembered", "take_remembered_hits")
 
 
 def _prepared_batch(protocol: CacheProtocol, prompts: list, round_index: int) -> list[Sequence]:
-    requests = [Sequence(tokens) for tokens in _with_suffix(prompts, round_index)]
+    requests = [Sequence(tokens) for tokens in with_suffix(prompts, round_index)]
     for seq in requests:
         protocol.prepare(seq)
     return requests
@@ -148,10 +149,10 @@ def _calls_below(table: dict) -> dict:
 
 def measure_admission_stages(case: Case) -> dict:
     """The breakdown of ``admit_many`` at ``case`` (batch, context, block size)."""
-    protocol = _admission_protocol(case)
+    protocol = admission_protocol(case)
     prompts = distinct_prompts(case.batch, case.context)
     for prompt in prompts:
-        _cache_with_checkpoint(protocol, prompt)
+        cache_with_checkpoint(protocol, prompt)
     wall, cpu = _timed_rounds(protocol, prompts, case.rounds)
     stages, calls, builtin_calls = _stages(_profiled_stats(protocol, prompts, case.rounds + 1), case.batch)
     cpu_us = cpu * 1e6 / case.batch
@@ -180,7 +181,7 @@ def _identity_round(impl: HybridcacheImpl, prompts: list, case: Case, round_inde
     """CPU seconds of one round, each part on fresh requests (their tokens not in cache):
     ingest, match, the floor (``np.array_equal`` per request) and the exact comparison as
     the trie makes it (``TokenStore.equals`` of the cached run against the request)."""
-    tokens = _with_suffix(prompts, round_index)
+    tokens = with_suffix(prompts, round_index)
     requests = impl.new_requests(tokens)
     with gc_paused():
         started = time.process_time()
@@ -193,14 +194,14 @@ def _identity_round(impl: HybridcacheImpl, prompts: list, case: Case, round_inde
     impl.rollback(requests, handles)
     blocks = case.context // case.block_size
     lasts = [seq.prefix_state.trie.verified for seq in requests]  # each prompt's cached run ends there
-    fresh = impl.new_requests(_with_suffix(prompts, round_index + 1000))
+    fresh = impl.new_requests(with_suffix(prompts, round_index + 1000))
     equals = impl.trie.tokens.equals
     with gc_paused():
         compared = time.process_time()
         same = [equals(last - blocks + 1, last, seq, 0) for seq, last in zip(fresh, lasts)]
         compared = time.process_time() - compared
     if not all(same):
-        raise AssertionError("a request's cached run is not one run of consecutive slots")
+        raise BenchmarkSetupError("a request's cached run is not one run of consecutive slots")
     return {"ingest": ingested - started, "match": matched - ingested, "floor": floor - matched, "comparison": compared}
 
 
@@ -215,7 +216,7 @@ def measure_identity_stages(case: Case, hybrid: bool, top: int = 14) -> dict:
         for part, seconds in _identity_round(impl, prompts, case, round_index + 1).items():
             best[part] = min(best.get(part, seconds), seconds)
     per_request = {part: seconds * 1e6 / case.batch for part, seconds in best.items()}
-    requests = impl.new_requests(_with_suffix(prompts, case.rounds + 1))
+    requests = impl.new_requests(with_suffix(prompts, case.rounds + 1))
     profiler = cProfile.Profile(time.process_time)
     profiler.enable()
     impl.ingest(requests)

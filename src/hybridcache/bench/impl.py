@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
+from hybridcache.errors import BenchmarkSetupError
 from hybridcache.memory.block_pool import BlockPool
 from hybridcache.memory.state_pool import StatePool
 from hybridcache.prefix_cache.trie import BlockTrie, MatchTxn
@@ -121,7 +122,7 @@ class HybridcacheImpl(Impl):
 
     def reserve_and_publish(self, request: Sequence, step: int) -> None:
         if self.trie.checkpoints.reserve_save(request, step) < 0 or not self.trie.checkpoints.publish_save(request):
-            raise RuntimeError(f"could not publish a checkpoint at step {step}")
+            raise BenchmarkSetupError(f"could not publish a checkpoint at step {step}")
 
     def evict_checkpoints(self, count: int) -> int:
         return self.trie.free_state_slots(count)

@@ -62,6 +62,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from hybridcache.bench.impl import Impl
+from hybridcache.errors import BenchmarkSetupError
 
 REFERENCE_VERSION = "0.18.0"
 SETUP_HINT = "run make compare-setup first"
@@ -86,10 +87,10 @@ def load_lmdeploy() -> SimpleNamespace:
             from lmdeploy.pytorch.paging.scheduler import Scheduler
             from lmdeploy.pytorch.strategies.ar.sequence import ARSequenceStrategy
     except Exception as exc:  # ImportError, or a dependency that fails while importing
-        raise RuntimeError(f"lmdeploy is not importable ({type(exc).__name__}: {exc}); {SETUP_HINT}") from exc
+        raise BenchmarkSetupError(f"lmdeploy is not importable ({type(exc).__name__}: {exc}); {SETUP_HINT}") from exc
     version = getattr(lmdeploy, "__version__", "?")
     if version != REFERENCE_VERSION:
-        raise RuntimeError(f"lmdeploy {version} is installed, the benchmarks use {REFERENCE_VERSION}; {SETUP_HINT}")
+        raise BenchmarkSetupError(f"lmdeploy {version} is installed, the benchmarks use {REFERENCE_VERSION}; {SETUP_HINT}")
     _api = SimpleNamespace(
         version=version,
         CacheConfig=CacheConfig,
@@ -186,9 +187,9 @@ class LmdeployImpl(Impl):
     def reserve_and_publish(self, request, step: int) -> None:
         slot = self.checkpoints.reserve_save(request, step)
         if slot < 0:
-            raise RuntimeError(f"lmdeploy refused to reserve a checkpoint at step {step}")
+            raise BenchmarkSetupError(f"lmdeploy refused to reserve a checkpoint at step {step}")
         if not self.checkpoints.publish_save(request):
-            raise RuntimeError(f"lmdeploy refused to publish the checkpoint at step {step}")
+            raise BenchmarkSetupError(f"lmdeploy refused to publish the checkpoint at step {step}")
 
     def evict_checkpoints(self, count: int) -> int:
         return int(self.checkpoints.evict(count))

@@ -35,9 +35,9 @@ import time
 
 import numpy as np
 
-from hybridcache.bench.scenarios import SUFFIX_TOKENS, Case, _percentiles, _timed, _with_suffix
+from hybridcache.bench.scenarios import SUFFIX_TOKENS, Case, percentiles, timed, with_suffix
 from hybridcache.bench.workload import distinct_prompts
-from hybridcache.errors import InvalidConfigError
+from hybridcache.errors import BenchmarkSetupError, InvalidConfigError
 
 IMPLEMENTATIONS = ("lmdeploy", "hybridcache")
 
@@ -90,7 +90,7 @@ def _cache_prompts(scheduler, prompts: list[np.ndarray], torch) -> None:
         scheduler.block_manager.allocate(seq)
         scheduler.block_trie.allocate(seq)
         if checkpoints.reserve_save(seq) < 0 or not checkpoints.publish_save(seq):
-            raise RuntimeError("the set-up could not publish a checkpoint")
+            raise BenchmarkSetupError("the set-up could not publish a checkpoint")
         session.remove_sequence(seq)
 
 
@@ -134,7 +134,7 @@ class _TrieClock:
 def _timed_with_cpu(action) -> tuple[object, float, float]:
     """``action``'s value, wall ms and this thread's CPU ms."""
     started = time.thread_time_ns()
-    value, wall_ms = _timed(action)
+    value, wall_ms = timed(action)
     return value, wall_ms, (time.thread_time_ns() - started) / 1e6
 
 
@@ -147,7 +147,7 @@ def _one_round(scheduler, clock: _TrieClock, requests: list, context: int) -> tu
     output, step_ms, step_cpu_ms = _timed_with_cpu(lambda: scheduler.schedule(is_prefill=True))
     trie_ms, trie_cpu_ms = clock.take_ms()
     if len(output.running) != len(seqs) or any(seq.num_history_ids != context for seq in seqs):
-        raise RuntimeError("a request was not admitted with its aligned hit")
+        raise BenchmarkSetupError("a request was not admitted with its aligned hit")
     scheduler.block_trie.state_checkpoints.unpin_restores(output.running)
     scheduler.end_session(session.session_id)
     return arrival_ms, step_ms, trie_ms, arrival_cpu_ms, step_cpu_ms, trie_cpu_ms
@@ -164,7 +164,7 @@ def bench_lmdeploy_schedule(case: Case, progress=lambda: None) -> list[dict]:
     clocks = {name: _TrieClock(scheduler.block_trie) for name, scheduler in schedulers.items()}
     samples: dict[str, list[tuple[float, ...]]] = {name: [] for name in IMPLEMENTATIONS}
     for round_index in range(case.rounds):
-        requests = [torch.from_numpy(tokens.astype(np.int64)) for tokens in _with_suffix(prompts, round_index + 1)]
+        requests = [torch.from_numpy(tokens.astype(np.int64)) for tokens in with_suffix(prompts, round_index + 1)]
         for name, scheduler in schedulers.items():
             timings = _one_round(scheduler, clocks[name], requests, case.context)
             if round_index >= case.warmups:
@@ -188,12 +188,12 @@ def bench_lmdeploy_schedule(case: Case, progress=lambda: None) -> list[dict]:
 def _record(name: str, case: Case, timings: list[tuple[float, ...]]) -> dict:
     arrival, step, inside, arrival_cpu, step_cpu, inside_cpu = (np.array(column) for column in zip(*timings))
     record = dict(scenario="lmdeploy-schedule", impl=name, batch=case.batch, context=case.context, block_size=case.block_size)
-    record.update(_percentiles(step.tolist()), samples_ms=step.tolist())
+    record.update(percentiles(step.tolist()), samples_ms=step.tolist())
     record["per_request_us"] = record["p50_ms"] * 1000 / case.batch
     for label, values in (("ingest", arrival), ("total", arrival + step), ("floor", step - inside), ("trie", inside),
                           ("cpu", step_cpu), ("cpu_total", arrival_cpu + step_cpu), ("trie_cpu", inside_cpu),
                           ("floor_cpu", step_cpu - inside_cpu)):
-        record[f"{label}_p50_ms"], record[f"{label}_p99_ms"] = _percentiles(values.tolist()).values()
+        record[f"{label}_p50_ms"], record[f"{label}_p99_ms"] = percentiles(values.tolist()).values()
     record["trie_share_p50"] = float(np.median(inside_cpu / step_cpu))
     record["arrival_samples_ms"], record["trie_samples_ms"] = arrival.tolist(), inside.tolist()
     record["cpu_samples_ms"], record["trie_cpu_samples_ms"] = step_cpu.tolist(), inside_cpu.tolist()

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from hybridcache.bench.serve import _get, _Tally, _wait_healthy, server_process, stream_completion
+from hybridcache.errors import BenchmarkSetupError
 from hybridcache.tiers.local_servers import free_port
 
 POLICIES = ("round-robin", "kv-overlap", "restorable")
@@ -121,7 +122,7 @@ def _wait_all_healthy(base: str, replicas: int, timeout_s: float = 60.0) -> None
                for line in text.splitlines()) == replicas:
             return
         time.sleep(0.1)
-    raise RuntimeError("the router never saw every replica healthy")
+    raise BenchmarkSetupError("the router never saw every replica healthy")
 
 
 def _router_counters(base: str) -> dict[str, float]:

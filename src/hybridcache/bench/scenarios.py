@@ -43,7 +43,7 @@ class Case:
         return self.warmups + self.samples
 
 
-def _percentiles(samples_ms: list[float]) -> dict:
+def percentiles(samples_ms: list[float]) -> dict:
     return {"p50_ms": float(np.percentile(samples_ms, 50)), "p99_ms": float(np.percentile(samples_ms, 99))}
 
 
@@ -54,7 +54,7 @@ def _record(scenario: str, impl: Impl, case: Case, samples_ms: list[float], per:
         "batch": case.batch,
         "context": case.context,
         "block_size": case.block_size,
-        **_percentiles(samples_ms),
+        **percentiles(samples_ms),
         "samples_ms": samples_ms,
         **extra,
     }
@@ -75,7 +75,7 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _timed(action: Callable[[], object]) -> tuple[object, float]:
+def timed(action: Callable[[], object]) -> tuple[object, float]:
     """Run ``action`` once and return its value and wall time in ms (``gc_paused``)."""
     with gc_paused():
         started = time.perf_counter_ns()
@@ -85,14 +85,14 @@ def _timed(action: Callable[[], object]) -> tuple[object, float]:
 
 
 def _timed_cpu(action: Callable[[], object]) -> tuple[object, float, float]:
-    """``_timed`` that also returns the process CPU time in ms: on a loaded machine wall time
+    """``timed`` that also returns the process CPU time in ms: on a loaded machine wall time
     includes other processes' turns on this CPU, CPU time does not."""
     started = time.process_time_ns()
-    value, wall_ms = _timed(action)
+    value, wall_ms = timed(action)
     return value, wall_ms, (time.process_time_ns() - started) / 1e6
 
 
-def _with_suffix(prompts: list[np.ndarray], seed: int) -> list[np.ndarray]:
+def with_suffix(prompts: list[np.ndarray], seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     return [np.concatenate([p, rng.integers(0, VOCAB, SUFFIX_TOKENS, dtype=np.int32)]) for p in prompts]
 
@@ -123,7 +123,7 @@ def _match_scenario(
     cpu_totals = {impl.name: [] for impl in impls}
     floor, floor_cpu = [], []
     for round_index in range(case.rounds):
-        request_tokens = _with_suffix(prompts, round_index + 1)
+        request_tokens = with_suffix(prompts, round_index + 1)
         for impl in impls:
             requests = impl.new_requests(request_tokens)
             _, ingest_ms, ingest_cpu_ms = _timed_cpu(lambda: impl.ingest(requests))
@@ -198,10 +198,10 @@ def bench_miss(impls: list[Impl], case: Case, progress: Progress) -> list[dict]:
     prompts = distinct_prompts(case.batch, case.context, seed=7)
     timings = {impl.name: [] for impl in impls}
     for round_index in range(case.rounds):
-        request_tokens = _with_suffix(prompts, round_index + 1)
+        request_tokens = with_suffix(prompts, round_index + 1)
         for impl in impls:
             requests = impl.new_requests(request_tokens)
-            handles, ms = _timed(lambda: (impl.ingest(requests), impl.match(requests))[1])
+            handles, ms = timed(lambda: (impl.ingest(requests), impl.match(requests))[1])
             assert all(impl.hit_tokens(r) == 0 for r in requests), f"{impl.name} hit in miss"
             impl.rollback(requests, handles)
             if round_index >= case.warmups:
@@ -228,16 +228,16 @@ def _after_match(name: str, impls: list[Impl], case: Case, progress: Progress, *
         progress()
     timings = {impl.name: [] for impl in impls}
     for round_index in range(case.rounds):
-        request_tokens = _with_suffix(prompts, round_index + 1)
+        request_tokens = with_suffix(prompts, round_index + 1)
         for impl in impls:
             requests = impl.new_requests(request_tokens)
             impl.ingest(requests)
             handles = impl.match(requests)
             if time_rollback:
-                _, ms = _timed(lambda: impl.rollback(requests, handles))
+                _, ms = timed(lambda: impl.rollback(requests, handles))
             else:
                 impl.rollback(requests, handles)
-                handles, ms = _timed(lambda: impl.match(requests))
+                handles, ms = timed(lambda: impl.match(requests))
                 assert all(impl.hit_tokens(r) == case.context for r in requests)
                 impl.rollback(requests, handles)
             if round_index >= case.warmups:
@@ -250,13 +250,13 @@ def _after_match(name: str, impls: list[Impl], case: Case, progress: Progress, *
 ADMIT_BUDGET = 2048  # tokens per first chunk: every request's 16-token suffix after its hit
 
 
-def _admission_protocol(case: Case) -> CacheProtocol:
+def admission_protocol(case: Case) -> CacheProtocol:
     blocks = case.batch * (case.context // case.block_size + 4) + 64
     pool, states = BlockPool(blocks), StatePool(2 * case.batch + 2, checkpoint_budget=case.batch)
     return CacheProtocol(CacheComponents(pool, states, BlockTrie(pool, case.block_size, state_pool=states)))
 
 
-def _cache_with_checkpoint(protocol: CacheProtocol, prompt: np.ndarray) -> None:
+def cache_with_checkpoint(protocol: CacheProtocol, prompt: np.ndarray) -> None:
     seq = Sequence(prompt)
     admitted = protocol.admit(seq, prompt.size)
     protocol.reserve_save(seq, prompt.size)
@@ -273,20 +273,20 @@ def bench_admit_many(impls: list[Impl], case: Case, progress: Progress) -> list[
     ``CacheProtocol.admit_many`` call per batch (kind ``admit_many``) against one ``admit``
     call per request (kind ``admit``), interleaved round by round. Ours only: the reference
     has no protocol of this shape."""
-    protocol = _admission_protocol(case)
+    protocol = admission_protocol(case)
     prompts = distinct_prompts(case.batch, case.context)
     for prompt in prompts:
-        _cache_with_checkpoint(protocol, prompt)
+        cache_with_checkpoint(protocol, prompt)
         progress()
     kinds = {"admit_many": lambda seqs: protocol.admit_many(seqs, ADMIT_BUDGET),
              "admit": lambda seqs: [protocol.admit(seq, ADMIT_BUDGET) for seq in seqs]}
     timings = {kind: [] for kind in kinds}
     for round_index in range(case.rounds):
         for kind, admit in kinds.items():
-            requests = [Sequence(tokens) for tokens in _with_suffix(prompts, round_index + 1)]
+            requests = [Sequence(tokens) for tokens in with_suffix(prompts, round_index + 1)]
             for seq in requests:
                 protocol.prepare(seq)
-            admitted, ms = _timed(lambda: admit(requests))
+            admitted, ms = timed(lambda: admit(requests))
             assert all(a.hit_tokens == case.context for a in admitted), f"{kind} missed"
             for seq, admission in zip(requests, admitted):
                 protocol.free(seq, admission.runtime_slot)
@@ -308,7 +308,7 @@ def bench_publish(impls: list[Impl], case: Case, progress: Progress) -> list[dic
     for round_index in range(case.rounds):
         for impl in impls:
             requests = [impl.admit(prompt) for prompt in prompts]
-            _, ms = _timed(lambda: [impl.reserve_and_publish(r, case.context) for r in requests])
+            _, ms = timed(lambda: [impl.reserve_and_publish(r, case.context) for r in requests])
             for request in requests:
                 impl.release(request)
             impl.evict_checkpoints(case.batch)
@@ -336,9 +336,9 @@ def bench_evict(impls: list[Impl], case: Case, progress: Progress) -> list[dict]
     block_times = {impl.name: [] for impl in impls}
     for round_index in range(case.rounds):
         for impl in impls:
-            released, ms = _timed(lambda: impl.evict_checkpoints(case.batch))
+            released, ms = timed(lambda: impl.evict_checkpoints(case.batch))
             assert released == case.batch, f"{impl.name} released {released}"
-            freed, block_ms = _timed(lambda: impl.evict_blocks(case.batch))
+            freed, block_ms = timed(lambda: impl.evict_blocks(case.batch))
             assert freed >= case.batch, f"{impl.name} freed {freed}"
             if round_index >= case.warmups:
                 checkpoint_times[impl.name].append(ms)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hybridcache.errors import BenchmarkSetupError
 from hybridcache.tiers.local_servers import free_port
 
 STARTUP_S = 600  # loading a checkpoint on a loaded machine; a deadline, not a measurement
@@ -89,14 +90,14 @@ def _wait_healthy(base: str, process: subprocess.Popen, startup_s: float) -> Non
     deadline = time.monotonic() + startup_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"the server exited: {process.stdout.read().decode(errors='replace')}")
+            raise BenchmarkSetupError(f"the server exited: {process.stdout.read().decode(errors='replace')}")
         try:
             if _get(base, "/health")[0] == 200:
                 return
         except OSError:
             pass
         time.sleep(0.2)
-    raise RuntimeError("the server did not become healthy")
+    raise BenchmarkSetupError("the server did not become healthy")
 
 
 def _connection(base: str) -> http.client.HTTPConnection:
@@ -123,13 +124,13 @@ def stream_completion(base: str, model: str, prompt: list[int], max_tokens: int)
         connection.request("POST", "/v1/completions", body=body, headers={"content-type": "application/json"})
         response = connection.getresponse()
         if response.status != 200:
-            raise RuntimeError(f"status {response.status}: {response.read()[:200]!r}")
+            raise BenchmarkSetupError(f"status {response.status}: {response.read()[:200]!r}")
         for line in response:
             if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
             if "error" in chunk:
-                raise RuntimeError(chunk["error"]["message"])
+                raise BenchmarkSetupError(chunk["error"]["message"])
             for choice in chunk["choices"]:
                 if choice.get("token_ids"):
                     first = first or time.perf_counter()
