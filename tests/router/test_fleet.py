@@ -105,6 +105,28 @@ def test_settle_uses_the_next_seq_the_answer_carried_without_asking(monkeypatch)
     assert fleet.settle(replica, expected=(5, 3)) and asked == []
 
 
+class _ReplacedFeed(_Feed):
+    """A feed the health thread replaces (the replica restarted) while a settle waits on it."""
+
+    def __init__(self, replica, applied):
+        super().__init__(applied, [])
+        self._replica = replica
+
+    def poll(self, timeout_ms=0):
+        self._replica.feed = _Feed((None, None), [])  # the new run's feed: nothing applied yet
+        return 0
+
+
+def test_a_settle_whose_feed_was_replaced_leaves_nothing_announced_for_the_new_feed():
+    # The seqs an answer carried are of the old run: kept as "announced", the new feed's next
+    # route would ask its replay socket for seqs the new run may never reach.
+    fleet = Fleet(["http://127.0.0.1:9"], "restorable")
+    replica = fleet.replicas[0]
+    replica.feed = _ReplacedFeed(replica, (3, 1))
+    assert not fleet.settle(replica, timeout_s=0.01, expected=(50, 20))
+    assert replica.announced == (None, None)
+
+
 class _ClosableFeed(_Feed):
     closed = False
 

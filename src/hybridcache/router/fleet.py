@@ -231,20 +231,22 @@ class Fleet:
             expected = read_next_seqs(replica.url, timeout_s)
         if expected is None:
             return False
+        with self._lock:
+            feed = replica.feed  # the seqs expected are of this feed's run: a feed replaced since starts over
         began = time.monotonic()
         asked = False
         while True:
             with self._lock:
-                if replica.feed is None:
+                if feed is None or replica.feed is not feed:
                     return False
-                replica.feed.poll(0)
-                if _applied(replica.feed.last_seqs, expected):
+                feed.poll(0)
+                if _applied(feed.last_seqs, expected):
                     return True
                 waited = time.monotonic() - began
                 if not asked and waited >= min(_LIVE_WAIT_S, timeout_s):
                     asked = True
                     replica.catch_ups += 1
-                    replica.feed.catch_up()
+                    feed.catch_up()
                     continue
                 if waited >= timeout_s:
                     replica.announced = _highest(replica.announced, expected)
