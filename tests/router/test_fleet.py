@@ -65,6 +65,8 @@ def test_a_health_check_keeps_only_the_others_requests_from_the_gauge(monkeypatc
 class _Feed:
     """A feed whose batches arrive one per poll, up to ``arriving``."""
 
+    resets = 0
+
     def __init__(self, applied, arriving):
         self.last_seqs, self._arriving = applied, list(arriving)
 
@@ -172,3 +174,24 @@ def test_a_replica_with_a_new_instance_id_is_forgotten_though_its_seqs_passed_th
     monkeypatch.setattr(fleet_module, "read_continuity", lambda url, timeout: Continuity("run-b", (90, 30)))
     fleet.check_health()
     assert old.closed and replica.feed is None and replica.instance_id is None and replica.healthy
+
+
+def test_a_restart_the_feed_rebuilt_from_itself_adopts_the_new_instance_id(monkeypatch):
+    """The feed saw the new run's seqs go back and rebuilt from its replay: the index is of the
+    new run, and the health check must not throw it away for naming the new run's id."""
+    import hybridcache.router.fleet as fleet_module
+
+    fleet = Fleet(["http://127.0.0.1:9"], "restorable")
+    replica = fleet.replicas[0]
+    monkeypatch.setattr(fleet_module, "read_load", lambda url, timeout: 0.0)
+    monkeypatch.setattr(fleet, "_subscribe", lambda r: (None, None, None))
+    feed = replica.feed = _ClosableFeed((4, 2), [])
+    replica.instance_id, replica.feed_resets = "run-a", 0
+    feed.resets = 2  # both streams restarted, rebuilt from run-b's replay
+    monkeypatch.setattr(fleet_module, "read_continuity", lambda url, timeout: Continuity("run-b", (5, 3)))
+    fleet.check_health()
+    assert replica.feed is feed and not feed.closed and replica.index_losses == 0
+    assert replica.instance_id == "run-b" and replica.feed_resets == 2
+    monkeypatch.setattr(fleet_module, "read_continuity", lambda url, timeout: Continuity("run-c", (90, 30)))
+    fleet.check_health()  # a restart the feed did not see: forgotten
+    assert feed.closed and replica.feed is None and replica.index_losses == 1

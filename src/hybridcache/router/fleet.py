@@ -46,6 +46,7 @@ class Replica:
     in_flight: int = 0  # requests this router is relaying to it now
     prefill_tokens: int = 0  # what this router's requests not yet answering still compute
     instance_id: str | None = None  # the run of its streams the index was built from (None: not said)
+    feed_resets: int = 0  # the feed's restarts as of ``instance_id`` (more: it rebuilt from a newer run itself)
     announced: tuple[int | None, int | None] = (None, None)  # the highest next_seq per stream it said (answers, /kv_events)
     catch_ups: int = 0  # replays asked because a seq it announced had not arrived live
     index_losses: int = 0  # times its index was dropped (no answer to /metrics, a failed connection, a restart)
@@ -290,6 +291,7 @@ class Fleet:
                 replica.others, replica.healthy = max(0.0, load - replica.in_flight), True
                 if feed is not None:
                     replica.feed, replica.index, replica.instance_id = feed, index, instance_id
+                    replica.feed_resets = feed.resets
                 elif replica.feed is not None:
                     replica.feed.catch_up()
             if feed is None and replica.feed is not None:
@@ -297,16 +299,24 @@ class Fleet:
 
     def _check_continuity(self, replica: Replica) -> None:
         """Forget the index of a replica whose streams restarted since it was built (see
-        ``_restarted``); it is rebuilt at the next health check."""
+        ``_restarted``); it is rebuilt at the next health check. A restart the feed saw itself
+        (its seqs went back: it cleared and rebuilt from the new run's replay) left an index of
+        the new run: its instance id is adopted, and only the seqs can tell of a later restart."""
         with self._lock:  # read before next_seq: of one run of the replica it is then below next_seq
-            feed, subscribed_id = replica.feed, replica.instance_id
+            feed = replica.feed
             applied = None if feed is None else feed.last_seqs
+            resets = None if feed is None else feed.resets
+            subscribed_id = replica.instance_id if resets == replica.feed_resets else None
         now = None if applied is None else read_continuity(replica.url, self._timeout)
         with self._lock:
-            if now is not None and replica.feed is feed and _restarted(subscribed_id, applied, now):
+            if now is None or replica.feed is not feed:
+                return
+            if _restarted(subscribed_id, applied, now):
                 self._forget(replica)
-            elif now is not None and replica.feed is feed:  # published before now: the next route waits for it
-                replica.announced = _highest(replica.announced, now.next_seqs)
+                return
+            if subscribed_id is None:
+                replica.instance_id, replica.feed_resets = now.instance_id, resets
+            replica.announced = _highest(replica.announced, now.next_seqs)  # published before now: the next route waits for it
 
     def _forget(self, replica: Replica) -> None:
         """Close the feed and clear the index, but keep routing to the replica (it answers)."""
@@ -337,4 +347,5 @@ class Fleet:
             replica.index.clear()
         replica.index = None
         replica.instance_id = None
+        replica.feed_resets = 0
         replica.announced = (None, None)
