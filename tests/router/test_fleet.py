@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import pytest
 
+import threading
+
 from hybridcache.errors import InvalidArgumentError
 from hybridcache.router.discovery import Continuity
 from hybridcache.router.fleet import Fleet
+from hybridcache.router.request_key import RequestKey
 
 
 def test_load_counts_the_routers_own_requests_at_once():
@@ -66,6 +69,7 @@ class _Feed:
     """A feed whose batches arrive one per poll, up to ``arriving``."""
 
     resets = 0
+    undecodable = 0
 
     def __init__(self, applied, arriving):
         self.last_seqs, self._arriving = applied, list(arriving)
@@ -76,6 +80,12 @@ class _Feed:
         return 1
 
     def catch_up(self):
+        return None
+
+    def request_catch_up(self):
+        return None
+
+    def apply_catch_up(self, fetched):
         return None
 
 
@@ -195,3 +205,47 @@ def test_a_restart_the_feed_rebuilt_from_itself_adopts_the_new_instance_id(monke
     monkeypatch.setattr(fleet_module, "read_continuity", lambda url, timeout: Continuity("run-c", (90, 30)))
     fleet.check_health()  # a restart the feed did not see: forgotten
     assert feed.closed and replica.feed is None and replica.index_losses == 1
+
+
+class _SlowReplayFeed(_Feed):
+    """A feed whose replay socket answers only once ``release`` is set."""
+
+    def __init__(self):
+        super().__init__((3, 1), [])
+        self.entered, self.release, self.answered = threading.Event(), threading.Event(), threading.Event()
+
+    def _wait(self):
+        self.entered.set()
+        self.release.wait(30)
+        self.answered.set()
+
+    def catch_up(self):
+        self._wait()
+
+    def request_catch_up(self):
+        self._wait()
+        return "fetched"
+
+    def apply_catch_up(self, fetched):
+        self.applied = fetched
+
+
+def test_a_slow_replay_socket_stalls_no_route_status_or_load_update():
+    fleet = Fleet(["http://127.0.0.1:9"], "restorable")
+    replica = fleet.replicas[0]
+    feed = replica.feed = _SlowReplayFeed()
+    replica.healthy = True
+    settling = threading.Thread(target=fleet.settle, args=(replica, 60.0, (5, 3)))
+    settling.start()
+    try:
+        assert feed.entered.wait(30)  # the settle is asking the replay socket
+        routed = fleet.route(RequestKey([1, 2, 3]), 3)
+        relay = fleet.started(replica, 3)
+        fleet.ended(relay)
+        statuses = fleet.status()
+        assert not feed.answered.is_set()  # all of it ran while the replay was still out
+        assert routed is not None and routed[0] is replica and statuses[0].healthy
+    finally:
+        feed.release.set()
+        replica.feed = None  # the settle then ends (its feed gone)
+        settling.join(30)

@@ -153,13 +153,16 @@ class Fleet:
 
     def route(self, key: RequestKey | None, prompt_tokens: int, exclude: tuple[Replica, ...] = ()) -> tuple[Replica, Decision] | None:
         """The replica for a request (None when no healthy one is left)."""
+        if key is not None:
+            self._catch_up_announced(exclude)
         with self._lock:
             candidates = [r for r in self.replicas if r.healthy and r not in exclude]
             if not candidates:
                 return None
             if key is not None:
                 for replica in candidates:
-                    self._apply_announced(replica)
+                    if replica.feed is not None:
+                        replica.feed.poll(0)
             number, self._number = self._number, self._number + 1
             policy = self.policy if key is not None else "round-robin"
             depths = [r.index.depths(key) if key is not None and r.index is not None else Depths(0, 0) for r in candidates]
@@ -170,21 +173,42 @@ class Fleet:
                 self._keyed_routes += 1
             return candidates[decision.index], decision
 
-    def _apply_announced(self, replica: Replica) -> None:
+    def _catch_up_announced(self, exclude: tuple[Replica, ...]) -> None:
         """Apply what reached the router since the thread's last poll (a turn's own checkpoint);
-        when the replica announced a later seq than that (an answer's next_seq whose settle ran
+        when a replica announced a later seq than that (an answer's next_seq whose settle ran
         out of time, a health check's read), the batches in between were published before this
-        decision but lost or late: ask the replay socket for them (bounded by its timeout), so
+        decision but lost or late: ask its replay socket for them (bounded by its timeout), so
         the route scores every change the replica said it made. Asked once per announcement:
-        what the replay cannot give (a restart) the continuity check handles. Under the lock."""
-        feed = replica.feed
-        if feed is None:
-            return
-        feed.poll(0)
-        if not _applied(feed.last_seqs, replica.announced):
-            replica.catch_ups += 1
-            feed.catch_up()
+        what the replay cannot give (a restart) the continuity check handles."""
+        with self._lock:
+            lagging = [r for r in self.replicas if r.healthy and r not in exclude and self._lags_announced(r)]
+            feeds = [(r, r.feed) for r in lagging]
+        self._catch_up(feeds)
+
+    def _lags_announced(self, replica: Replica) -> bool:
+        """Whether ``replica``'s feed, polled now, lacks a seq it announced (the announcement
+        then spent, counted as a catch-up). Under the lock."""
+        feed, announced = replica.feed, replica.announced
         replica.announced = (None, None)
+        if feed is None:
+            return False
+        feed.poll(0)
+        if _applied(feed.last_seqs, announced):
+            return False
+        replica.catch_ups += 1
+        return True
+
+    def _catch_up(self, feeds: list[tuple[Replica, ReplicaFeed]]) -> None:
+        """Ask each feed's replay sockets without the lock (one slow socket must not stall every
+        route, settle and health check), then apply each answer under it to a feed still its
+        replica's (one closed or replaced meanwhile describes another run, or none)."""
+        fetched = [(replica, feed, feed.request_catch_up()) for replica, feed in feeds]
+        if not fetched:
+            return
+        with self._lock:
+            for replica, feed, answer in fetched:
+                if replica.feed is feed:
+                    feed.apply_catch_up(answer)
 
     def _per_request_tokens(self) -> float:
         """What a request sent by others is taken to compute: ``load_tokens``, else the mean
@@ -244,15 +268,17 @@ class Fleet:
                 if _applied(feed.last_seqs, expected):
                     return True
                 waited = time.monotonic() - began
-                if not asked and waited >= min(_LIVE_WAIT_S, timeout_s):
-                    asked = True
+                ask = not asked and waited >= min(_LIVE_WAIT_S, timeout_s)
+                if ask:
                     replica.catch_ups += 1
-                    feed.catch_up()
-                    continue
-                if waited >= timeout_s:
+                elif waited >= timeout_s:
                     replica.announced = _highest(replica.announced, expected)
                     return False
-            time.sleep(_SETTLE_POLL_S)
+            if ask:
+                asked = True
+                self._catch_up([(replica, feed)])
+            else:
+                time.sleep(_SETTLE_POLL_S)
 
     def mark_dead(self, replica: Replica) -> None:
         """A connection to ``replica`` failed: stop routing to it until it answers again."""
@@ -292,9 +318,10 @@ class Fleet:
                 if feed is not None:
                     replica.feed, replica.index, replica.instance_id = feed, index, instance_id
                     replica.feed_resets = feed.resets
-                elif replica.feed is not None:
-                    replica.feed.catch_up()
-            if feed is None and replica.feed is not None:
+                    continue
+                followed = replica.feed
+            if followed is not None:
+                self._catch_up([(replica, followed)])
                 self._check_continuity(replica)
 
     def _check_continuity(self, replica: Replica) -> None:
