@@ -1,19 +1,22 @@
 """The replicas behind a router: their indexes, health and load, kept current by one thread.
 
 Owns: one ``Replica`` record per URL (its index, its feed while it is healthy, the instance id
-of the streams its index was built from, the highest seqs it announced that are not applied
-yet, its load, its health, the requests this router is relaying to it), the adapter names the replicas announced, and the lock that orders the
-thread's updates against routing. Every ``health_interval_s`` the thread reads each replica's
+of the streams its index was built from and the feed's restart count then, the highest seqs it
+announced that are not applied yet, its load, its health, the requests this router is relaying
+to it), the adapter names the replicas announced, and the lock that orders the thread's
+updates against routing. Every ``health_interval_s`` the thread reads each replica's
 ``/metrics``: a replica that does not answer is marked dead, its feed closed and its index
 cleared, so it is never chosen for longer than one interval; one that answers again is
 subscribed anew (``/kv_events``) and rebuilt from its replay sockets; one whose
-``/kv_events`` names another instance id, or a next_seq at or below what was applied,
-restarted since: its index is forgotten and rebuilt the same way. Between health checks the
-thread applies the streams' batches as they arrive, and once per interval asks the replay
-sockets for anything a lost last message hid; ``route`` applies whatever arrived since the
-thread's last poll before it scores, so a turn that follows its predecessor at once sees the
-checkpoint that predecessor saved, and asks the replay socket (once, bounded by its timeout)
-for any batch the replica announced (an answer's next_seq, a health read) that did not arrive.
+``/kv_events`` names another instance id (unless its feed saw the restart and rebuilt itself:
+the new id is adopted), or a next_seq at or below what was applied, restarted since: its index
+is forgotten and rebuilt the same way. Between health checks the thread applies the streams'
+batches as they arrive, and once per interval asks the replay sockets for anything a lost last
+message hid; ``route`` applies whatever arrived since the thread's last poll before it scores,
+so a turn that follows its predecessor at once sees the checkpoint that predecessor saved, and
+asks the replay socket (once, bounded by its timeout) for any batch the replica announced (an
+answer's next_seq, a health read) that did not arrive. Replay sockets are asked without the
+lock, and an answer is applied only to the feed it was asked of.
 """
 
 from __future__ import annotations
