@@ -184,9 +184,8 @@ class Fleet:
         the route scores every change the replica said it made. Asked once per announcement:
         what the replay cannot give (a restart) the continuity check handles."""
         with self._lock:
-            lagging = [r for r in self.replicas if r.healthy and r not in exclude and self._lags_announced(r)]
-            feeds = [(r, r.feed) for r in lagging]
-        self._catch_up(feeds)
+            lagging = [(r, r.feed) for r in self.replicas if r.healthy and r not in exclude and self._lags_announced(r)]
+        self._catch_up(lagging)
 
     def _lags_announced(self, replica: Replica) -> bool:
         """Whether ``replica``'s feed, polled now, lacks a seq it announced (the announcement
