@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import queue
+
 import pytest
 import zmq
 
@@ -176,3 +178,30 @@ def _replayed_timestamps(pub) -> list[float]:
     finally:
         dealer.close()
         context.term()
+
+
+class _RecordingQueue(queue.Queue):
+    """The publisher's queue, noting the publisher's ``accepted`` as each batch is offered."""
+
+    def __init__(self, publisher, maxsize):
+        super().__init__(maxsize)
+        self._publisher, self.seen = publisher, []
+
+    def put_nowait(self, item):
+        self.seen.append(self._publisher.accepted)
+        return super().put_nowait(item)
+
+
+def test_accepted_never_names_a_seq_no_batch_will_carry():
+    # ``accepted`` is the next_seq /kv_events reports: read while a dropped batch had raised it,
+    # a settle waited its full timeout for a seq never published.
+    pub = EventPublisher(LOOPBACK_ANY_PORT, LOOPBACK_ANY_PORT, max_queue_size=1)
+    try:
+        recording = pub._queue = _RecordingQueue(pub, 1)
+        with pub._sending:  # the socket busy: the first batch is queued, the others dropped
+            sent = [pub.publish(KVEventBatch(float(ts), [])) for ts in range(3)]
+        assert pub.flush()
+    finally:
+        pub.close()
+    assert sent == [True, False, False] and pub.dropped == 2
+    assert recording.seen and max(recording.seen) <= pub.published == pub.accepted == 1

@@ -124,3 +124,47 @@ def test_a_restart_known_from_the_other_stream_rebuilds_from_the_new_buffer(stre
     items = sub.restart()
     assert _ts(items) == [None, 10.0, 11.0]
     assert sub.resets == 1 and sub.last_delivered == 1
+
+
+def test_a_catch_up_fetched_apart_delivers_only_what_was_not_delivered_since(stream):
+    pub, sub = stream
+    for ts in (1.0, 2.0):
+        pub.publish(KVEventBatch(ts, []))
+    assert pub.flush()
+    fetched = sub.request_catch_up()  # another thread's ask, while this one keeps receiving
+    pub.publish(KVEventBatch(3.0, []))
+    live = receive_until(sub, 3)
+    assert _ts(live) == [1.0, 2.0, 3.0]
+    assert sub.deliver_catch_up(fetched) == []  # all of it was delivered live meanwhile
+
+
+def test_a_catch_up_fetched_before_a_restart_is_stale(stream):
+    pub, sub = stream
+    pub.publish(KVEventBatch(1.0, []))
+    receive_until(sub, 1)
+    fetched = sub.request_catch_up()
+    sub.restart()  # the publisher restarted: what was fetched is of its old run
+    assert sub.deliver_catch_up(fetched) == []
+
+
+def test_closing_while_a_catch_up_is_asked_ends_the_context_when_that_ask_ends():
+    import threading
+
+    context = zmq.Context()
+    silent = context.socket(zmq.ROUTER)  # bound, never answers
+    silent.setsockopt(zmq.LINGER, 0)
+    silent.bind(LOOPBACK_ANY_PORT)
+    sub = StreamSubscriber("tcp://127.0.0.1:9", silent.getsockopt_string(zmq.LAST_ENDPOINT), replay_timeout_s=0.3)
+    answers = []
+    asking = threading.Thread(target=lambda: answers.append(sub.request_catch_up()))
+    try:
+        asking.start()
+        while not silent.poll(10):
+            pass  # the ask is out
+        sub.close()  # returns at once: the ask still holds its socket
+        asking.join(30)
+    finally:
+        silent.close()
+        context.term()
+    assert answers[0].replies is None and sub._context.closed
+    assert sub.request_catch_up() is None  # closed: nothing more is asked

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import pytest
 
+import threading
+
 from hybridcache.errors import InvalidArgumentError
 from hybridcache.router.discovery import Continuity
 from hybridcache.router.fleet import Fleet
+from hybridcache.router.request_key import RequestKey
 
 
 def test_load_counts_the_routers_own_requests_at_once():
@@ -65,6 +68,9 @@ def test_a_health_check_keeps_only_the_others_requests_from_the_gauge(monkeypatc
 class _Feed:
     """A feed whose batches arrive one per poll, up to ``arriving``."""
 
+    resets = 0
+    undecodable = 0
+
     def __init__(self, applied, arriving):
         self.last_seqs, self._arriving = applied, list(arriving)
 
@@ -74,6 +80,12 @@ class _Feed:
         return 1
 
     def catch_up(self):
+        return None
+
+    def request_catch_up(self):
+        return None
+
+    def apply_catch_up(self, fetched):
         return None
 
 
@@ -103,6 +115,28 @@ def test_settle_uses_the_next_seq_the_answer_carried_without_asking(monkeypatch)
     monkeypatch.setattr(fleet_module, "read_next_seqs", lambda url, timeout: asked.append(url))
     replica.feed = _Feed((3, 1), [(4, 2)])
     assert fleet.settle(replica, expected=(5, 3)) and asked == []
+
+
+class _ReplacedFeed(_Feed):
+    """A feed the health thread replaces (the replica restarted) while a settle waits on it."""
+
+    def __init__(self, replica, applied):
+        super().__init__(applied, [])
+        self._replica = replica
+
+    def poll(self, timeout_ms=0):
+        self._replica.feed = _Feed((None, None), [])  # the new run's feed: nothing applied yet
+        return 0
+
+
+def test_a_settle_whose_feed_was_replaced_leaves_nothing_announced_for_the_new_feed():
+    # The seqs an answer carried are of the old run: kept as "announced", the new feed's next
+    # route would ask its replay socket for seqs the new run may never reach.
+    fleet = Fleet(["http://127.0.0.1:9"], "restorable")
+    replica = fleet.replicas[0]
+    replica.feed = _ReplacedFeed(replica, (3, 1))
+    assert not fleet.settle(replica, timeout_s=0.01, expected=(50, 20))
+    assert replica.announced == (None, None)
 
 
 class _ClosableFeed(_Feed):
@@ -150,3 +184,68 @@ def test_a_replica_with_a_new_instance_id_is_forgotten_though_its_seqs_passed_th
     monkeypatch.setattr(fleet_module, "read_continuity", lambda url, timeout: Continuity("run-b", (90, 30)))
     fleet.check_health()
     assert old.closed and replica.feed is None and replica.instance_id is None and replica.healthy
+
+
+def test_a_restart_the_feed_rebuilt_from_itself_adopts_the_new_instance_id(monkeypatch):
+    """The feed saw the new run's seqs go back and rebuilt from its replay: the index is of the
+    new run, and the health check must not throw it away for naming the new run's id."""
+    import hybridcache.router.fleet as fleet_module
+
+    fleet = Fleet(["http://127.0.0.1:9"], "restorable")
+    replica = fleet.replicas[0]
+    monkeypatch.setattr(fleet_module, "read_load", lambda url, timeout: 0.0)
+    monkeypatch.setattr(fleet, "_subscribe", lambda r: (None, None, None))
+    feed = replica.feed = _ClosableFeed((4, 2), [])
+    replica.instance_id, replica.feed_resets = "run-a", 0
+    feed.resets = 2  # both streams restarted, rebuilt from run-b's replay
+    monkeypatch.setattr(fleet_module, "read_continuity", lambda url, timeout: Continuity("run-b", (5, 3)))
+    fleet.check_health()
+    assert replica.feed is feed and not feed.closed and replica.index_losses == 0
+    assert replica.instance_id == "run-b" and replica.feed_resets == 2
+    monkeypatch.setattr(fleet_module, "read_continuity", lambda url, timeout: Continuity("run-c", (90, 30)))
+    fleet.check_health()  # a restart the feed did not see: forgotten
+    assert feed.closed and replica.feed is None and replica.index_losses == 1
+
+
+class _SlowReplayFeed(_Feed):
+    """A feed whose replay socket answers only once ``release`` is set."""
+
+    def __init__(self):
+        super().__init__((3, 1), [])
+        self.entered, self.release, self.answered = threading.Event(), threading.Event(), threading.Event()
+
+    def _wait(self):
+        self.entered.set()
+        self.release.wait(30)
+        self.answered.set()
+
+    def catch_up(self):
+        self._wait()
+
+    def request_catch_up(self):
+        self._wait()
+        return "fetched"
+
+    def apply_catch_up(self, fetched):
+        self.applied = fetched
+
+
+def test_a_slow_replay_socket_stalls_no_route_status_or_load_update():
+    fleet = Fleet(["http://127.0.0.1:9"], "restorable")
+    replica = fleet.replicas[0]
+    feed = replica.feed = _SlowReplayFeed()
+    replica.healthy = True
+    settling = threading.Thread(target=fleet.settle, args=(replica, 60.0, (5, 3)))
+    settling.start()
+    try:
+        assert feed.entered.wait(30)  # the settle is asking the replay socket
+        routed = fleet.route(RequestKey([1, 2, 3]), 3)
+        relay = fleet.started(replica, 3)
+        fleet.ended(relay)
+        statuses = fleet.status()
+        assert not feed.answered.is_set()  # all of it ran while the replay was still out
+        assert routed is not None and routed[0] is replica and statuses[0].healthy
+    finally:
+        feed.release.set()
+        replica.feed = None  # the settle then ends (its feed gone)
+        settling.join(30)

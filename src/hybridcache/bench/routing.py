@@ -132,7 +132,7 @@ def _router_counters(base: str) -> dict[str, float]:
         if line.startswith("hybridcache_router_") and line.split(" ", 1)[0].endswith("_total"):
             counters[line.split(" ", 1)[0]] = float(line.rsplit(" ", 1)[1])
         for summed in ("catch_ups", "index_losses"):  # per replica, summed
-            if line.startswith(f"hybridcache_router_replica_{summed}{{"):
+            if line.startswith(f"hybridcache_router_replica_{summed}_total{{"):
                 counters[summed] = counters.get(summed, 0.0) + float(line.rsplit(" ", 1)[1])
     return counters
 

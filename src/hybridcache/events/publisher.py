@@ -2,7 +2,9 @@
 
 Owns: one PUB socket, its optional replay ROUTER socket, the buffer of the last
 ``buffer_steps`` batches, the batch counter ``seq``, the queue between the caller and the
-socket thread, and the lock that gives one thread at a time the PUB socket, buffer and counter.
+socket thread, the lock that gives one thread at a time the PUB socket, buffer and counter,
+and the lock that orders publishers (each decides send, queue or drop, and counts ``accepted``,
+alone).
 
 A batch is sent on the caller's thread when nothing is queued ahead of it and the lock is free
 (the usual case), so it is on the wire before the engine step that made it returns: a router
@@ -15,8 +17,11 @@ Frames on the PUB socket: ``[topic, seq as 8-byte big-endian, payload]``; ``seq`
 and grows by one per batch. A replay request from a DEALER (``[b"", start seq]``, seen by
 the ROUTER as ``[identity, b"", start seq]``) is answered with every buffered batch from that
 seq on as ``[identity, b"", topic, seq, payload]`` and an end marker ``[identity, b"", b"",
-seq -1, b""]``. ``publish`` never blocks the caller: with the queue full a batch is dropped
-and counted (consumers see a gap and replay).
+seq -1, b""]``. ``publish`` never waits for the socket: with the queue full a batch is
+dropped and counted in ``dropped``, and takes no seq: ``accepted`` (the next_seq a replica
+reports) counts exactly the batches that are or will be on the wire, so nobody waits for a seq
+never sent; consumers do not see the loss (as with vLLM's publisher, whose thread numbers the
+batches it sends).
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ class EventPublisher:
         the replay socket always binds. ``tcp://HOST:*`` picks a free port (see ``endpoint``)."""
         self._topic = topic.encode()
         self._sending = threading.Lock()
+        self._accepting = threading.Lock()
         self._context = zmq.Context()
         self._pub = self._context.socket(zmq.PUB)
         self._pub.set_hwm(hwm)
@@ -87,23 +93,26 @@ class EventPublisher:
 
     def publish(self, batch: KVEventBatch | StateEventBatch) -> bool:
         """Send one batch, or queue it behind the ones queued; False (and counted in
-        ``dropped``) when it had to be queued and the queue is full."""
-        if self._closed:
-            raise EventStreamError("the publisher is closed")
+        ``dropped``, with no seq) when it had to be queued and the queue is full."""
         if not isinstance(batch, (KVEventBatch, StateEventBatch)):
             raise EventStreamError(f"expected an event batch, got {type(batch).__name__}")
         payload = encode_batch(batch)
-        # Counted before it can be on the wire: ``accepted`` is the next_seq a replica reports
-        # (``/kv_events``, read on another thread), and a reader that saw it at or below a seq
-        # already sent and applied took the replica for restarted (its index forgotten).
-        self.accepted += 1
-        if not self._send_now(payload):
-            try:
-                self._queue.put_nowait(payload)
-            except queue.Full:
-                self.accepted -= 1
+        # ``accepted`` is the next_seq a replica reports (``/kv_events``, read on another
+        # thread). It is raised only once the batch is sure to be sent (a reader must never see
+        # a seq that no batch will carry: a settle would wait for it), and before the batch can
+        # be on the wire (a reader that saw it at or below a seq already sent and applied took
+        # the replica for restarted). Only publishers add to the queue, all under this lock, so
+        # a queue not full here takes the batch.
+        with self._accepting:
+            if self._closed:
+                raise EventStreamError("the publisher is closed")
+            if self._send_now(payload):
+                return True
+            if self._queue.full():
                 self.dropped += 1
                 return False
+            self.accepted += 1
+            self._queue.put_nowait(payload)
         return True
 
     def _send_now(self, payload: bytes) -> bool:
@@ -113,6 +122,7 @@ class EventPublisher:
         try:
             if self._queue.unfinished_tasks:  # queued while the lock was being taken
                 return False
+            self.accepted += 1
             self._send(payload)
             return True
         finally:
@@ -133,10 +143,11 @@ class EventPublisher:
 
     def close(self) -> None:
         """Send what is queued, stop the thread (bounded wait) and close the sockets."""
-        if self._closed:
-            return
-        self._closed = True
-        self._queue.put(None)
+        with self._accepting:  # no batch queued behind the end marker
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.put(None)
         self._thread.join(_CLOSE_WAIT_S)
         if not self._thread.is_alive():
             self._close_sockets()

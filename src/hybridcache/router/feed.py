@@ -11,11 +11,12 @@ subscriber reconnected); a batch that does not decode is skipped and counted.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import msgspec
 
 from hybridcache.events.schema import decode_kv_batch, decode_state_batch
-from hybridcache.events.subscriber import RESET, StreamSubscriber
+from hybridcache.events.subscriber import RESET, CatchUp, StreamSubscriber
 from hybridcache.router.replica_index import ReplicaIndex
 
 
@@ -24,6 +25,11 @@ class StreamInfo:
     endpoint: str
     replay_endpoint: str | None = None
     topic: str = ""
+
+
+class FetchedCatchUp(NamedTuple):
+    kv: CatchUp | None
+    state: CatchUp | None
 
 
 class ReplicaFeed:
@@ -41,10 +47,19 @@ class ReplicaFeed:
 
     def catch_up(self) -> None:
         """Read what the replay sockets hold (a router joining, or restarted)."""
+        self.apply_catch_up(self.request_catch_up())
+
+    def request_catch_up(self) -> FetchedCatchUp:
+        """Fetch what the replay sockets hold past what was applied, applying nothing: callable
+        on any thread while another polls (the wait, bounded by the replay timeout, need not
+        hold the caller's lock); ``apply_catch_up`` applies it."""
+        return FetchedCatchUp(self._kv.request_catch_up(), None if self._state is None else self._state.request_catch_up())
+
+    def apply_catch_up(self, fetched: FetchedCatchUp) -> None:
         before = self._restarts()
-        self._apply_kv(self._kv.catch_up())
+        self._apply_kv(self._kv.deliver_catch_up(fetched.kv))
         if self._state is not None:
-            self._apply_state(self._state.catch_up())
+            self._apply_state(self._state.deliver_catch_up(fetched.state))
         self._follow_restart(before)
 
     def poll(self, timeout_ms: int = 0) -> int:

@@ -1,19 +1,22 @@
 """The replicas behind a router: their indexes, health and load, kept current by one thread.
 
 Owns: one ``Replica`` record per URL (its index, its feed while it is healthy, the instance id
-of the streams its index was built from, the highest seqs it announced that are not applied
-yet, its load, its health, the requests this router is relaying to it), the adapter names the replicas announced, and the lock that orders the
-thread's updates against routing. Every ``health_interval_s`` the thread reads each replica's
+of the streams its index was built from and the feed's restart count then, the highest seqs it
+announced that are not applied yet, its load, its health, the requests this router is relaying
+to it), the adapter names the replicas announced, and the lock that orders the thread's
+updates against routing. Every ``health_interval_s`` the thread reads each replica's
 ``/metrics``: a replica that does not answer is marked dead, its feed closed and its index
 cleared, so it is never chosen for longer than one interval; one that answers again is
 subscribed anew (``/kv_events``) and rebuilt from its replay sockets; one whose
-``/kv_events`` names another instance id, or a next_seq at or below what was applied,
-restarted since: its index is forgotten and rebuilt the same way. Between health checks the
-thread applies the streams' batches as they arrive, and once per interval asks the replay
-sockets for anything a lost last message hid; ``route`` applies whatever arrived since the
-thread's last poll before it scores, so a turn that follows its predecessor at once sees the
-checkpoint that predecessor saved, and asks the replay socket (once, bounded by its timeout)
-for any batch the replica announced (an answer's next_seq, a health read) that did not arrive.
+``/kv_events`` names another instance id (unless its feed saw the restart and rebuilt itself:
+the new id is adopted), or a next_seq at or below what was applied, restarted since: its index
+is forgotten and rebuilt the same way. Between health checks the thread applies the streams'
+batches as they arrive, and once per interval asks the replay sockets for anything a lost last
+message hid; ``route`` applies whatever arrived since the thread's last poll before it scores,
+so a turn that follows its predecessor at once sees the checkpoint that predecessor saved, and
+asks the replay socket (once, bounded by its timeout) for any batch the replica announced (an
+answer's next_seq, a health read) that did not arrive. Replay sockets are asked without the
+lock, and an answer is applied only to the feed it was asked of.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class Replica:
     in_flight: int = 0  # requests this router is relaying to it now
     prefill_tokens: int = 0  # what this router's requests not yet answering still compute
     instance_id: str | None = None  # the run of its streams the index was built from (None: not said)
+    feed_resets: int = 0  # the feed's restarts as of ``instance_id`` (more: it rebuilt from a newer run itself)
     announced: tuple[int | None, int | None] = (None, None)  # the highest next_seq per stream it said (answers, /kv_events)
     catch_ups: int = 0  # replays asked because a seq it announced had not arrived live
     index_losses: int = 0  # times its index was dropped (no answer to /metrics, a failed connection, a restart)
@@ -152,13 +156,16 @@ class Fleet:
 
     def route(self, key: RequestKey | None, prompt_tokens: int, exclude: tuple[Replica, ...] = ()) -> tuple[Replica, Decision] | None:
         """The replica for a request (None when no healthy one is left)."""
+        if key is not None:
+            self._catch_up_announced(exclude)
         with self._lock:
             candidates = [r for r in self.replicas if r.healthy and r not in exclude]
             if not candidates:
                 return None
             if key is not None:
                 for replica in candidates:
-                    self._apply_announced(replica)
+                    if replica.feed is not None:
+                        replica.feed.poll(0)
             number, self._number = self._number, self._number + 1
             policy = self.policy if key is not None else "round-robin"
             depths = [r.index.depths(key) if key is not None and r.index is not None else Depths(0, 0) for r in candidates]
@@ -169,21 +176,41 @@ class Fleet:
                 self._keyed_routes += 1
             return candidates[decision.index], decision
 
-    def _apply_announced(self, replica: Replica) -> None:
+    def _catch_up_announced(self, exclude: tuple[Replica, ...]) -> None:
         """Apply what reached the router since the thread's last poll (a turn's own checkpoint);
-        when the replica announced a later seq than that (an answer's next_seq whose settle ran
+        when a replica announced a later seq than that (an answer's next_seq whose settle ran
         out of time, a health check's read), the batches in between were published before this
-        decision but lost or late: ask the replay socket for them (bounded by its timeout), so
+        decision but lost or late: ask its replay socket for them (bounded by its timeout), so
         the route scores every change the replica said it made. Asked once per announcement:
-        what the replay cannot give (a restart) the continuity check handles. Under the lock."""
-        feed = replica.feed
-        if feed is None:
-            return
-        feed.poll(0)
-        if not _applied(feed.last_seqs, replica.announced):
-            replica.catch_ups += 1
-            feed.catch_up()
+        what the replay cannot give (a restart) the continuity check handles."""
+        with self._lock:
+            lagging = [(r, r.feed) for r in self.replicas if r.healthy and r not in exclude and self._lags_announced(r)]
+        self._catch_up(lagging)
+
+    def _lags_announced(self, replica: Replica) -> bool:
+        """Whether ``replica``'s feed, polled now, lacks a seq it announced (the announcement
+        then spent, counted as a catch-up). Under the lock."""
+        feed, announced = replica.feed, replica.announced
         replica.announced = (None, None)
+        if feed is None:
+            return False
+        feed.poll(0)
+        if _applied(feed.last_seqs, announced):
+            return False
+        replica.catch_ups += 1
+        return True
+
+    def _catch_up(self, feeds: list[tuple[Replica, ReplicaFeed]]) -> None:
+        """Ask each feed's replay sockets without the lock (one slow socket must not stall every
+        route, settle and health check), then apply each answer under it to a feed still its
+        replica's (one closed or replaced meanwhile describes another run, or none)."""
+        fetched = [(replica, feed, feed.request_catch_up()) for replica, feed in feeds]
+        if not fetched:
+            return
+        with self._lock:
+            for replica, feed, answer in fetched:
+                if replica.feed is feed:
+                    feed.apply_catch_up(answer)
 
     def _per_request_tokens(self) -> float:
         """What a request sent by others is taken to compute: ``load_tokens``, else the mean
@@ -231,25 +258,29 @@ class Fleet:
             expected = read_next_seqs(replica.url, timeout_s)
         if expected is None:
             return False
+        with self._lock:
+            feed = replica.feed  # the seqs expected are of this feed's run: a feed replaced since starts over
         began = time.monotonic()
         asked = False
         while True:
             with self._lock:
-                if replica.feed is None:
+                if feed is None or replica.feed is not feed:
                     return False
-                replica.feed.poll(0)
-                if _applied(replica.feed.last_seqs, expected):
+                feed.poll(0)
+                if _applied(feed.last_seqs, expected):
                     return True
                 waited = time.monotonic() - began
-                if not asked and waited >= min(_LIVE_WAIT_S, timeout_s):
-                    asked = True
+                ask = not asked and waited >= min(_LIVE_WAIT_S, timeout_s)
+                if ask:
                     replica.catch_ups += 1
-                    replica.feed.catch_up()
-                    continue
-                if waited >= timeout_s:
+                elif waited >= timeout_s:
                     replica.announced = _highest(replica.announced, expected)
                     return False
-            time.sleep(_SETTLE_POLL_S)
+            if ask:
+                asked = True
+                self._catch_up([(replica, feed)])
+            else:
+                time.sleep(_SETTLE_POLL_S)
 
     def mark_dead(self, replica: Replica) -> None:
         """A connection to ``replica`` failed: stop routing to it until it answers again."""
@@ -288,23 +319,33 @@ class Fleet:
                 replica.others, replica.healthy = max(0.0, load - replica.in_flight), True
                 if feed is not None:
                     replica.feed, replica.index, replica.instance_id = feed, index, instance_id
-                elif replica.feed is not None:
-                    replica.feed.catch_up()
-            if feed is None and replica.feed is not None:
+                    replica.feed_resets = feed.resets
+                    continue
+                followed = replica.feed
+            if followed is not None:
+                self._catch_up([(replica, followed)])
                 self._check_continuity(replica)
 
     def _check_continuity(self, replica: Replica) -> None:
         """Forget the index of a replica whose streams restarted since it was built (see
-        ``_restarted``); it is rebuilt at the next health check."""
+        ``_restarted``); it is rebuilt at the next health check. A restart the feed saw itself
+        (its seqs went back: it cleared and rebuilt from the new run's replay) left an index of
+        the new run: its instance id is adopted, and only the seqs can tell of a later restart."""
         with self._lock:  # read before next_seq: of one run of the replica it is then below next_seq
-            feed, subscribed_id = replica.feed, replica.instance_id
+            feed = replica.feed
             applied = None if feed is None else feed.last_seqs
+            resets = None if feed is None else feed.resets
+            subscribed_id = replica.instance_id if resets == replica.feed_resets else None
         now = None if applied is None else read_continuity(replica.url, self._timeout)
         with self._lock:
-            if now is not None and replica.feed is feed and _restarted(subscribed_id, applied, now):
+            if now is None or replica.feed is not feed:
+                return
+            if _restarted(subscribed_id, applied, now):
                 self._forget(replica)
-            elif now is not None and replica.feed is feed:  # published before now: the next route waits for it
-                replica.announced = _highest(replica.announced, now.next_seqs)
+                return
+            if subscribed_id is None:
+                replica.instance_id, replica.feed_resets = now.instance_id, resets
+            replica.announced = _highest(replica.announced, now.next_seqs)  # published before now: the next route waits for it
 
     def _forget(self, replica: Replica) -> None:
         """Close the feed and clear the index, but keep routing to the replica (it answers)."""
@@ -335,4 +376,5 @@ class Fleet:
             replica.index.clear()
         replica.index = None
         replica.instance_id = None
+        replica.feed_resets = 0
         replica.announced = (None, None)

@@ -62,10 +62,10 @@ class RouterMetrics:
         lines.extend(f'hybridcache_router_replica_load{{replica="{r.url}"}} {r.load}' for r in replicas)
         lines.append("# TYPE hybridcache_router_undecodable_batches gauge")
         lines.extend(f'hybridcache_router_undecodable_batches{{replica="{r.url}"}} {r.undecodable}' for r in replicas)
-        lines.append("# TYPE hybridcache_router_replica_catch_ups counter")
-        lines.extend(f'hybridcache_router_replica_catch_ups{{replica="{r.url}"}} {r.catch_ups}' for r in replicas)
-        lines.append("# TYPE hybridcache_router_replica_index_losses counter")
-        lines.extend(f'hybridcache_router_replica_index_losses{{replica="{r.url}"}} {r.index_losses}' for r in replicas)
+        lines.append("# TYPE hybridcache_router_replica_catch_ups_total counter")
+        lines.extend(f'hybridcache_router_replica_catch_ups_total{{replica="{r.url}"}} {r.catch_ups}' for r in replicas)
+        lines.append("# TYPE hybridcache_router_replica_index_losses_total counter")
+        lines.extend(f'hybridcache_router_replica_index_losses_total{{replica="{r.url}"}} {r.index_losses}' for r in replicas)
         lines.append("# TYPE hybridcache_router_replica_applied_seq gauge")
         for r in replicas:
             for stream, seq in zip(("kv", "state"), r.applied_seqs):
