@@ -4,7 +4,8 @@ Owns: the mirror of each sequence's checkpoint phases on lmdeploy's side
 (``prefix_cache.pending_save``, ``restore.pinned``, ``producer_save_pin``,
 ``decode_checkpoint_node``); the records themselves, their slots, frozen blocks, pins and
 eviction order stay in ``CheckpointLifecycle``. lmdeploy's preconditions that only refuse
-(step range, decode alignment, multimodal boundaries) answer -1 / False as lmdeploy does.
+(step range, decode alignment, multimodal boundaries, an anchor whose checkpoint is pinned,
+unpublished or at the save's step) answer -1 / False as lmdeploy does.
 """
 
 from __future__ import annotations
