@@ -230,3 +230,40 @@ def test_a_hit_longer_than_lmdeploys_table_growth_unit_keeps_the_same_table_as_i
     twins.step(lambda w: w.forward())
     done = twins.step(lambda w: w.finish("again"))
     assert done["free_gpu"] == num_gpu_blocks - (blocks + 3)  # the trie keeps every complete block
+
+
+def test_a_save_at_a_pinned_anchor_is_refused_as_lmdeploy_refuses_it():
+    """An aligned hit whose prompt ends mid-block: the hit pins the checkpoint at the anchor
+    (the prompt's last complete block) for its restore, and lmdeploy refuses the forward's save
+    at the prompt end, since a pinned checkpoint cannot be replaced, so it allocates no frozen
+    copy of the partial block. The adapter refuses it too: the same blocks and state rows stay
+    held after the forward, after the finish, and a later request hits the same checkpoint."""
+    twins = Twins(ssm=True, num_gpu_blocks=24)
+    prompt = [(i % 50) + 1 for i in range(4 * BLOCK)]
+    _serve(twins, "aligned", 0, prompt)
+    twins.step(lambda w: w.finish("aligned"))
+    hit = _serve(twins, "partial", 1, prompt + [5] * 8)  # five blocks, the last one partial
+    assert hit["seqs"]["partial"]["step"] == hit["hits"] == 4 * BLOCK
+    assert hit["seqs"]["partial"]["restore"] >= 0
+    forwarded = twins.step(lambda w: None)
+    assert forwarded["free_gpu"] == 24 - 5 and forwarded["checkpoint_states"] == 1
+    done = twins.step(lambda w: w.finish("partial"))
+    assert done["free_gpu"] == 24 - 4  # the trie's four blocks; no frozen copy of the fifth
+    again = _serve(twins, "again", 2, prompt + [5] * 8)
+    assert again["seqs"]["again"]["step"] == 4 * BLOCK and again["hits"] == 8 * BLOCK
+
+
+def test_a_save_at_an_anchors_checkpoint_step_is_refused_whatever_its_tail():
+    """Two prompts share four blocks and end 8 tokens later with different tails: lmdeploy
+    refuses the second one's save at the same step of the same anchor (one checkpoint per
+    anchor, never replaced at its own step), so the first tail's checkpoint and frozen block
+    stay and a later request with the first tail hits it. The adapter refuses it too."""
+    twins = Twins(ssm=True, num_gpu_blocks=24)
+    shared = [(i % 50) + 1 for i in range(4 * BLOCK)]
+    _serve(twins, "first", 0, shared + [5] * 8)
+    twins.step(lambda w: w.finish("first"))
+    _serve(twins, "other", 1, shared + [6] * 8)
+    kept = twins.step(lambda w: w.finish("other"))
+    assert kept["free_gpu"] == 24 - 5 and kept["checkpoint_states"] == 1  # four blocks and one frozen copy
+    hit = _serve(twins, "again", 2, shared + [5] * 8 + [7] * 4)
+    assert hit["seqs"]["again"]["step"] == hit["hits"] == 4 * BLOCK + 8

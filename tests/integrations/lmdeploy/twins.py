@@ -114,8 +114,10 @@ class World:
                 experts=np.asarray(experts).tolist(),
             )
         trie = scheduler.block_trie
+        every_block = np.arange(scheduler.block_manager.num_gpu_blocks, dtype=np.int64)
         return dict(
             free_gpu=scheduler.block_manager.get_num_free_gpu_blocks(),
+            block_refs=allocator.get_ref_count(every_block).tolist(),  # frozen copies included
             free_states=scheduler.state_manager.get_num_free(),
             runtime_states=scheduler.state_manager.get_num_runtime_states(),
             checkpoint_states=scheduler.state_manager.get_num_allocated_checkpoint_states(),

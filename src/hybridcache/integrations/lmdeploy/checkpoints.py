@@ -4,7 +4,8 @@ Owns: the mirror of each sequence's checkpoint phases on lmdeploy's side
 (``prefix_cache.pending_save``, ``restore.pinned``, ``producer_save_pin``,
 ``decode_checkpoint_node``); the records themselves, their slots, frozen blocks, pins and
 eviction order stay in ``CheckpointLifecycle``. lmdeploy's preconditions that only refuse
-(step range, decode alignment, multimodal boundaries) answer -1 / False as lmdeploy does.
+(step range, decode alignment, multimodal boundaries, an anchor whose checkpoint is pinned,
+unpublished or at the save's step) answer -1 / False as lmdeploy does.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ class StateCheckpoints:
             return -1
         if not seq.is_prefix_cache_boundary_safe(step):
             return -1
+        if self._anchor_held(seq, step):
+            return -1
         shadow = self._shadows.synced(seq)
         slot = self._trie.checkpoints.reserve_save(shadow.seq, step, is_decode=is_decode)
         if slot == NO_SAVE:
@@ -47,6 +50,17 @@ class StateCheckpoints:
         record = shadow.seq.prefix_state.checkpoints.pending_save
         seq.prefix_cache.pending_save.reserve(int(slot), step, self._views.node(record.anchor, seq.adapter_name), is_decode)
         return int(slot)
+
+    def _anchor_held(self, seq: object, step: int) -> bool:
+        """lmdeploy keeps one checkpoint per anchor and refuses a save at ``step`` while that
+        one is pinned (a restore or a save copy in flight), not yet published, or at ``step``
+        itself (whatever its tail tokens). A save reserved anyway would, once published and
+        unpinned, replace the anchor's checkpoint: an aligned one by a mid-block one holding a
+        frozen copy lmdeploy never allocates, or another request's tail by this one's."""
+        anchor = self._attached_anchor(seq, step - step % self._trie.block_size)
+        if anchor is None:
+            return False
+        return any(r.pin_count > 0 or not r.is_published or r.step == step for r in anchor.live_checkpoints())
 
     def reserve_decode_save(self, seq: object, interval: int, step: int | None = None) -> int:
         step = int(seq.num_valid_ids) if step is None else int(step)

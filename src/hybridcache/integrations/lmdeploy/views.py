@@ -167,13 +167,18 @@ class NodeView:
         shape, dtype = self._views.expert_layout()
         return rows if shape is None else rows.astype(dtype).reshape((-1, *shape))
 
+    def live_checkpoints(self) -> list[CheckpointRecord]:
+        """Every live checkpoint record anchored here: reserved and published (while a new
+        save's record waits for its publish, an anchor holds two)."""
+        anchor = self._anchor_slot()
+        if anchor is None:
+            return []
+        return [r for r in self._views.trie.checkpoints.records_at(anchor) if r.state is not CheckpointState.RELEASED]
+
     @property
     def state_checkpoint(self) -> CheckpointView | None:
         """The newest live checkpoint anchored here (lmdeploy keeps one per node)."""
-        anchor = self._anchor_slot()
-        if anchor is None:
-            return None
-        records = [r for r in self._views.trie.checkpoints.records_at(anchor) if r.state is not CheckpointState.RELEASED]
+        records = self.live_checkpoints()
         if not records:
             return None
         return self._views.checkpoint(max(records, key=lambda record: record.record_id))
