@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybridcache.errors import HybridCacheError, InvalidConfigError, InvalidTypeError
+from hybridcache.errors import InvalidConfigError, InvalidTypeError
 from hybridcache.tiers.backends.mooncake_store import MooncakeLocal, MooncakeStore
 from hybridcache.tiers.shared_setup import check_shared_tier, mooncake_address
 
@@ -76,8 +76,13 @@ def test_mooncake_buffers_larger_than_the_machine_are_refused_before_connecting(
 
 @pytest.mark.parametrize("local", [{"hostname": ""}, {"local_buffer_bytes": 0}, {"segment_bytes": -1}, {"workers": 0}, {"workers": True}])
 def test_mooncake_local_side_is_checked_when_built(local):
-    with pytest.raises(HybridCacheError):
+    with pytest.raises(InvalidConfigError):
         MooncakeLocal(**local)
+
+
+def test_mooncake_local_hostname_of_another_type_is_a_type_error():
+    with pytest.raises(InvalidTypeError):
+        MooncakeLocal(hostname=b"127.0.0.1")
 
 
 def test_mooncake_store_takes_its_local_side_as_a_mooncake_local():

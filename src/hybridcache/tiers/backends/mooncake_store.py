@@ -66,8 +66,10 @@ class MooncakeLocal:
     workers: int = 4
 
     def __post_init__(self) -> None:
-        if not isinstance(self.hostname, str) or not self.hostname:
-            raise InvalidTypeError("hostname must be a non-empty str")
+        if not isinstance(self.hostname, str):
+            raise InvalidTypeError(f"hostname must be a str, got {type(self.hostname).__name__}")
+        if not self.hostname:
+            raise InvalidConfigError("hostname must not be empty: peers reach this process by it")
         sizes = (("segment_bytes", self.segment_bytes), ("local_buffer_bytes", self.local_buffer_bytes))
         for name, value in sizes:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
