@@ -231,9 +231,7 @@ def test_the_batch_path_decides_as_one_by_one_when_matches_free_blocks_and_slots
 @pytest.fixture
 def checked_deferrals(monkeypatch):
     """Check the deferred admissions' invariants before every ``defer`` and ``take``."""
-    from hybridcache import protocol as protocol_module
-
-    deferred = protocol_module._DeferredAdmissions
+    from hybridcache.batch_admission import DeferredAdmissions as deferred
     for name in ("defer", "take"):
         method = getattr(deferred, name)
 

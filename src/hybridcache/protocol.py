@@ -37,15 +37,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from collections.abc import Sequence as SequenceLike
-from typing import NamedTuple
 
 import numpy as np
 
+from hybridcache.batch_admission import DeferredAdmissions, admission_of, admit_remembered, validated_batch
 from hybridcache.cache import CacheComponents
 from hybridcache.errors import (
     AdoptionWriteError,
     HybridCacheError,
-    InvalidArgumentError,
     InvalidStepError,
     InvalidTypeError,
     LifecycleError,
@@ -57,17 +56,12 @@ from hybridcache.prefix_cache.checkpoint_store import NO_RELEASE_COUNTS, NO_RELE
 from hybridcache.prefix_cache.match_txn import MatchTxn
 from hybridcache.protocol_values import Admission, Adopted, Adoption, ForwardLanded, ForwardRun, Refusal, SaveReservation
 from hybridcache.sequence import Sequence
-from hybridcache.types import NO_SAVE, NO_SLOT, as_int, ceil_div, is_int
-
-
-def _admission(seq: Sequence, txn: MatchTxn, start: int, end: int, runtime_slot: int) -> Admission:
-    reason = txn.recorded[2] if txn.recorded is not None else None
-    restore = seq.prefix_state.checkpoints.restore
-    return Admission(start, end, runtime_slot, restore, txn.hit_tokens, None, None if reason is None else reason.value)
+from hybridcache.types import NO_SAVE, NO_SLOT, as_int, ceil_div
 
 
 class CacheProtocol:
     def __init__(self, components: CacheComponents) -> None:
+        self._components = components
         self.pool = components.pool
         self.states = components.states
         self.trie = components.trie
@@ -120,20 +114,20 @@ class CacheProtocol:
 
         The leading sequences whose match is the checkpoint hit their ingest remembered
         (nothing changed since), whose chunks fit what is free and attach nothing, are
-        admitted together first, their checks over arrays (``_admit_remembered``). Each one
+        admitted together first, their checks over arrays (``batch_admission.admit_remembered``). Each one
         after them is matched and its restore pinned in turn (a match can depend on what
         the admissions before it attached). While the chunks matched so far fit the free
         blocks and runtime slots without eviction and complete no block to attach, their
         blocks, slots and commits are deferred and then taken for all of them at once
-        (``_DeferredAdmissions``); anything else is admitted one by one after the deferred
+        (``batch_admission.DeferredAdmissions``); anything else is admitted one by one after the deferred
         ones are taken."""
-        seqs, budgets = self._validated_batch(seqs, budgets)
+        seqs, budgets = validated_batch(self.trie, seqs, budgets)
         if not self._batch_pools:
             return [self._admit_one(seq, budget, None) for seq, budget in zip(seqs, budgets)]
         trie, checkpoints, pool, states = self.trie, self.checkpoints, self.pool, self.states
         admitted: list[Admission | None] = [None] * len(seqs)
-        first = self._admit_remembered(seqs, budgets, admitted)
-        deferred = _DeferredAdmissions(self, admitted)
+        first = admit_remembered(self._components, seqs, budgets, admitted)
+        deferred = DeferredAdmissions(self._components, admitted)
         try:
             for index in range(first, len(seqs)):
                 seq = seqs[index]
@@ -149,59 +143,6 @@ class CacheProtocol:
         finally:  # admissions decided before a failure end admitted, as they would one by one
             deferred.take()
         return admitted  # type: ignore[return-value]  # every entry was filled
-
-    def _admit_remembered(self, seqs: list[Sequence], budgets: list[int], admitted: list[Admission | None]) -> int:
-        """Admit the leading ``seqs`` whose match is their remembered checkpoint hit (found at
-        ``prepare``, nothing changed since) and whose first chunk fits what is free and
-        attaches nothing, all at once: the checks over arrays, one pass of per-sequence
-        writes, one clock advance, one ``allocate_stamped``, one ``allocate_runtimes``. Their
-        ticks, ids and slots are the ones admitting them one by one would take (per sequence:
-        the restore pin's tick, then, when it takes blocks, ``grow_table``'s). Returns how many."""
-        trie, pool, states, size = self.trie, self.pool, self.states, self.block_size
-        hits = trie.remembered_hits(seqs)
-        count = len(hits)
-        if count == 0:
-            return 0
-        steps = np.fromiter((found.record.step for found in hits), np.int64, count)
-        tokens = np.fromiter((seq.num_tokens for seq in seqs[:count]), np.int64, count)
-        ends = np.minimum(tokens, steps + np.asarray(budgets[:count], dtype=np.int64))
-        needed = np.maximum(0, -(-ends // size) - steps // size)
-        fits = (ends > steps) & (np.cumsum(needed) <= pool.num_free) & (np.arange(count) < states.num_free_runtime)
-        count = min(count if fits.all() else int(np.argmin(fits)), trie.attaching_nothing(seqs, hits, ends))
-        if count == 0:
-            return 0
-        needed = needed[:count]
-        ticks_each = 1 + (needed > 0)
-        pin_stamps = pool.tick_many(int(ticks_each.sum())) + np.cumsum(ticks_each) - ticks_each
-        trie.take_remembered_hits(seqs[:count], hits[:count], pin_stamps.tolist())
-        ids = pool.allocate_stamped(np.repeat(pin_stamps + 1, needed))
-        slots = states.allocate_runtimes(count)
-        offsets = np.cumsum(needed).tolist()
-        start = 0
-        for index, (seq, found, end, slot, stop) in enumerate(zip(seqs, hits, ends.tolist(), slots, offsets)):
-            if stop > start:
-                seq.place_blocks(seq.num_blocks, ids[start:stop])
-                start = stop
-            step = found.record.step
-            admitted[index] = Admission(step, end, slot, found.record, step)
-        return count
-
-    def _validated_batch(self, seqs: object, budgets: object) -> tuple[list[Sequence], list[int]]:
-        if isinstance(seqs, (str, bytes)) or not isinstance(seqs, SequenceLike):
-            raise InvalidTypeError("seqs must be a sequence of Sequence objects")
-        seqs = list(seqs)
-        for seq in seqs:
-            self.trie.check_matchable(seq)
-        if len({id(seq) for seq in seqs}) != len(seqs):
-            raise InvalidArgumentError("a sequence appears twice in one admit_many call")
-        if is_int(budgets):
-            return seqs, [as_int("budget", budgets, 0)] * len(seqs)
-        if isinstance(budgets, (str, bytes)) or not isinstance(budgets, (SequenceLike, np.ndarray)):
-            raise InvalidTypeError("budgets must be an int or a sequence of ints")
-        budgets = [as_int("budget", budget, 0) for budget in budgets]
-        if len(budgets) != len(seqs):
-            raise InvalidArgumentError(f"{len(budgets)} budgets for {len(seqs)} sequences")
-        return seqs, budgets
 
     def _admit_one(self, seq: Sequence, tokens: int, stop_at: Callable[[int], int | None] | None) -> Admission:
         """``admit`` of a validated budget."""
@@ -240,7 +181,7 @@ class CacheProtocol:
         runtime_slot = self.states.allocate_runtime()
         trie.allocate(seq, upto=end)
         trie.commit(txn)
-        return _admission(seq, txn, start, end, runtime_slot)
+        return admission_of(seq, txn, start, end, runtime_slot)
 
     def swap_computed_duplicates(self, seq: Sequence) -> None:
         """Swap a running sequence's private duplicates of blocks already computed for their
@@ -485,106 +426,3 @@ class CacheProtocol:
         """The trie's cross-owner invariants over ``sequences`` (every live one), and the pools'."""
         self.trie.check_invariants(sequences)
         self.states.check_invariants()
-
-
-class _Deferred(NamedTuple):
-    """One deferred admission: its place in the batch, its matched sequence, the blocks it
-    still needs and the clock tick its allocation reserved (0 when it needs none)."""
-
-    index: int
-    seq: Sequence
-    txn: MatchTxn
-    start: int
-    end: int
-    needed: int
-    tick: int
-
-
-class _DeferredAdmissions:
-    """The admissions of one ``admit_many`` call whose allocations are deferred, and then
-    taken for all of them at once: one ``allocate_stamped`` for their blocks, one
-    ``allocate_runtimes`` for their slots, one commit. Lives for that call only.
-
-    A deferred admission is one that ``admit`` would have completed without evicting
-    anything (its chunk fits what is free beyond the ones deferred before it), without
-    attaching a block and without displacing one, so the only effects left to it are the
-    pools' free lists and the clock. Its clock tick is taken when ``grow_table``'s would
-    have been, and the blocks and slots come off the free lists in the order one-by-one
-    admission takes them; a match that freed blocks or slots in between (a stale checkpoint
-    released) leaves those on top, for the admissions after it (``take_beneath_frees``).
-    So the pools, the stamps and every record end as one by one.
-    """
-
-    __slots__ = ("protocol", "trie", "admitted", "entries", "blocks", "free_blocks", "free_slots", "free_runtime")
-
-    def __init__(self, protocol: CacheProtocol, admitted: list[Admission | None]) -> None:
-        self.protocol = protocol
-        self.trie = protocol.trie
-        self.admitted = admitted
-        self.entries: list[_Deferred] = []
-        self.blocks = 0
-        self.restart()
-
-    def restart(self) -> None:
-        """Start deferring from the pools as they are now (nothing deferred). While deferring,
-        only a match can change them, by freeing (``take_beneath_frees``)."""
-        states = self.protocol.states
-        self.free_blocks = self.protocol.pool.num_free
-        self.free_slots = states.num_free
-        self.free_runtime = states.num_free_runtime
-
-    def defer(self, index: int, seq: Sequence, txn: MatchTxn, tokens: int) -> bool:
-        """Defer the admission of matched and pinned ``seq`` when it qualifies; False (and
-        nothing changed) when it must be admitted one by one."""
-        start = seq.num_computed
-        end = min(seq.num_tokens, start + tokens)
-        if end <= start or txn.displaced.size or self.free_runtime <= len(self.entries):
-            return False
-        needed = -(-end // self.protocol.block_size) - seq.num_blocks  # blocks_needed, inline: one call per request saved
-        needed = needed if needed > 0 else 0
-        if needed > self.free_blocks - self.blocks or not self.trie.allocate_if_trivial(seq, end):
-            return False
-        self.entries.append(_Deferred(index, seq, txn, start, end, needed, self.protocol.pool.tick() if needed else 0))
-        self.blocks += needed
-        return True
-
-    def check_invariants(self) -> None:
-        """Deferred admissions are in batch order, open and undisplaced, fit what was free
-        when deferring started, and hold ticks the clock handed out, in order."""
-        entries = self.entries
-        assert [entry.index for entry in entries] == sorted({entry.index for entry in entries}), "entries out of order"
-        assert all(entry.txn.open and not entry.txn.displaced.size for entry in entries), "a deferred match closed or displaced"
-        assert self.blocks == sum(entry.needed for entry in entries) <= self.free_blocks, "deferred blocks do not fit"
-        assert len(entries) <= self.free_runtime, "deferred runtime slots do not fit"
-        ticks = [entry.tick for entry in entries if entry.needed]
-        assert ticks == sorted(set(ticks)) and all(0 < tick <= self.protocol.pool.clock for tick in ticks), "bad ticks"
-
-    def take_beneath_frees(self) -> None:
-        """Take what is deferred now, leaving what the last match freed on top of the free
-        lists (one by one, the deferred admissions took theirs before it was freed)."""
-        pool, states = self.protocol.pool, self.protocol.states
-        self.take(pool.num_free - self.free_blocks, states.num_free - self.free_slots)
-        self.restart()
-
-    def take(self, blocks_beneath: int = 0, slots_beneath: int = 0) -> None:
-        """Give every deferred admission its blocks and runtime slot, commit their matches and
-        record what they did; then nothing is deferred."""
-        entries = self.entries
-        if not entries:
-            return
-        protocol = self.protocol
-        needed = np.fromiter((entry.needed for entry in entries), dtype=np.int64, count=len(entries))
-        ticks = np.fromiter((entry.tick for entry in entries), dtype=np.int64, count=len(entries))
-        ids = protocol.pool.allocate_stamped(np.repeat(ticks, needed), blocks_beneath)
-        slots = protocol.states.allocate_runtimes(len(entries), slots_beneath)
-        protocol.trie.commit_undisplacing([entry.txn for entry in entries])
-        offset = 0
-        admitted = self.admitted
-        for (index, seq, txn, start, end, count, _), slot in zip(entries, slots):
-            if count:
-                seq.place_blocks(seq.num_blocks, ids[offset : offset + count])
-                offset += count
-            admitted[index] = _admission(seq, txn, start, end, slot)
-        entries.clear()
-        self.blocks = 0
-        self.restart()

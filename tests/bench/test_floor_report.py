@@ -25,9 +25,9 @@ def test_admission_stages_count_the_calls_of_each_stage_per_request():
     stages = {stage["stage"]: stage for stage in record["stages"]}
     # every request hits the checkpoint its ingest remembered: admitted together, no match each
     assert "match" not in stages and "pin_restore" not in stages
-    assert stages["_admit_remembered › place_blocks"]["calls_per_request"] == pytest.approx(1.0)  # its new block
-    for stage in ("_admit_remembered › remembered_hits", "take_remembered_hits › pin_selected_restores",
-                  "_admit_remembered › allocate_stamped", "_admit_remembered › allocate_runtimes"):  # once per batch
+    assert stages["admit_remembered › place_blocks"]["calls_per_request"] == pytest.approx(1.0)  # its new block
+    for stage in ("admit_remembered › remembered_hits", "take_remembered_hits › pin_selected_restores",
+                  "admit_remembered › allocate_stamped", "admit_remembered › allocate_runtimes"):  # once per batch
         assert stages[stage]["calls_per_request"] == pytest.approx(1 / 3)
         assert stages[stage]["python_calls_per_request"] >= 1 / 3
     assert 0 < sum(stage["share"] for stage in record["stages"]) <= 1 + 1e-9

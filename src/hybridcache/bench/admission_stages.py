@@ -2,7 +2,7 @@
 
 ``measure_admission_stages``: where the time of one ``CacheProtocol.admit_many`` admission
 goes, on the ``admit-many`` workload (every request hits an aligned checkpoint at its prompt's
-last block boundary), broken down by the stages ``admit_many`` calls (the remembered hits' ``_admit_remembered``
+last block boundary), broken down by the stages ``admit_many`` calls (the remembered hits' ``admit_remembered``
 and ``take_remembered_hits``, and the deferred admissions' ``defer`` and ``take``, broken
 down one level further, as ``defer › ...``).
 
@@ -35,7 +35,7 @@ from hybridcache.sequence import Sequence
 
 STAGE_FUNCTION = "admit_many"
 # stages shown by their callees: the deferred admissions', and the remembered hits' (nested)
-EXPANDED_STAGES = ("defer", "take", "_admit_remembered", "take_remembered_hits")
+EXPANDED_STAGES = ("defer", "take", "admit_remembered", "take_remembered_hits")
 
 
 def _prepared_batch(protocol: CacheProtocol, prompts: list, round_index: int) -> list[Sequence]:

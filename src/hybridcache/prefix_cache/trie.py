@@ -1,16 +1,15 @@
 """BlockTrie: the prefix-cache facade.
 
-Owns: the composition of the prefix-cache components, chosen once here, the claim of a
-sequence (``prefix_state.trie.owner``: the trie whose node handles its cached facts refer to)
-and the order between the KV-pressure evictions (``states_with_leaves``, read from the
-eviction policy when the trie is built). Every public call validates its arguments, refuses
-another trie's sequence, and delegates:
+Owns: the composition of the prefix-cache components, chosen once here, and the claim of a
+sequence (``prefix_state.trie.owner``: the trie whose node handles its cached facts refer to).
+Every public call validates its arguments, refuses another trie's sequence, and delegates:
 
 * ``PathLookup`` (lookup.py): exact path verification;
 * ``BlockMatcher`` / ``CheckpointMatcher`` (matchers.py): prepare and match, one per kind;
 * ``MatchBook`` (match_txn.py): the match transaction, borrowed paths, commit and rollback;
 * ``Attacher`` (attach.py): allocate, pending nodes, private blocks, routed-expert enrichment;
 * ``KVLifecycle`` / ``CheckpointLifecycle`` (or ``NoCheckpoints``): references, pins, eviction;
+* ``Pressure`` (pressure.py): what KV and state pressure take, and in which order;
 * invariants.py: the cross-owner checks;
 * an eviction policy (``EvictionScores``, eviction_view.py): the heaps' scores; it sees the
   trie only through an ``EvictionView``.
@@ -42,6 +41,7 @@ from hybridcache.prefix_cache.match_txn import MatchBook, MatchTxn, require_txn
 from hybridcache.prefix_cache.matchers import BlockMatcher, CheckpointMatcher
 from hybridcache.prefix_cache.no_checkpoints import NoCheckpoints
 from hybridcache.prefix_cache.node import NodePath, NodeTable
+from hybridcache.prefix_cache.pressure import Pressure
 from hybridcache.prefix_cache.routed_experts import RoutedExpertStore
 from hybridcache.prefix_cache.stats import PrefixCacheStats
 from hybridcache.prefix_cache.token_store import TokenStore
@@ -103,12 +103,11 @@ class BlockTrie:
         self.experts = RoutedExpertStore(block_size)
         self.experts.ensure_capacity(self.nodes.capacity)
         self.kv = KVLifecycle(self.nodes, pool, None if eviction is None else eviction.kv_score)
-        # KV pressure takes frozen blocks of mid-block checkpoints before leaves unless the
-        # policy keeps states with their leaves (see free_kv_blocks)
-        self._states_with_leaves = eviction is not None and bool(eviction.states_with_leaves)
         self.stats = PrefixCacheStats()
         self.state_pool = state_pool
         self.lookup = PathLookup(self.nodes, self.tokens, self.keyer, block_size, self.track_pending)
+        self.pressure = Pressure(self.nodes, self.kv, self.experts, self.keyer, self.stats,
+                                 eviction is not None and bool(eviction.states_with_leaves))
         self._compose_checkpoints(max_checkpoints_per_anchor, None if eviction is None else eviction.checkpoint_score)
         self.attacher = Attacher(self.lookup, pool, self.kv, self.experts, self.checkpoints, self.enabled)
         if eviction is not None:
@@ -130,8 +129,9 @@ class BlockTrie:
                 max_per_anchor,
                 owner=self.trie_id,
                 score=score,
-                free_kv_blocks=self._free_block_for_frozen_copy,
+                free_kv_blocks=self.pressure.free_for_frozen_copy,
             )
+        self.pressure.bind(self.checkpoints)
         self.book = MatchBook(self.pool, self.kv, self.stats, self.checkpoints, self.borrow_paths)
         if self.index is None:
             self.matcher: BlockMatcher | CheckpointMatcher = BlockMatcher(self.lookup, self.book, self.experts)
@@ -142,7 +142,7 @@ class BlockTrie:
     def states_with_leaves(self) -> bool:
         """Under KV pressure a mid-block state goes with its anchor leaf (the eviction policy's
         choice), instead of ahead of every leaf."""
-        return self._states_with_leaves
+        return self.pressure.states_with_leaves
 
     @property
     def is_hybrid(self) -> bool:
@@ -358,78 +358,23 @@ class BlockTrie:
     # --- eviction and release ------------------------------------------------------------------
 
     def free_kv_blocks(self, count: int) -> int:
-        """Free at least ``count`` KV blocks where the cache allows, from two sources: the
-        frozen blocks of least recently used unpinned mid-block checkpoints, and least recently
-        used trie leaves only the trie holds, each with its checkpoints (their frozen blocks
-        too, so possibly more than ``count``). A leaf anchoring a pinned checkpoint is never
-        evicted. Returns the blocks freed.
-
-        By default frozen blocks go first: a policy that writes mid-block states beside aligned
-        ones (a prompt end next to its last block boundary, chunk ends) loses the least per
-        freed block that way. With ``states_with_leaves`` (the eviction policy's) leaves go
-        first and a mid-block checkpoint goes with its anchor leaf, frozen blocks only when no
-        leaf can go: where every state is one a hit needs (Marconi's branch points and turn
-        ends), dropping it to keep its leaf would keep KV that no hybrid hit can resume from
-        (Marconi, too, evicts a state with its leaf edge)."""
+        """Free at least ``count`` KV blocks where the cache allows, in the eviction order
+        (``Pressure``); returns the blocks freed."""
         count = as_int("count", count, 0)
         if not self.enabled or count == 0:
             return 0
-        return self._free_kv_blocks_keeping(count, None)
-
-    def _free_block_for_frozen_copy(self, count: int, keep: int) -> int:
-        """What a mid-block save with no free block may evict for its frozen copy: only where
-        states go with their leaves (the LRU leaf gives it, as Marconi makes room for a state
-        it inserts). Otherwise the block would come from another mid-block checkpoint, one
-        such state traded for another, so the save is refused as before (measured: more state
-        churn and a lower hit rate with scarce state slots)."""
-        if not self._states_with_leaves:
-            return 0
-        return self._free_kv_blocks_keeping(count, keep)
-
-    def _free_kv_blocks_keeping(self, count: int, keep: int | None) -> int:
-        """``free_kv_blocks``, keeping node ``keep`` attached, and so its whole path (only
-        leaves go): the cursor of a sequence whose mid-block save evicts for its frozen block,
-        since a block the sequence writes a private copy of is held by the trie alone."""
-        checkpoints = self.checkpoints
-
-        def protected(slot: int) -> bool:
-            return slot == keep or checkpoints.is_anchor_protected(slot)
-
-        freed = 0
-        if not self._states_with_leaves:
-            freed = checkpoints.evict_frozen(count)
-            self.stats.evicted_checkpoints += freed
-        if freed < count:
-            evicted = self.kv.evict(count - freed, protected)
-            freed += len(evicted)
-            for slot in evicted:
-                self.experts.forget(slot)
-                released = checkpoints.release_anchored(slot)
-                freed += released.frozen_blocks
-                self.stats.evicted_checkpoints += released.records
-            self.stats.evicted_blocks += len(evicted)
-        if freed < count and self._states_with_leaves:
-            frozen = checkpoints.evict_frozen(count - freed)
-            self.stats.evicted_checkpoints += frozen
-            freed += frozen
-        self._release_empty_namespaces()
-        return freed
+        return self.pressure.free_kv_blocks(count)
 
     def free_state_slots(self, count: int) -> int:
         """Free up to ``count`` state slots by releasing least recently used unpinned
         checkpoints (state-slot pressure). Returns how many were released."""
-        if not self.enabled:
-            return 0
-        released = self.checkpoints.evict(count)
-        self.stats.evicted_checkpoints += released
-        self._release_empty_namespaces()
-        return released
+        return self.pressure.free_state_slots(count) if self.enabled else 0
 
     def clear(self) -> int:
         """Evict every unpinned checkpoint and every block only the trie holds, and the roots
         of namespaces left with nothing cached."""
         freed = self.free_state_slots(self.checkpoints.num_live) + self.free_kv_blocks(self.nodes.num_attached)
-        self._release_empty_namespaces()
+        self.pressure.release_empty_namespaces()
         return freed
 
     def free_sequence(self, seq: Sequence) -> None:
@@ -445,15 +390,7 @@ class BlockTrie:
         seq.truncate_blocks(0)
         state.clear_tracking()
         seq.set_computed(0)
-        self._release_empty_namespaces()
-
-    def _release_empty_namespaces(self) -> None:
-        """Free the root (and key memo) of every namespace that caches nothing: no node below
-        its root and no checkpoint on it, so per-namespace memory is bounded by what is cached."""
-        for namespace, slot in self.nodes.childless_roots():
-            if not self.checkpoints.records_at(slot):
-                self.nodes.release_root(namespace)
-                self.keyer.forget_namespace(namespace)
+        self.pressure.release_empty_namespaces()
 
     # --- observers -----------------------------------------------------------------------------
 
