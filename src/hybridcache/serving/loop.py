@@ -64,8 +64,9 @@ class _Inbox:
 
 class EngineLoop:
     def __init__(self, engine: Engine, *, capacity: int, observe: Callable[[Engine], None]) -> None:
-        """``observe(engine)`` runs on the loop thread after each step and when idle (the
-        metrics snapshot)."""
+        """``observe(engine)`` runs on the loop thread after each step, before the step's
+        answers are sent (so the metrics snapshot already counts what a client received), and
+        when idle."""
         self._engine = engine
         self._capacity = capacity
         self._observe = observe
@@ -132,7 +133,8 @@ class EngineLoop:
                 self._add(ticket_id)
             if self._by_engine_id:
                 self._step()
-            self._observe(self._engine)
+            else:
+                self._observe(self._engine)
             if stopping and (not self._by_engine_id or time.monotonic() >= self._drain_deadline):
                 self._end_all(ServerOverloadedError("the server shut down before this request finished"))
                 return
@@ -165,6 +167,7 @@ class EngineLoop:
         except Exception as error:  # a bug below must not kill the loop: fail what it carried
             self._end_all(error)
             return
+        self._observe(self._engine)
         for result in finished:
             ticket_id = self._by_engine_id.pop(result.request_id, None)
             if ticket_id is not None:
