@@ -187,7 +187,10 @@ class BlockKeyer:
         """The prefix key of complete block ``index`` when the running sum of the blocks
         before it is ``block_sum`` (a node's ``sums`` entry): one block hashed, no extension
         of the sequence's cached keys."""
-        return self.finalize((block_sum + self.value_of(seq, index)) & _MASK)
+        block_sum = (block_sum + self.value_of(seq, index)) & _MASK
+        if self._scalar_prefix_key is None:
+            return self.finalize(block_sum)
+        return _splitmix_int(block_sum ^ self._scalar_prefix_key)  # ``finalize``, inline: one call per probe
 
     def identity(self, seq: Sequence) -> dict[int, tuple[MultimodalSpan, ...]]:
         """Block index -> multimodal spans overlapping it (computed once per sequence)."""

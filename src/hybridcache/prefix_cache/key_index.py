@@ -45,14 +45,19 @@ class KeyIndex:
         return -1
 
     def first(self, key: int) -> int | None:
-        """The primary slot of ``key``, or None."""
+        """The primary slot of ``key``, or None. Probed on every lookup, so the arrays are
+        searched here (Python integers read with ``item``: no NumPy scalar per entry)."""
         slot = self._recent.get(key)
         if slot is not None:
             return slot
-        if self._keys.size == 0:
-            return None
-        position = self._array_position(key)
-        return None if position < 0 else int(self._slots[position])
+        keys, slots = self._keys, self._slots
+        position = int(keys.searchsorted(np.uint64(key)))  # the method: no dispatch wrapper
+        while position < keys.size and keys.item(position) == key:
+            slot = slots.item(position)
+            if slot != _TOMBSTONE:
+                return slot
+            position += 1
+        return None
 
     def all(self, key: int) -> list[int]:
         """Every slot of ``key`` (more than one only after a collision)."""

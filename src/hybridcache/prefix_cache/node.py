@@ -176,7 +176,7 @@ class NodeTable:
         return self._root_namespaces[root]
 
     def is_valid(self, slot: int, generation: int) -> bool:
-        return 0 <= slot < self._high and bool(self.attached[slot]) and int(self.generation[slot]) == generation
+        return 0 <= slot < self._high and self.attached.item(slot) and self.generation.item(slot) == generation
 
     def candidates(self, key: int) -> list[int]:
         """Attached nodes whose prefix key is ``key`` (more than one only on a collision)."""
@@ -187,15 +187,8 @@ class NodeTable:
 
     # --- topology changes ----------------------------------------------------------------------
 
-    def attach_run(
-        self,
-        parent: int,
-        keys: np.ndarray,
-        blocks: np.ndarray,
-        identities: dict[int, tuple[MultimodalSpan, ...]],
-        pending: np.ndarray | bool = False,
-        sums: np.ndarray | None = None,
-    ) -> np.ndarray:
+    def attach_run(self, parent: int, keys: np.ndarray, blocks: np.ndarray, identities: dict[int, tuple[MultimodalSpan, ...]],
+                   pending: np.ndarray | bool = False, sums: np.ndarray | None = None) -> np.ndarray:
         """Attach a chain of new nodes below ``parent`` (each the parent of the next).
 
         ``identities`` maps a position in the chain to that node's multimodal identity.
@@ -274,13 +267,13 @@ class NodeTable:
         """Runs ``(first, last)`` of the path from ``slot`` up to depth ``stop_depth`` (exclusive),
         deepest run first, and the ancestor at ``stop_depth``."""
         runs = []
-        depth = self.depth
-        while depth[slot] > stop_depth:
-            head = int(self.run_head[slot])
-            if depth[head] <= stop_depth:
-                head = slot - int(depth[slot] - stop_depth - 1)
+        depth, run_head, parent = self.depth.item, self.run_head.item, self.parent.item  # Python ints
+        while (slot_depth := depth(slot)) > stop_depth:
+            head = run_head(slot)
+            if slot_depth - (slot - head) <= stop_depth:  # a run's depths are consecutive
+                head = slot - (slot_depth - stop_depth - 1)
             runs.append((head, slot))
-            slot = int(self.parent[head])
+            slot = parent(head)
         return runs, slot
 
     def path_to(self, slot: int) -> NodePath:
@@ -318,8 +311,10 @@ class NodeTable:
     def _along(column: np.ndarray, runs: Runs) -> np.ndarray:
         """Read-only entries of ``column`` along runs (deepest first) in table order: a view of
         the column for one run, a copy for several (callers that keep them copy them)."""
-        parts = [column[first : last + 1] for first, last in reversed(runs)]
-        values = parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else column[:0]
+        if len(runs) == 1:  # a path attached at once: no list, no concatenate
+            values = column[runs[0][0] : runs[0][1] + 1]
+        else:
+            values = np.concatenate([column[first : last + 1] for first, last in reversed(runs)]) if runs else column[:0]
         values.flags.writeable = False
         return values
 
@@ -357,16 +352,18 @@ class NodeTable:
     def slot_at_depth(runs: list[tuple[int, int]], depth: np.ndarray, target: int) -> int:
         """The slot at ``target`` depth on a path given as runs."""
         for first, last in runs:
-            if depth[first] <= target <= depth[last]:
-                return int(first + target - depth[first])
+            low = depth.item(first)
+            if low <= target <= low + last - first:  # a run's depths are consecutive
+                return first + target - low
         raise KeyError(target)
 
     def clip_runs(self, runs: list[tuple[int, int]], max_depth: int, min_depth: int = 0) -> list[tuple[int, int]]:
         """The part of a path (runs, deepest first) at depths in ``(min_depth, max_depth]``."""
-        depth = self.depth
+        depth = self.depth.item
         clipped = []
         for first, last in runs:
-            low, high = int(depth[first]), int(depth[last])
+            low = depth(first)
+            high = low + last - first  # a run's depths are consecutive
             if low > max_depth or high <= min_depth:
                 continue
             clipped.append((first + max(0, min_depth + 1 - low), last - max(0, high - max_depth)))

@@ -16,6 +16,7 @@ import ctypes
 
 import numpy as np
 
+from hybridcache.errors import InvalidStepError
 from hybridcache.sequence import Sequence
 from hybridcache.types import TOKEN_DTYPE
 
@@ -82,11 +83,12 @@ class TokenStore:
         """Whether slots ``first..last`` hold exactly the sequence's tokens from ``start`` on."""
         rows = last - first + 1
         end = start + rows * self.block_size
-        if end > seq.num_tokens:
-            return False
         if _MEMCMP is None:
-            return bool(np.array_equal(self.run(first, last), seq.token_view(start, end)))
-        address = seq.token_address(start, end)
+            return end <= seq.num_tokens and bool(np.array_equal(self.run(first, last), seq.token_view(start, end)))
+        try:  # one call on every hit's path: the range is checked where the address is taken
+            address = seq.token_address(start, end)
+        except InvalidStepError:  # the run would read past the sequence's end
+            return False
         return _MEMCMP(self._address + first * self._row_bytes, address, rows * self._row_bytes) == 0
 
     def matching_rows(self, first: int, last: int, seq: Sequence, start: int) -> int:
