@@ -64,3 +64,14 @@ def test_identity_stages_split_a_hit_into_the_comparison_and_the_bookkeeping(hyb
         record["ingest_us_per_request"] + record["match_us_per_request"] - record["comparison_us_per_request"]
     )
     assert len(record["functions"]) == 5 and record["python_calls_per_request"] > record["builtin_calls_per_request"] > 0
+
+
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_hit_chain_times_every_stage_of_a_hit_against_the_floor(hybrid):
+    from hybridcache.bench import hit_chain
+
+    record = hit_chain.measure_hit_chain(Case(batch=3, context=512, warmups=1, samples=1), hybrid)
+    assert record["scenario"] == ("match" if hybrid else "kv-match")
+    stages = record["stages_us_per_request"]
+    assert {"ingest (trie.prepare)", "match (trie.match)", "floor (np.array_equal)"} <= set(stages)
+    assert any("comparison" in name for name in stages) and all(value >= 0 for value in stages.values())
