@@ -1,4 +1,4 @@
-"""Where a 64K hit's identity work goes, stage by stage, without a profiler.
+"""Where a hit's identity work goes, stage by stage, without a profiler. Owns nothing.
 
 ``measure_hit_chain`` times the calls a hit makes (``kv-match``: attention-only, every prompt
 cached as one run; ``match``: hybrid, an aligned checkpoint at the prompt's end) one level at a
@@ -7,7 +7,7 @@ CPU time, best of ``case.rounds`` rounds, GC paused. A stage's *own* time is its
 stages measured inside it, so the rows add up to the measured ingest and match with no
 profiler overhead to scale away (``measure_identity_stages`` gives the call counts).
 
-Every call timed here is one the trie makes on the way (its public methods, called with the
+Every call timed here is one the trie makes on the way (its methods, called with the
 arguments the trie passes), in the state it makes them in: the nested stages of ingest run on
 requests claimed by the trie, those of match on requests ingested just before.
 """
@@ -86,10 +86,13 @@ def _kv_stages(impl: HybridcacheImpl, case: Case) -> dict[str, Stage]:
         "ingest (trie.prepare)": (_nothing, lambda seq, _: trie.prepare(seq), _nothing),
         "› extend_verified": (claimed, lambda seq, _: lookup.extend_verified(seq, blocks), _nothing),
         "› › descend from the root": (claimed, lambda seq, _: lookup.descend(seq, root, 0, blocks), _nothing),
-        "› › › comparison of the run (memcmp)": (first_child, lambda seq, child: tokens.equals(child, child + blocks - 1, seq, 0), _must_match),
-        "› › › probe of the root's next slot": (claimed, lambda seq, _: tokens.equals(root + 1, root + 1, seq, 0), _nothing),
+        "› › › comparison of the run (memcmp)": (
+            first_child, lambda seq, child: tokens.equals(child, child + blocks - 1, seq, 0), _must_match),
+        "› › › probe of the root's next slot": (
+            claimed, lambda seq, _: tokens.equals(root + 1, root + 1, seq, 0), _nothing),
         "› › › key of the first block": (claimed, lambda seq, _: keyer.key_after(seq, 0, root_sum), _nothing),
-        "› › › child by key (key index)": (claimed, lambda seq, _: nodes.candidates(keyer.key_after(seq, 0, root_sum)), _nothing),
+        "› › › child by key (key index)": (
+            claimed, lambda seq, _: nodes.candidates(keyer.key_after(seq, 0, root_sum)), _nothing),
         "› path_of": (extended, lambda seq, node: lookup.path_of(seq, node, blocks), _nothing),
         "match (trie.match)": (ingested, lambda seq, _: trie.match(seq), rolled_back),
         "› re-verification (matcher.prepare)": (ingested, lambda seq, _: trie.matcher.prepare(seq), _nothing),
@@ -128,11 +131,13 @@ def _hybrid_stages(impl: HybridcacheImpl, case: Case) -> dict[str, Stage]:
 
     return {
         "ingest (trie.prepare)": (_nothing, lambda seq, _: trie.prepare(seq), _nothing),
-        "› candidate steps": (claimed, lambda seq, _: index.candidate_steps(namespace, 0, seq.num_valid - 1), _nothing),
+        "› candidate steps": (
+            claimed, lambda seq, _: index.candidate_steps(namespace, 0, seq.num_valid - 1), _nothing),
         "› probe value (one block hashed)": (claimed, lambda seq, _: keyer.value_of(seq, blocks - 1), _nothing),
         "› bucket": (probed, lambda seq, probe: index.bucket(namespace, probe[0]), _nothing),
         "› record verification": (probed, lambda seq, probe: index.verify(probe[1], probe[0], seq), _nothing),
-        "› comparison of the anchor's path (memcmp)": (anchor_run, lambda seq, run: tokens.equals(run[0], run[1], seq, 0), _must_match),
+        "› comparison of the anchor's path (memcmp)": (
+            anchor_run, lambda seq, run: tokens.equals(run[0], run[1], seq, 0), _must_match),
         "match (trie.match)": (ingested, lambda seq, _: trie.match(seq), rolled_back),
         "› the remembered search (matcher.find)": (ingested, lambda seq, _: trie.matcher.find(seq), _nothing),
         "› resume point": (ingested, lambda seq, _: lookup.resume_point(seq), _nothing),
@@ -147,7 +152,8 @@ def measure_hit_chain(case: Case, hybrid: bool) -> dict:
     impl, prompts = _cached_impl(case, hybrid)
     stages = (_hybrid_stages if hybrid else _kv_stages)(impl, case)
     in_order = itertools.cycle(prompts)  # a round prepares one request per prompt, in order
-    stages["floor (np.array_equal)"] = (lambda seq: next(in_order), lambda seq, prompt: np.array_equal(seq.token_view(0, case.context), prompt), _nothing)
+    stages["floor (np.array_equal)"] = (
+        lambda seq: next(in_order), lambda seq, prompt: np.array_equal(seq.token_view(0, case.context), prompt), _nothing)
     best: dict[str, float] = {}
     for round_index in range(case.rounds):
         for offset, (name, stage) in enumerate(stages.items()):
