@@ -224,7 +224,7 @@ class NodeTable:
             has_mm[position] = 1
             self.extra_identity[int(slots[position])] = spans
         self.mm_count[slots] = self.mm_count[parent] + np.cumsum(has_mm)
-        self._index.insert_many(keys, slots)
+        self._index.insert_many(keys, slots, root_child=bool(self.is_root[parent]))
         self._num_attached += count
         self.version += 1
         if self.changes is not None:
