@@ -3,13 +3,17 @@ from whichever of the next leaf and the next mid-block state costs less."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from hybridcache.errors import InvalidTypeError
 from hybridcache.prefix_cache import BlockTrie
+from hybridcache.prefix_cache.checkpoint_store import ReleaseCause
 from hybridcache.memory.block_pool import BlockPool
 
-from ._helpers import B, leaves, tokens
+from hybridcache.sequence import Sequence
+
+from ._helpers import B, admit, forward, leaves, tokens
 from ._hybrid import make_hybrid, produce, store_kv
 
 
@@ -77,3 +81,41 @@ def test_states_with_leaves_ignores_prices_and_bad_prices_are_refused():
     bad.shortfall_costs = object()
     with pytest.raises(InvalidTypeError):
         BlockTrie(BlockPool(8), B, eviction=bad)
+
+
+class RandomPrices(PricedPolicy):
+    """Prices drawn afresh at every question: the order may flip block by block."""
+
+    def __init__(self, rng) -> None:
+        super().__init__(0.0, 0.0)
+        self.rng = rng
+
+    def leaf_cost(self, slot: int) -> float:
+        return float(self.rng.integers(0, 3))
+
+    def frozen_cost(self) -> float | None:
+        return None if self.rng.random() < 0.1 else float(self.rng.integers(0, 3))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_weighed_pressure_keeps_the_invariants_whatever_the_prices(seed):
+    rng = np.random.default_rng(seed)
+    _, _, trie = make_hybrid(num_blocks=24, num_slots=8, budget=6, eviction=RandomPrices(rng))
+    for step in range(60):
+        start = int(rng.integers(1, 13)) * 1000  # twelve prefixes, each asked again: shared paths
+        length = int(rng.integers(B, 4 * B))
+        if trie.pool.num_free < 6:
+            assert trie.free_kv_blocks(int(rng.integers(1, 6))) >= 0
+        elif rng.random() < 0.3:
+            store_kv(trie, tokens(length, start=start))
+        else:
+            seq = Sequence(tokens(length, start=start))
+            admit(trie, seq)
+            saving = trie.checkpoints.reserve_save(seq, int(rng.integers(1, length + 1))) > 0  # may be refused
+            forward(trie, seq)
+            if saving:
+                trie.checkpoints.publish_save(seq)
+            trie.free_sequence(seq)
+        trie.check_invariants([])
+    released = trie.checkpoints.release_counts()
+    assert trie.stats.evicted_blocks > 0 and released[ReleaseCause.KV_BLOCKS] > 0  # both sources gave
