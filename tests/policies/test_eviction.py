@@ -19,7 +19,7 @@ from tests.replay._helpers import PROFILE, budget, request, run
 def record(step, stamp, record_id, hits=0):
     return SimpleNamespace(
         step=step, stamp=stamp, record_id=record_id, hits=hits, state=CheckpointState.PUBLISHED, is_published=True,
-        anchor=0, producer_id=0, tail_tokens=np.zeros(0, np.int32),
+        anchor=0, producer_id=0, tail_tokens=np.zeros(0, np.int32), is_partial=False, pin_count=0,
     )
 
 
@@ -141,11 +141,14 @@ def test_marconi_autotunes_during_a_replay():
     assert record_.alpha in AlphaTuner().grid
 
 
-@pytest.mark.parametrize("eviction, turn_end_kept", [("lru", False), ("leaf-lru", True)])
+@pytest.mark.parametrize("eviction, turn_end_kept", [
+    ("lru", False), ("leaf-lru", True), ("auto:fixed", False), ("auto:weighed", True)])
 def test_leaf_lru_keeps_a_turn_end_state_with_its_leaf_under_kv_pressure(eviction, turn_end_kept):
-    # an old one-off request, then a turn, then a large one-off that needs blocks: lru drops the
-    # mid-block turn-end states first (one frozen block each), leaf-lru the oldest leaves with
-    # their states, so the follow-up of the turn still resumes after its last decoded token
+    # an old one-off request, then a turn, then a large one-off that needs blocks: lru (and
+    # auto's fixed order) drops the mid-block turn-end states first (one frozen block each),
+    # leaf-lru the oldest leaves with their states, auto:weighed whichever its learner prices
+    # lower (the old leaf here), so the follow-up of the turn still resumes after its last
+    # decoded token
     rng = np.random.default_rng(11)
     old = request(0, rng.integers(0, 50_000, 4 * 32 + 5), output_length=3)
     turn = request(1, rng.integers(0, 50_000, 4 * 32 + 5), output_length=3)
@@ -170,3 +173,42 @@ def test_the_trie_reads_whether_states_go_with_their_leaves_when_it_is_built(evi
     with pytest.raises(InvalidTypeError):
         build_cache(config, eviction=SimpleNamespace(kv_score=None, checkpoint_score=None, bind=None))
     components.trie.check_invariants([])
+
+
+def _partial(step, stamp, record_id):
+    item = record(step, stamp, record_id)
+    item.tail_tokens, item.is_partial, item.pin_count = np.ones(step % 32, np.int32), True, 0
+    return item
+
+
+def test_auto_prices_kv_shortfalls_by_the_reuse_its_learner_has_seen():
+    # a leaf's price is that of the states it anchors (a leaf anchoring none: one block unseen
+    # in the learner's horizon); the next mid-block state's price is its class's odds times
+    # the tokens a hit falls back per block freed; a class reused often costs more to drop
+    paying, idle, aligned = _partial(70, 5, 1), _partial(75, 1, 2), record(64, 2, 3)
+    state = AutoEviction(weigh_shortfalls=True).new_state(PROFILE)
+    state.bind(_LeafView([1, 2, 3], [(), (aligned,), (paying,)]))
+    state.note_save(paying, 0, TURN_END)
+    state.note_save(idle, 0, BRANCH)
+    state.note_save(aligned, 0, SPECULATIVE)
+    learner = state.learner
+    learner.reused[save_class(TURN_END, 70), 0, 0] = 9
+    learner.unused[save_class(BRANCH, 75), 0, 0] = 9
+    for item in (paying, idle, aligned):
+        state.checkpoint_score(item)  # the library files each record: mid-block ones join the heap
+    assert state.lost_per_block(idle) < state.lost_per_block(paying)
+    expected = learner.odds(paying) * 70 * 32 / (70 + 32)
+    assert state.leaf_cost(2) == pytest.approx(expected) and state.leaf_cost(1) == state.lost_per_block(aligned)
+    assert state.leaf_cost(0) == 32 / learner.window
+    next_state = min((paying, idle), key=state.checkpoint_score)  # the library's frozen order
+    assert state.frozen_cost() == state.lost_per_block(next_state)
+    next_state.is_published = False  # released: the next one is priced
+    other = idle if next_state is paying else paying
+    assert state.frozen_cost() == state.lost_per_block(other)
+    other.pin_count = 1  # a pinned state cannot go
+    assert state.frozen_cost() is None
+    assert AutoEviction().new_state(PROFILE).shortfall_costs is None  # off by default
+    assert resolve_policy("auto", eviction="auto:weighed").eviction.weigh_shortfalls is True
+    assert resolve_policy("auto", eviction="auto:fixed").eviction.weigh_shortfalls is False
+    with pytest.raises(InvalidArgumentError):
+        resolve_policy("auto", eviction="auto:sometimes")

@@ -18,7 +18,9 @@ each live record's score at its last touch, what the producer said about each re
 (``note_save``: the step of the state it was computed from, why it was saved), and the
 scale constants; ``AutoState`` also owns its reuse learner (``policies.reuse``), told of every
 admitted request (``note_admitted``) and asked about every planned save (``admits``: a
-declined one stays in the learner as a ghost). ``LeafLRUState`` owns only the view it is bound to;
+declined one stays in the learner as a ghost) and, with ``weigh_shortfalls``, a heap of its
+mid-block records in the library's frozen-block order (``frozen_cost``). ``LeafLRUState`` owns
+only the view it is bound to;
 ``LRUEviction`` owns nothing.
 
 Under KV pressure the library drops mid-block checkpoints (one frozen block each) ahead of
@@ -26,7 +28,9 @@ any leaf, which suits admissions that write mid-block states beside aligned ones
 and ``marconi`` say ``states_with_leaves``, which the trie reads when it is built: a state
 then goes with its anchor leaf, least recently used first, as in Marconi's radix tree, where a
 leaf node's state is evicted with its edge and every state is a branch point or a turn end
-some hit needs.
+some hit needs. ``auto:weighed`` (``AutoEviction.weigh_shortfalls``) gives the trie its
+``shortfall_costs`` instead: each block then comes from the cheaper of the next leaf and the next
+mid-block state, priced in tokens later hits are expected to lose (``lost_per_block``).
 
 ``marconi`` (Marconi, MLSys'25): score = recency + alpha * FLOP efficiency, each min-max
 normalized over the candidates; FLOP efficiency = FLOPs the item saves relative to its parent
@@ -60,6 +64,7 @@ from hybridcache.policies.admission import BRANCH, KINDS, SPECULATIVE
 from hybridcache.policies.reuse import ReuseLearner
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord, CheckpointState
 from hybridcache.prefix_cache.eviction_view import EvictionView
+from hybridcache.prefix_cache.lru import EvictionHeap
 from hybridcache.profiles import ModelProfile
 
 # Clock ticks per KV block a proven checkpoint's leaf is counted younger (auto): measured on
@@ -268,12 +273,17 @@ class MarconiState(_Scored):
 class AutoState(_Scored):
     """One cache's auto eviction: its reuse learner (made at ``bind``, its window four state
     pools: long enough to see a conversation come back after its state was evicted, twice
-    ARC's directory) and the memo."""
+    ARC's directory), the memo, and (``weigh_shortfalls``) a heap of the mid-block records in
+    the library's frozen-block order, so that it can price the next one KV pressure would take
+    (``shortfall_costs``: the trie reads it when it is built)."""
 
-    def __init__(self, profile: ModelProfile | None) -> None:
+    def __init__(self, profile: ModelProfile | None, weigh_shortfalls: bool = False) -> None:
         super().__init__(profile)
         self._reference_flops: float | None = None
         self.learner: ReuseLearner | None = None
+        self._partials: EvictionHeap[CheckpointRecord] = EvictionHeap(
+            self.checkpoint_score, _record_id, _filed_and_published, 64)
+        self.shortfall_costs = self if weigh_shortfalls else None
 
     def bind(self, view: EvictionView) -> None:
         super().bind(view)
@@ -314,6 +324,50 @@ class AutoState(_Scored):
         proven = any(record.hits or self.kind_of(record) == BRANCH for record in records)
         return (1, stamp + PROVEN_GRACE * view.num_kv_blocks if proven else stamp)
 
+    def checkpoint_score(self, record: CheckpointRecord) -> float:
+        """``_Scored``'s, and a mid-block record filed again joins the frozen-order heap."""
+        memo = self._memo.get(record.record_id)
+        score = super().checkpoint_score(record)
+        if memo is None or memo[0] != record.stamp:
+            if record.is_partial and self.shortfall_costs is not None:
+                self._partials.push(record, record.stamp, len(self._memo))
+        return score
+
+    def frozen_cost(self) -> float | None:
+        """The price of the mid-block record KV pressure would drop next (the lowest score
+        among the unpinned published ones), or None when there is none."""
+        heap, set_aside, price = self._partials, [], None
+        while price is None:
+            entry = heap.pop()
+            if entry is None:
+                break
+            set_aside.append(entry)
+            if not entry[3].pin_count:
+                price = self.lost_per_block(entry[3])
+        heap.restore(set_aside)
+        return price
+
+    def leaf_cost(self, slot: int) -> float:
+        """The price of evicting leaf ``slot``: that of every checkpoint it anchors; one that
+        anchors none can serve no hit, but a later prompt may branch off it (where a state is
+        then saved), so it is priced as a block whose use the learner has not seen in its
+        horizon (``block / window``: above every state that left the window unused)."""
+        records = [record for record in self._view.records_at(slot) if record.is_published]
+        if not records:
+            return self._view.block_size / (self.learner.window if self.learner is not None else 1)
+        return sum(self.lost_per_block(record) for record in records)
+
+    def lost_per_block(self, record: CheckpointRecord) -> float:
+        """Tokens later hits are expected to lose per KV block freed by dropping ``record``: a
+        hit there falls back to the state it was computed from (its edge back to it) with the
+        odds the learner gives its class, and dropping it frees its own block and leaves the
+        KV of its edge to the leaves that anchor nothing (a block and ``edge / block size``
+        more: ``odds * edge * block / (edge + block)``)."""
+        block = self._view.block_size
+        edge = record.step - self.parent_step(record)
+        odds = 0.5 if self.learner is None else self.learner.held_odds(record)
+        return odds * edge * block / (edge + block)
+
     def efficiency(self, record: CheckpointRecord) -> float:
         """In [0, 1): the FLOPs the record saves over its parent state, squashed."""
         flops = self.edge_flops(record)
@@ -344,10 +398,24 @@ class MarconiEviction:
 
 @dataclass(frozen=True)
 class AutoEviction:
+    """``weigh_shortfalls`` (``--eviction auto:weighed``): KV pressure takes each block from the
+    cheaper of the next leaf and the next mid-block state, as ``AutoState`` prices them; off
+    (the default: measured, it loses on the shared trace with Qwen3-Next, docs/hitrate.md),
+    mid-block states go first."""
+
     name: str = "auto"
+    weigh_shortfalls: bool = False
 
     def new_state(self, profile: ModelProfile | None) -> AutoState:
-        return AutoState(profile)
+        return AutoState(profile, self.weigh_shortfalls)
+
+
+def _record_id(record: CheckpointRecord) -> int:
+    return record.record_id
+
+
+def _filed_and_published(record: CheckpointRecord, stamp: int) -> bool:
+    return record.is_published and record.stamp == stamp
 
 
 Eviction = LRUEviction | MarconiEviction | AutoEviction

@@ -82,8 +82,16 @@ def _marconi_eviction(argument: str | None) -> MarconiEviction:
 
 
 def _auto_eviction(argument: str | None) -> AutoEviction:
-    _no_argument("eviction", "auto", argument)
-    return AutoEviction()
+    """``auto:weighed``: KV pressure weighs the next leaf against the next mid-block state;
+    ``auto:fixed``: mid-block states first; plain ``auto``: the default of ``AutoEviction``."""
+    if argument is None:
+        return AutoEviction()
+    if argument not in SHORTFALL_ORDERS:
+        raise InvalidArgumentError(f"eviction 'auto' takes one of {', '.join(SHORTFALL_ORDERS)}, got {argument!r}")
+    return AutoEviction(f"auto:{argument}", SHORTFALL_ORDERS[argument])
+
+
+SHORTFALL_ORDERS = {"weighed": True, "fixed": False}
 
 
 ADMISSIONS: dict[str, Callable] = {

@@ -127,6 +127,13 @@ class ReuseLearner:
             return 0.5
         return self._class_odds(self._class(entry, record.hits))
 
+    def held_odds(self, record: CheckpointRecord) -> float:
+        """``odds`` of a record in the window; one that left it unreused is reused less than
+        once in the learner's horizon: ``1 / window``."""
+        if record.record_id not in self._entries:
+            return 1.0 / self.window
+        return self.odds(record)
+
     def _class_odds(self, index: tuple[int, int, int]) -> float:
         kind_reused, kind_unused = int(self.reused[index[0]].sum()), int(self.unused[index[0]].sum())
         prior = (kind_reused + 1) / (kind_reused + kind_unused + 2)

@@ -84,10 +84,14 @@ class KVLifecycle:
             and nodes.num_children[slot] == 0
         )
 
-    def evict(self, count: int, is_protected: Callable[[int], bool] | None = None) -> list[int]:
+    def evict(
+        self, count: int, is_protected: Callable[[int], bool] | None = None, stop: Callable[[int], bool] | None = None
+    ) -> list[int]:
         """Evict up to ``count`` least recently used leaves only the trie holds.
 
-        ``is_protected(slot)`` lets the owner of checkpoints keep pinned nodes. Evicting a leaf
+        ``is_protected(slot)`` lets the owner of checkpoints keep pinned nodes; ``stop(slot)``
+        ends the call at the first leaf that could go for which it holds (left in place: the
+        owner weighs it against another source of blocks). Evicting a leaf
         may make its parent a leaf, which then competes with its own stamp (cascade). Returns
         the evicted slots (already detached; their blocks freed).
         """
@@ -108,6 +112,9 @@ class KVLifecycle:
             ):
                 set_aside.append(entry)
                 continue
+            if stop is not None and stop(slot):
+                set_aside.append(entry)
+                break
             parent = nodes.detach_leaf(slot)
             evicted.append(slot)
             freed_blocks.append(block)

@@ -2,18 +2,33 @@
 
 Owns: the order between the two sources of KV blocks under pressure (the frozen blocks of
 mid-block checkpoints, and trie leaves with their checkpoints), chosen once from the eviction
-policy (``states_with_leaves``), and the release of namespaces left with nothing cached. What
-it frees belongs to the KV and checkpoint lifecycles; the evictions are counted in the trie's
-statistics.
+policy (``states_with_leaves``, or its ``ShortfallCosts``: then weighed block by block), and the
+release of namespaces left with nothing cached. What it frees belongs to the KV and checkpoint
+lifecycles; the evictions are counted in the trie's statistics.
 """
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
+from hybridcache.errors import InvalidTypeError
 from hybridcache.prefix_cache.identity import BlockKeyer
 from hybridcache.prefix_cache.kv_lifecycle import KVLifecycle
 from hybridcache.prefix_cache.node import NodeTable
 from hybridcache.prefix_cache.routed_experts import RoutedExpertStore
 from hybridcache.prefix_cache.stats import PrefixCacheStats
+
+
+@runtime_checkable
+class ShortfallCosts(Protocol):
+    """An eviction policy's price of each source of KV blocks, in the tokens later hits are
+    expected to lose per block freed (lower goes first; the policy learns what they are)."""
+
+    def leaf_cost(self, slot: int) -> float:
+        """Evicting leaf ``slot`` with the checkpoints it anchors."""
+
+    def frozen_cost(self) -> float | None:
+        """Dropping the mid-block checkpoint ``evict_frozen`` takes next (None: none)."""
 
 
 class Pressure:
@@ -25,13 +40,18 @@ class Pressure:
     mid-block checkpoint goes with its anchor leaf, frozen blocks only when no leaf can go:
     where every state is one a hit needs (Marconi's branch points and turn ends), dropping it
     to keep its leaf would keep KV that no hybrid hit can resume from (Marconi, too, evicts a
-    state with its leaf edge).
+    state with its leaf edge). With ``costs`` (``ShortfallCosts``, ``auto``'s) neither order is
+    fixed: each block comes from whichever of the next leaf and the next mid-block state the
+    policy prices lower (at equal prices the mid-block state, the default order).
     """
 
     def __init__(self, nodes: NodeTable, kv: KVLifecycle, experts: RoutedExpertStore, keyer: BlockKeyer,
-                 stats: PrefixCacheStats, states_with_leaves: bool) -> None:
+                 stats: PrefixCacheStats, states_with_leaves: bool, costs: ShortfallCosts | None = None) -> None:
         self.nodes, self.kv, self.experts, self.keyer, self.stats = nodes, kv, experts, keyer, stats
         self.states_with_leaves = states_with_leaves
+        if costs is not None and not isinstance(costs, ShortfallCosts):
+            raise InvalidTypeError("shortfall_costs must price leaves and frozen blocks (leaf_cost, frozen_cost)")
+        self.costs = None if states_with_leaves else costs
         self.checkpoints = None
 
     def bind(self, checkpoints) -> None:
@@ -45,29 +65,58 @@ class Pressure:
         checkpoints, so possibly more than ``count``), keeping node ``keep`` attached and so
         its whole path. A leaf anchoring a pinned checkpoint is never evicted. Returns the
         blocks freed."""
-        checkpoints, stats = self.checkpoints, self.stats
+        protected = self._protector(keep)
+        if self.costs is not None:
+            freed = self._free_weighed(count, protected)
+        else:
+            freed = 0 if self.states_with_leaves else self._evict_frozen(count)
+            if freed < count:
+                freed += self._evict_leaves(count - freed, protected)
+            if freed < count and self.states_with_leaves:
+                freed += self._evict_frozen(count - freed)
+        self.release_empty_namespaces()
+        return freed
+
+    def _protector(self, keep: int | None):
+        checkpoints = self.checkpoints
 
         def protected(slot: int) -> bool:
             return slot == keep or checkpoints.is_anchor_protected(slot)
 
-        freed = 0
-        if not self.states_with_leaves:
-            freed = checkpoints.evict_frozen(count)
-            stats.evicted_checkpoints += freed
-        if freed < count:
-            evicted = self.kv.evict(count - freed, protected)
-            freed += len(evicted)
-            for slot in evicted:
-                self.experts.forget(slot)
-                released = checkpoints.release_anchored(slot)
-                freed += released.frozen_blocks
-                stats.evicted_checkpoints += released.records
-            stats.evicted_blocks += len(evicted)
-        if freed < count and self.states_with_leaves:
-            frozen = checkpoints.evict_frozen(count - freed)
-            stats.evicted_checkpoints += frozen
-            freed += frozen
-        self.release_empty_namespaces()
+        return protected
+
+    def _free_weighed(self, count: int, protected) -> int:
+        """Leaves while the next one is priced below the next mid-block state, then that state,
+        and again: O(log n) a block."""
+        costs, freed = self.costs, 0
+        while freed < count:
+            frozen = costs.frozen_cost()
+            dearer = None if frozen is None else (lambda slot: costs.leaf_cost(slot) >= frozen)
+            step = self._evict_leaves(count - freed, protected, dearer)
+            if not step:
+                step = self._evict_frozen(1) or self._evict_leaves(count - freed, protected)
+            if not step:
+                break
+            freed += step
+        return freed
+
+    def _evict_frozen(self, count: int) -> int:
+        released = self.checkpoints.evict_frozen(count)
+        self.stats.evicted_checkpoints += released
+        return released
+
+    def _evict_leaves(self, count: int, protected, stop=None) -> int:
+        """Up to ``count`` leaves with their checkpoints (``KVLifecycle.evict``); the blocks
+        freed (frozen ones too)."""
+        checkpoints, stats = self.checkpoints, self.stats
+        evicted = self.kv.evict(count, protected, stop)
+        freed = len(evicted)
+        for slot in evicted:
+            self.experts.forget(slot)
+            released = checkpoints.release_anchored(slot)
+            freed += released.frozen_blocks
+            stats.evicted_checkpoints += released.records
+        stats.evicted_blocks += len(evicted)
         return freed
 
     def free_for_frozen_copy(self, count: int, keep: int) -> int:

@@ -76,8 +76,8 @@ class BlockTrie:
         ``borrow_paths=False``: a match references every block it gives a sequence instead of
         pinning the path (each holder counts one reference per block, as engines whose block
         manager owns the ids expect); ``eviction``: an eviction policy's state, read once here
-        (its scores order the eviction heaps, its ``states_with_leaves`` the KV-pressure order,
-        see ``free_kv_blocks``) and bound to this trie's ``EvictionView``; None: recency, and
+        (its scores order the eviction heaps, its ``states_with_leaves`` or ``shortfall_costs``
+        the KV-pressure order, see ``free_kv_blocks``) and bound to this trie's ``EvictionView``; None: recency, and
         mid-block states first."""
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 2 or block_size % 2:
             raise InvalidArgumentError(f"block_size must be an even int >= 2, got {block_size!r}")
@@ -107,7 +107,8 @@ class BlockTrie:
         self.state_pool = state_pool
         self.lookup = PathLookup(self.nodes, self.tokens, self.keyer, block_size, self.track_pending)
         self.pressure = Pressure(self.nodes, self.kv, self.experts, self.keyer, self.stats,
-                                 eviction is not None and bool(eviction.states_with_leaves))
+                                 eviction is not None and bool(eviction.states_with_leaves),
+                                 getattr(eviction, "shortfall_costs", None))
         self._compose_checkpoints(max_checkpoints_per_anchor, None if eviction is None else eviction.checkpoint_score)
         self.attacher = Attacher(self.lookup, pool, self.kv, self.experts, self.checkpoints, self.enabled)
         if eviction is not None:
