@@ -29,7 +29,6 @@ from hybridcache.errors import (
     LifecycleError,
     OutOfBlocksError,
     OutOfStateSlotsError,
-    PinnedError,
     PinUnderflowError,
 )
 from hybridcache.memory.protocols import KVBlockAllocator, StateSlotAllocator
@@ -266,12 +265,9 @@ class CheckpointLifecycle(CheckpointStore):
         )
 
     def select_restore(self, seq: Sequence, record: CheckpointRecord) -> None:
-        self._require_own(seq)
-        state = seq.prefix_state
-        refs = state.checkpoints
-        if refs.restore_pinned:
-            raise PinnedError("the sequence's current restore is pinned; unpin it first")
-        refs.restore = record
+        """Select ``record`` as the restore of ``seq``'s hit. Only the match calls it, after
+        ``BlockTrie.match`` claimed the sequence and refused one whose restore is pinned."""
+        seq.prefix_state.checkpoints.restore = record
 
     def pin_restore(self, seq: Sequence) -> bool:
         """Pin the selected restore until its copy is queued. False when nothing is selected,

@@ -252,8 +252,8 @@ class CheckpointMatcher:
         """The deepest of ``steps`` (deepest first) whose checkpoint fits the request exactly;
         on a miss, the verified path and the reason. ``window`` is what the search is for (see
         ``_find_checkpoint``)."""
-        size = self.block_size
-        epoch, version = self.index.epoch, self.nodes.version
+        size, index = self.block_size, self.index
+        epoch, version = index.epoch, self.nodes.version
         first_cached = None
         if len(steps) > _PROBES_BEFORE_FIRST_BLOCK_TEST:
             first_cached = self._lookup.first_block_cached(seq, self._lookup.base_path(seq))
@@ -262,12 +262,13 @@ class CheckpointMatcher:
         # A hit usually comes at the first probe: hash lazily unless many probes are certain.
         values = self._anchor_values(seq, steps) if len(steps) > _SCALAR_PROBES else None
         overlap = seq.prefix_state.overlap.recompute_blocks * size
+        namespace = seq.namespace
         reason = None
         for step in steps:
             anchor_depth = step // size
             key = (step, self._probe_value(seq, anchor_depth, values))
-            for record in self.index.bucket(seq.namespace, key):
-                verdict = self.index.verify(record, key, seq)
+            for record in index.bucket(namespace, key):
+                verdict = index.verify(record, key, seq)
                 if verdict is not HIT:
                     if verdict.status is not VerifyStatus.REQUEST_MISMATCH:
                         self.checkpoints.clean_stale(record, key, verdict)

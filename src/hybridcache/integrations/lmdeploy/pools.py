@@ -76,7 +76,9 @@ class AllocatorBlocks:
         ids, held = self._with_refcounts(block_ids)
         if ids.size == 0:
             return
-        if int(held.min()) <= 0:
+        # lmdeploy's counts are never negative (check_invariants), so "no count is zero" is
+        # "every block is in use": count_nonzero is one C pass, a min reduction is ~3x that
+        if np.count_nonzero(held) != ids.size:
             raise DoubleFreeError("cannot reference a free block")
         self.allocator.add_ref_count(ids, 1)
         # No lmdeploy access-time write: only lmdeploy's own trie reads those times (its LRU),
@@ -114,14 +116,15 @@ class AllocatorBlocks:
         """The ids (flat, intp) and lmdeploy's reference counts of them. One gather checks
         both ends of the range: a negative id, read as unsigned, lies beyond every block."""
         ids = np.asarray(block_ids)
-        kind = ids.dtype.kind
-        if kind not in "iu":
+        dtype = ids.dtype
+        if dtype == np.int32:  # the trie's ids; as uint32 a negative one is >= 2**31 > num_blocks
+            ids = ids.reshape(-1).view(np.uint32).astype(np.intp)
+        elif dtype.kind not in "iu":
             raise InvalidTypeError(f"block ids must be integers, got {ids.dtype}")
-        if ids.dtype == np.int32:  # the trie's ids; as uint32 a negative one is >= 2**31 > num_blocks
-            ids = ids.view(np.uint32)
-        elif kind == "i" and ids.size and int(ids.min()) < 0:
-            raise InvalidBlockIdError(f"block id outside [0, {self.num_blocks})")
-        ids = ids.reshape(-1).astype(np.intp, copy=False)
+        else:
+            if dtype.kind == "i" and ids.size and int(ids.min()) < 0:
+                raise InvalidBlockIdError(f"block id outside [0, {self.num_blocks})")
+            ids = ids.reshape(-1).astype(np.intp, copy=False)
         try:
             held = np.asarray(self.allocator.get_ref_count(ids))
         except IndexError:

@@ -89,6 +89,7 @@ def _table(lmd_seq: object, start: int = 0) -> np.ndarray:
 class ShadowBook:
     def __init__(self, trie: object) -> None:
         self.trie = trie  # the hybridcache BlockTrie the shadows belong to
+        self._trie_id = trie.trie_id
         self._live: dict[int, weakref.ref] = {}
         self.expert_shape: tuple[int, ...] | None = None  # lmdeploy's per-token expert row shape
         self.expert_dtype: np.dtype | None = None
@@ -96,7 +97,10 @@ class ShadowBook:
     def existing(self, lmd_seq: object) -> Shadow | None:
         """The shadow as it is (pins and reservations act on it without a resync)."""
         shadow = getattr(lmd_seq, _ATTRIBUTE, None)
-        return shadow if isinstance(shadow, Shadow) and shadow.seq.prefix_state.trie.owner in (-1, self.trie.trie_id) else None
+        if not isinstance(shadow, Shadow):
+            return None
+        owner = shadow.seq.prefix_state.trie.owner
+        return shadow if owner == self._trie_id or owner == -1 else None
 
     def prepare(self, lmd_seq: object) -> None:
         """Build or extend the shadow's tokens as the lmdeploy sequence starts waiting; no trie
@@ -122,15 +126,18 @@ class ShadowBook:
             shadow = self._new_shadow(lmd_seq, num_valid)
         shadow.verified = None
         seq = shadow.seq
-        self._append_tokens(seq, lmd_seq, num_valid)
+        if seq.num_tokens < num_valid:
+            self._append_tokens(seq, lmd_seq, num_valid)
         if self.lmdeploy_released(shadow, lmd_seq):
             self.forget(shadow)
-        if with_table:
+        if with_table and len(lmd_seq.logical_blocks) > seq.num_blocks:
             self.sync_table(shadow, lmd_seq)
         seq.set_computed(min(int(lmd_seq.num_history_ids), seq.num_tokens))
-        seq.prefix_state.overlap.recompute_blocks = max(0, int(lmd_seq.prefix_cache.recompute_overlap.recompute_blocks))
-        seq.prefix_state.suppress_stats = bool(lmd_seq.prefix_cache.suppress_match_stats)
-        self._sync_experts(shadow, lmd_seq)
+        state, prefix_cache = seq.prefix_state, lmd_seq.prefix_cache
+        state.overlap.recompute_blocks = max(0, int(prefix_cache.recompute_overlap.recompute_blocks))
+        state.suppress_stats = bool(prefix_cache.suppress_match_stats)
+        if seq.want_routed_experts:
+            self._sync_experts(shadow, lmd_seq)
         return shadow
 
     def _new_shadow(self, lmd_seq: object, num_valid: int) -> Shadow:
@@ -174,14 +181,15 @@ class ShadowBook:
     def lmdeploy_released(self, shadow: Shadow, lmd_seq: object) -> bool:
         """lmdeploy freed the sequence's blocks or reset its cursor since the shadow last saw it."""
         seq = shadow.seq
-        position = seq.prefix_state.trie
-        tracking = seq.num_blocks or shadow.txn is not None or position.cursor != NO_NODE
-        if lmd_seq.prefix_cache.trie_cursor is None and tracking:
+        held = seq.num_blocks
+        if lmd_seq.prefix_cache.trie_cursor is None and (
+            held or shadow.txn is not None or seq.prefix_state.trie.cursor != NO_NODE
+        ):
             return True
-        num_blocks = len(lmd_seq.logical_blocks)
-        if num_blocks < seq.num_blocks:
-            return True
-        return bool(seq.num_blocks and int(lmd_seq.logical_blocks[seq.num_blocks - 1]) != int(seq.block_table[-1]))
+        if not held:
+            return False
+        theirs = lmd_seq.logical_blocks
+        return len(theirs) < held or int(theirs[held - 1]) != int(seq.block_table[held - 1])
 
     def forget(self, shadow: Shadow) -> None:
         """lmdeploy released the references of the shadow's table itself: close its match,
@@ -218,8 +226,6 @@ class ShadowBook:
 
     def _sync_experts(self, shadow: Shadow, lmd_seq: object) -> None:
         seq = shadow.seq
-        if not seq.want_routed_experts:
-            return
         history = lmd_seq.all_routed_experts
         if history is None or len(history) <= seq.num_routed_experts:
             return
@@ -231,10 +237,9 @@ class ShadowBook:
         seq.append_routed_experts(rows[seq.num_routed_experts : end].reshape(end - seq.num_routed_experts, -1))
 
     def replay_experts(self, shadow: Shadow, lmd_seq: object) -> None:
-        """Give lmdeploy's sequence the routed-expert rows a match replayed onto the shadow."""
+        """Give lmdeploy's sequence the routed-expert rows a match replayed onto the shadow
+        (one that wants routed experts)."""
         seq = shadow.seq
-        if not seq.want_routed_experts:
-            return
         rows = seq.routed_experts
         have = len(lmd_seq.all_routed_experts)
         if rows is None or seq.num_routed_experts <= have or self.expert_shape is None:

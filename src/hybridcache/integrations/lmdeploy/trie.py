@@ -116,41 +116,46 @@ class LmdeployBlockTrie:
         if not self.enabled:
             return
         prefix_cache = seq.prefix_cache
-        prefix_cache.recompute_overlap.clear_fresh_block_range()
+        overlap = prefix_cache.recompute_overlap
+        overlap.clear_fresh_block_range()
         prefix_cache.match_start_step = seq.num_history_ids
-        prefix_cache.restore.clear()
+        selected = prefix_cache.restore
+        selected.clear()
         cursor = prefix_cache.trie_cursor
         initial_step = cursor.prefix_len if isinstance(cursor, NodeView) else 0
         shadow = self._shadows.synced(seq)
-        self._close_match(shadow)
-        before = shadow.seq.num_blocks
-        resumed_at = self._search_checkpoints_from(shadow.seq, initial_step)
-        shadow.txn = txn = self.trie.match(shadow.seq)
-        if not txn.hit_tokens and shadow.seq.num_computed != resumed_at:
-            shadow.seq.set_computed(resumed_at)  # a miss leaves a continued turn where it was
+        if shadow.txn is not None:
+            self._close_match(shadow)
+        hc_seq = shadow.seq
+        before = hc_seq.num_blocks
+        resumed_at = hc_seq.num_computed
+        if self._uses_checkpoints and initial_step < resumed_at:
+            # A continued turn (lmdeploy grows the same sequence) searches checkpoints from its
+            # cursor's block boundary, as lmdeploy's match does, not from its computed step: the
+            # turn resumes from the checkpoint its previous turn published and restores that state.
+            hc_seq.set_computed(initial_step)
+        shadow.txn = txn = self.trie.match(hc_seq)
+        hit = txn.hit_tokens
+        if not hit and hc_seq.num_computed != resumed_at:
+            hc_seq.set_computed(resumed_at)  # a miss leaves a continued turn where it was
         self._mirror_table(shadow, seq, min(before, txn.table_start))
-        if txn.hit_tokens:
-            seq.set_step(shadow.seq.num_computed)
-            self._shadows.replay_experts(shadow, seq)
-        prefix_cache.trie_cursor = cursor = self._cursor_view(shadow, seq)
-        restore = shadow.seq.prefix_state.checkpoints.restore
+        if hit:
+            seq.set_step(hc_seq.num_computed)
+            if hc_seq.want_routed_experts:
+                self._shadows.replay_experts(shadow, seq)
+        state = hc_seq.prefix_state
+        position = state.trie
+        prefix_cache.trie_cursor = cursor = self._views.live_node(position.cursor, position.cursor_generation, seq.adapter_name)
+        restore = state.checkpoints.restore
         if restore is not None:  # an aligned hit restores at its cursor: the same view
             anchor = cursor if restore.anchor == cursor.slot else self._views.node(restore.anchor, seq.adapter_name)
-            prefix_cache.restore.select(int(restore.slot), anchor)
-        prefix_cache.recompute_overlap.set_fresh_block_range(*shadow.seq.prefix_state.overlap.fresh_range)
+            selected.select(int(restore.slot), anchor)
+        overlap.set_fresh_block_range(*state.overlap.fresh_range)
         if not prefix_cache.suppress_match_stats:
-            self.stats.num_query_tokens += int(seq.num_all_ids) - initial_step
-            self.stats.num_hit_tokens += max(0, int(seq.num_history_ids) - initial_step) if txn.hit_tokens else 0
-
-    def _search_checkpoints_from(self, hc_seq: object, initial_step: int) -> int:
-        """A continued turn (lmdeploy grows the same sequence) searches checkpoints from its
-        cursor's block boundary, as lmdeploy's match does, not from its computed step: the turn
-        resumes from the checkpoint its previous turn published and restores that state. Returns
-        the computed step to keep on a miss."""
-        computed = hc_seq.num_computed
-        if self._uses_checkpoints and initial_step < computed:
-            hc_seq.set_computed(initial_step)
-        return computed
+            stats = self.stats
+            stats.num_query_tokens += int(seq.num_all_ids) - initial_step
+            if hit:
+                stats.num_hit_tokens += max(0, int(seq.num_history_ids) - initial_step)
 
     def _close_match(self, shadow: Shadow) -> None:
         if shadow.txn is not None:
@@ -209,7 +214,7 @@ class LmdeployBlockTrie:
         # slot, and depth 0 leaves nothing settled)
         if not isinstance(cursor, NodeView) or cursor.slot < 0 or cursor.slot != position.cursor:
             return None
-        if cursor.generation != position.cursor_generation or not cursor.is_live:
+        if cursor.generation != position.cursor_generation or not self.trie.nodes.is_valid(cursor.slot, cursor.generation):
             return None
         if shadow.seq.prefix_state.overlap.trie_block_map or self._shadows.lmdeploy_released(shadow, seq):
             return None
@@ -235,9 +240,7 @@ class LmdeployBlockTrie:
 
     def _cursor_view(self, shadow: Shadow, seq: object) -> NodeView:
         position = shadow.seq.prefix_state.trie
-        if not self.trie.nodes.is_valid(position.cursor, position.cursor_generation):
-            return self._views.root(seq.adapter_name)
-        return self._views.node(position.cursor, seq.adapter_name)
+        return self._views.live_node(position.cursor, position.cursor_generation, seq.adapter_name)
 
     @staticmethod
     def _mirror_table(shadow: Shadow, seq: object, first: int) -> None:
@@ -245,19 +248,21 @@ class LmdeployBlockTrie:
         slice assignment, into a buffer of lmdeploy's own growth unit when the table grows
         (lmdeploy's ``append`` regrows by ``np.pad``, a copy twice the cost of the write)."""
         table = shadow.seq.block_table
+        size = table.size
         blocks = seq.logical_blocks
         have = len(blocks)
-        if table.size <= have:
-            if table.size > first:
-                blocks[first : table.size] = table[first:]
+        if size <= have:
+            if size > first:
+                blocks[first:size] = table[first:]
             return
         unit = type(blocks).ALLOC_SIZE
-        grown = np.empty(-(-(table.size + 1) // unit) * unit, dtype=np.int64)  # room for the suffix block
+        grown = np.empty(-(-(size + 1) // unit) * unit, dtype=np.int64)  # room for the suffix block
         keep = min(first, have)
-        grown[:keep] = blocks.get_real_blocks()[:keep]
-        grown[keep : table.size] = table[keep:]
+        if keep:  # a fresh sequence's table (a hit from the root) keeps nothing
+            grown[:keep] = blocks.get_real_blocks()[:keep]
+        grown[keep:size] = table[keep:]
         mirrored = type(blocks)(grown)  # lmdeploy's public constructor, then its length
-        mirrored.resize(table.size)
+        mirrored.resize(size)
         seq.logical_blocks = mirrored
 
     # --- eviction and routed experts -----------------------------------------------------------

@@ -212,6 +212,18 @@ class ViewBook:
             view = self._nodes[slot] = NodeView(self, slot, generation, adapter_name)
         return view
 
+    def live_node(self, slot: int, generation: int, adapter_name: str | None) -> NodeView:
+        """The view of the node handle ``(slot, generation)`` while that node is attached with
+        that generation (a cursor), else the adapter's root view: ``node`` with the handle's
+        validity read in the same pass."""
+        nodes = self.trie.nodes
+        if not nodes.is_valid(slot, generation) or nodes.is_root[slot]:
+            return self.root(adapter_name)
+        view = self._nodes.get(slot)
+        if view is None or view.generation != generation:
+            view = self._nodes[slot] = NodeView(self, slot, generation, adapter_name)
+        return view
+
     def root(self, adapter_name: str | None) -> NodeView:
         view = self._roots.get(adapter_name)
         if view is None:
