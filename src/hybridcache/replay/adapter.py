@@ -84,10 +84,6 @@ class CacheAdapter:
         probed against another replica's cache): its checkpoint step and whole-block KV tokens."""
         return self.cache.cached_prefix(scratch)
 
-    def remeasure_branch(self, turn: Turn) -> None:
-        """The turn's branch point after a prefix was adopted for it."""
-        turn.branch = self.cache.branch_point(turn.seq)
-
     def adopt(self, prefix: np.ndarray, step: int) -> int:
         """Cache ``prefix`` (``step`` tokens) with a checkpoint at ``step``, restored from a tier:
         the replay has no tensors, so the write fills nothing and succeeds. The tokens gained."""
