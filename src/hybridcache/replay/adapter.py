@@ -15,8 +15,11 @@ order, with the forward itself left out:
                -> [no model] -> set_computed -> forward_done               (scheduler: complete)
   append       Sequence.append_tokens                                      (scheduler: complete)
   finish       free                                                        (scheduler: _release)
-  probe        cached_prefix                              (a router scoring replicas; changes nothing)
+  probe        cached_prefix         (a tier restore before the turn starts, a router; changes nothing)
   adopt        Sequence(prefix) -> adopt, writing nothing         (engine: TierClient.adopt_prefix)
+
+A tier restore (``probe``, then ``adopt``) comes before ``start_turn``, as the engine adopts
+before it queues a request.
 
   stats        stats, released_checkpoints (the releases by cause the protocol reports)
 

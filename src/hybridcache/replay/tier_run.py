@@ -62,7 +62,7 @@ class ReplayDevice:
         self.adapter = adapter
 
     def cached_prefix(self, seq: Sequence) -> tuple[int, int]:
-        return self.adapter.cache.cached_prefix(seq)
+        return self.adapter.probe(seq)
 
     def adopt(self, prefix: Sequence, restore: Restore) -> DeviceAdoption:
         return DeviceAdoption(self.adapter.adopt(prefix.tokens, restore.step))
