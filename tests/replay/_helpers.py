@@ -32,13 +32,14 @@ class TurnLog:
     id, the checkpoint its admission restored (producer sequence id, step), the adapter that
     served it, and the prefix it adopted from a tier (step, tokens). Patches ``CacheProtocol.admit``,
     ``CacheAdapter.start_turn`` and ``CacheAdapter.adopt`` inside ``watching()`` only; a turn
-    is served whole before the next starts, so an adoption belongs to the turn started last."""
+    is served whole before the next starts and its tier restore is adopted just before it
+    starts, so an adoption belongs to the turn started next."""
 
     def __init__(self) -> None:
         self.restored: dict[int, tuple[int, int]] = {}
         self.served_by: dict[int, CacheAdapter] = {}
         self.adopted: dict[int, tuple[int, np.ndarray]] = {}
-        self._current = -1
+        self._pending: tuple[int, np.ndarray] | None = None
 
     @contextlib.contextmanager
     def watching(self):
@@ -53,13 +54,15 @@ class TurnLog:
 
         def watched_start_turn(adapter, prompt):
             turn = start_turn(adapter, prompt)
-            log.served_by[turn.seq_id], log._current = adapter, turn.seq_id
+            log.served_by[turn.seq_id] = adapter
+            if log._pending is not None:
+                log.adopted[turn.seq_id], log._pending = log._pending, None
             return turn
 
         def watched_adopt(adapter, prefix, step):
             gained = adopt(adapter, prefix, step)
             if gained:
-                log.adopted[log._current] = (step, np.array(prefix))
+                log._pending = (step, np.array(prefix))
             return gained
 
         with mock.patch.object(CacheProtocol, "admit", watched_admit), \

@@ -91,6 +91,21 @@ def test_a_published_prefix_is_restored_adopted_and_counted_by_tier():
     assert json.loads(json.dumps(client.stats_dict()))["restored_tokens"] == {"host": 2 * CHUNK}
 
 
+def test_a_chain_made_once_for_a_turn_serves_its_publish_and_its_restore():
+    turn = TOKENS + list(range(500, 500 + 2 * CHUNK))  # the prompt, then an output of two more chunks
+    writer = _client()
+    made = writer.chain(Sequence(turn), len(turn))
+    published = writer.store_prefix(Sequence(turn), [CHUNK, 4 * CHUNK], slot=5, made=made)
+    assert published is made and writer.stats.published_steps == 2
+    reader = _client(FakeDevice(held=(0, 0)), store=writer.store)
+    assert reader.restore_chain(Sequence(TOKENS), made).chunk_names == reader.restore_chain(Sequence(TOKENS)).chunk_names
+    outcome = reader.adopt_prefix(Sequence(TOKENS), made)
+    assert outcome.restore.step == CHUNK  # 3 * CHUNK was not published; 4 * CHUNK lies beyond the prompt's limit
+    short = writer.chain(Sequence(TOKENS), CHUNK)
+    assert reader.adopt_prefix(Sequence(TOKENS), short).miss_reason == TIER_ERROR  # too short to cut: counted, never raised
+    assert reader.stats.restore_failed == {"InvalidArgumentError": 1}
+
+
 def test_nothing_is_looked_up_beyond_what_the_device_holds_or_when_it_caches_nothing():
     for device in (FakeDevice(held=(3 * CHUNK, 3 * CHUNK)), FakeDevice(held=None)):
         client = _published(_client(device))

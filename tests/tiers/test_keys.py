@@ -118,6 +118,25 @@ def test_for_sequence_covers_a_prefix_and_keeps_only_its_spans():
             KeyChain.for_sequence(fingerprint(), seq, end)
 
 
+def test_a_prefix_is_the_chain_made_to_its_end_without_hashing_again():
+    inside, beyond = MultimodalSpan(4, 8, "image", "sha256:aa"), MultimodalSpan(CHUNK + 4, CHUNK + 8, "image", "sha256:bb")
+    seq = Sequence(list(range(3 * CHUNK + 5)), multimodal=[inside, beyond])
+    whole = KeyChain.for_sequence(fingerprint(), seq)
+    for end in (0, CHUNK, 2 * CHUNK):
+        cut, made = whole.prefix(end), KeyChain.for_sequence(fingerprint(), seq, end)
+        assert (cut.steps, cut.chunk_keys, cut.chunk_names, cut.spans) == (made.steps, made.chunk_keys, made.chunk_names, made.spans)
+        assert dict(cut.checkpoint_names) == dict(made.checkpoint_names) and cut.tokens.tolist() == made.tokens.tolist()
+        assert cut.expect_checkpoint(end).key == made.expect_checkpoint(end).key if end else cut.num_chunks == 0
+    assert whole.prefix(3 * CHUNK + 5) is whole
+    for end, error in ((CHUNK + 6, InvalidArgumentError), (CHUNK + 5, InvalidArgumentError), (4 * CHUNK, InvalidArgumentError),
+                       (-CHUNK, InvalidArgumentError), (float(CHUNK), InvalidTypeError)):
+        with pytest.raises(error):
+            whole.prefix(end)
+    straddling = KeyChain.for_sequence(fingerprint(), Sequence(list(range(2 * CHUNK)), multimodal=[MultimodalSpan(CHUNK - 2, CHUNK + 2, "image", "x")]))
+    with pytest.raises(InvalidArgumentError):
+        straddling.prefix(CHUNK)
+
+
 def test_a_fingerprint_in_its_own_namespace_is_itself():
     base = fingerprint(adapter="lora-a")
     assert base.in_namespace("lora-a", None) is base

@@ -7,9 +7,9 @@ import pytest
 
 from hybridcache.errors import InvalidArgumentError, InvalidStepError, InvalidTypeError, LifecycleError
 from hybridcache.tiers.backends import DiskStore, HostMemoryStore, PutOutcome
-from hybridcache.tiers.publish_index import NODE_BYTES, PublishIndex
+from hybridcache.tiers.publish import NODE_BYTES, PublishIndex
 from hybridcache.tiers.restore_cost import RestoreCost, StandInSizes
-from hybridcache.tiers.restore_values import SLOWER_THAN_RECOMPUTE
+from hybridcache.tiers.restore import SLOWER_THAN_RECOMPUTE
 from hybridcache.tiers.tier_calls import TierAccess
 from hybridcache.tiers.tiered import TieredStore
 

@@ -16,7 +16,7 @@ from hybridcache.errors import InvalidArgumentError, InvalidConfigError, Invalid
 from hybridcache.tiers import encode_checkpoint
 from hybridcache.tiers.backends import DiskStore, HostMemoryStore
 from hybridcache.tiers.restore_cost import RestoreCost
-from hybridcache.tiers.restore_values import SLOWER_THAN_RECOMPUTE
+from hybridcache.tiers.restore import SLOWER_THAN_RECOMPUTE
 from hybridcache.tiers.tier_calls import TierAccess
 from hybridcache.tiers.tiered import TieredStore
 

@@ -20,7 +20,7 @@ from hybridcache.engine.served_heads import ServedHeads
 from hybridcache.errors import HybridCacheError
 from hybridcache.prefix_cache.stats import MissReason
 from hybridcache.scheduler.scheduler import ServingSequence
-from hybridcache.tiers.restore_values import EVICTED
+from hybridcache.tiers.restore import EVICTED
 
 NAMESPACE = "namespace"  # the same tenant computed the prompt's head under another adapter
 

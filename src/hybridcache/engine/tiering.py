@@ -24,7 +24,7 @@ from hybridcache.protocol import Adoption, CacheProtocol
 from hybridcache.sequence import Sequence
 from hybridcache.tiers.client import DeviceAdoption, TierClient
 from hybridcache.tiers.fingerprint import NamespaceFingerprint
-from hybridcache.tiers.restore_values import Restore
+from hybridcache.tiers.restore import Restore
 from hybridcache.tiers.tiered import TieredStore
 
 MISSING_LOCAL_CHUNK = "missing_local_chunk"  # a writable block whose chunk the restore did not fetch

@@ -15,8 +15,11 @@ order, with the forward itself left out:
                -> [no model] -> set_computed -> forward_done               (scheduler: complete)
   append       Sequence.append_tokens                                      (scheduler: complete)
   finish       free                                                        (scheduler: _release)
-  probe        cached_prefix                              (a router scoring replicas; changes nothing)
+  probe        cached_prefix         (a tier restore before the turn starts, a router; changes nothing)
   adopt        Sequence(prefix) -> adopt, writing nothing         (engine: TierClient.adopt_prefix)
+
+A tier restore (``probe``, then ``adopt``) comes before ``start_turn``, as the engine adopts
+before it queues a request.
 
   stats        stats, released_checkpoints (the releases by cause the protocol reports)
 
@@ -83,10 +86,6 @@ class CacheAdapter:
         """What this cache holds for ``scratch`` (a sequence holding no blocks, which may have been
         probed against another replica's cache): its checkpoint step and whole-block KV tokens."""
         return self.cache.cached_prefix(scratch)
-
-    def remeasure_branch(self, turn: Turn) -> None:
-        """The turn's branch point after a prefix was adopted for it."""
-        turn.branch = self.cache.branch_point(turn.seq)
 
     def adopt(self, prefix: np.ndarray, step: int) -> int:
         """Cache ``prefix`` (``step`` tokens) with a checkpoint at ``step``, restored from a tier:

@@ -3,9 +3,10 @@
 Owns, per replica, its device cache (``adapter.CacheAdapter``: pools and trie), its alpha
 tuning (``tuning``), what a router would know of it (``routing.AnnouncedReplica``, routed
 runs only) and the count of what it served; the fleet's tiers (``tier_run``, through the tier
-client the engine uses) when the run has any. A request goes to the replica the routing chooses; with tiers it first restores the
-deepest verified prefix they hold (``CacheProtocol.adopt``), and after it publishes the
-chunk-aligned prefixes it computed.
+client the engine uses) when the run has any. A request goes to the replica the routing chooses;
+with tiers, its keys are made once (``TierRun.turn_keys``), the deepest verified prefix the
+tiers hold is adopted (``CacheProtocol.adopt``) before its turn starts, and after it the
+chunk-aligned prefixes it computed are published: every call goes down.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from hybridcache.replay.record import FleetMeasures, ReplicaRecord
 from hybridcache.replay.routing import AnnouncedReplica
 from hybridcache.replay.run_config import RunConfig
 from hybridcache.replay.serving import ServedTurn, serve_turn
-from hybridcache.replay.tier_run import TierRun
+from hybridcache.replay.tier_run import TierRun, TurnKeys
 from hybridcache.replay.tiering import RecomputeRate
 from hybridcache.replay.tuning import Tuning, TuningProgress
 from hybridcache.router.policy import choose
@@ -68,12 +69,14 @@ class Fleet:
         tiers: restore before admission, publish after), then let that replica's router view
         and alpha tuning see it."""
         tiers = self.tiers
-        index = self._route(request, number)
+        keys = None if tiers is None else tiers.turn_keys(request)
+        index = self._route(request, number, keys)
         replica = self.replicas[index]
-        restore = None if tiers is None else tiers.replicas[index].adopt_prefix
-        served = serve_turn(replica.adapter, request, self.policy, self.config.prefill_chunk, restore)
         if tiers is not None:
-            tiers.store_prefix(index, request, served.turn, served.ends)
+            tiers.adopt_prefix(index, keys)
+        served = serve_turn(replica.adapter, request, self.policy, self.config.prefill_chunk)
+        if tiers is not None:
+            tiers.store_prefix(index, request, served, keys)
         if replica.announced is not None:
             replica.announced.refresh()
         replica.tuning.after(request)
@@ -81,17 +84,17 @@ class Fleet:
         replica.hit_tokens += served.turn.hit_tokens
         return served
 
-    def _route(self, request: TraceRequest, number: int) -> int:
+    def _route(self, request: TraceRequest, number: int, keys: TurnKeys | None) -> int:
         """The replica serving ``request``, chosen by the router's policy from what each replica
-        announced; with tiers, ``restorable`` counts the steps they make reachable."""
+        announced; with tiers (``keys``: the request's), ``restorable`` counts the steps they
+        make reachable."""
         fleet, routing = self.replicas, self.config.routing
         if not self.routed:
             return number % len(fleet)
         key = RequestKey(request.prompt.tolist())
         depths = [replica.announced.depths(key) for replica in fleet]
-        chain = self.tiers.prompt_chain(request) if routing == "restorable" and self.tiers is not None else None
-        if chain is not None:
-            depths = self.tiers.restorable_depths(chain, depths)
+        if routing == "restorable" and keys is not None:
+            depths = self.tiers.restorable_depths(keys, depths)
         return choose(routing, request.prompt_length, depths, [0] * len(fleet), number).index  # served one at a time: nothing queued
 
     def measures(self) -> FleetMeasures:

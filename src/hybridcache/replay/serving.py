@@ -10,7 +10,6 @@ when empty is dropped.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hybridcache.policies import Policy, TurnView, first_end, kind_of_step
@@ -29,20 +28,11 @@ class ServedTurn:
     dropped: bool = False
 
 
-def serve_turn(
-    adapter: CacheAdapter,
-    request: TraceRequest,
-    policy: Policy,
-    chunk: int,
-    before_admission: Callable[[Turn], object] | None = None,
-) -> ServedTurn:
+def serve_turn(adapter: CacheAdapter, request: TraceRequest, policy: Policy, chunk: int) -> ServedTurn:
     """One turn: admission, prefill chunks of at most ``chunk`` tokens from the resume point
     (as the engine's scheduler cuts them) also ended at every planned checkpoint, the output
-    as one more chunk, release. ``before_admission(turn)`` runs once the turn is prepared (a
-    tier restore)."""
+    as one more chunk, release. A tier restore, if any, was adopted before."""
     served = ServedTurn(adapter.start_turn(request.prompt))
-    if before_admission is not None:
-        before_admission(served.turn)
     plan = _TurnPlan(adapter, request, policy.admission, chunk, served.turn)
     first = adapter.admit(served.turn, request.prompt_length, plan.stop_at)
     if first is None:

@@ -1,34 +1,152 @@
-"""The tiers of one replay run: every replica's ``ReplicaTiers`` (``tiering``), the run's
-namespace, which steps of a turn are published, and what the run measured of its tiers.
+"""The tiers of one replay run, and the tier side of each request it serves: every replica's
+``TieredStore`` and ``TierClient`` (the one the engine uses), fed the replay's stand-ins.
 
-Owns the replicas' tiers of one run and the names of the objects it put into the shared store
-(removed at its end, so a sweep's runs each start from an empty store). The shared store itself
-is the caller's.
+Owns, per run: the replicas' tiers and the names of the objects it put into the shared store
+(removed at its end, so a sweep's runs each start from an empty store; the shared store itself
+is the caller's). Per replica (``ReplicaTiers``): its ``TieredStore`` with its own host and disk
+stores (the shared one is only borrowed), its ``TierClient`` (which owns the restore and
+publish statistics), and what its lookups moved and would cost. The device cache is changed
+only through ``CacheAdapter.adopt``. What the run's tiers are and what they stand for (setup,
+namespace, nominal sizes, recompute rate) are values of ``tiering``.
+
+One request's tier work goes through here, downward only: its keys are made once
+(``turn_keys``: the prompt as a sequence, the key chain of prompt and output) and carried into
+the routing's presence query, the restore before its turn starts and the publish after it,
+each a call to the tier client.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
 
 from hybridcache.errors import StoreError
 from hybridcache.profiles import ModelProfile
-from hybridcache.replay.adapter import CacheAdapter, Turn
-from hybridcache.replay.tiering import (
-    RecomputeRate,
-    ReplicaTiers,
-    RunTiers,
-    TierSetup,
-    replay_fingerprint,
-)
+from hybridcache.replay.adapter import CacheAdapter
+from hybridcache.replay.serving import ServedTurn
+from hybridcache.replay.tiering import STAND_INS, RecomputeRate, RunTiers, TierSetup, replay_fingerprint
 from hybridcache.router.replica_index import Depths
 from hybridcache.sequence import Sequence
+from hybridcache.tiers.backends.base import ObjectStore
+from hybridcache.tiers.backends.disk import DiskStore
+from hybridcache.tiers.backends.host import HostMemoryStore
+from hybridcache.tiers.client import DeviceAdoption, TierClient
 from hybridcache.tiers.keys import KeyChain
-from hybridcache.tiers.restore_cost import StandInSizes
+from hybridcache.tiers.payload import StandInPayloads
+from hybridcache.tiers.restore_cost import RestoreCost, StandInSizes
+from hybridcache.tiers.restore import Restore
 from hybridcache.tiers.tier_calls import TIER_NAMES
+from hybridcache.tiers.tiered import TieredStore
 from hybridcache.workloads.records import TraceRequest
 
 _REMOVE_BATCH = 512
+
+
+class TurnKeys(NamedTuple):
+    """What one request's tier work carries from the routing to the restore and the publish:
+    its prompt as a sequence holding no blocks (probed, never served: its turn is started on
+    the replica chosen, after the restore) and the key chain of its whole turn."""
+
+    prompt: Sequence
+    chain: KeyChain
+
+
+class ReplayDevice:
+    """A replica's device cache (its ``CacheAdapter``) as a ``TierDevice``: publishes read
+    stand-ins, adoptions write nothing."""
+
+    def __init__(self, adapter: CacheAdapter) -> None:
+        self.adapter = adapter
+
+    def cached_prefix(self, seq: Sequence) -> tuple[int, int]:
+        return self.adapter.probe(seq)
+
+    def adopt(self, prefix: Sequence, restore: Restore) -> DeviceAdoption:
+        return DeviceAdoption(self.adapter.adopt(prefix.tokens, restore.step))
+
+    def payloads(self, seq: Sequence, slot: int) -> StandInPayloads:
+        return STAND_INS
+
+
+@dataclass
+class MovedBytes:
+    """Bytes the lookups of one replica read, by tier: what they stand for, what was sent."""
+
+    nominal: Counter[str] = field(default_factory=Counter)
+    actual: Counter[str] = field(default_factory=Counter)
+
+
+class ReplicaTiers:
+    def __init__(self, run: RunTiers, adapter: CacheAdapter, index: int) -> None:
+        """The tiers of replica ``index``, serving ``adapter``'s device cache."""
+        setup, sizes = run.setup, run.sizes
+        self.run, self.adapter = run, adapter
+        host = HostMemoryStore(setup.host_bytes, charge=sizes.charge) if setup.host_bytes else None
+        disk = None
+        if setup.disk_bytes:
+            disk = DiskStore(Path(setup.disk_root) / f"replica-{index}", setup.disk_bytes, charge=sizes.charge)
+        priors = RestoreCost()
+        cost = RestoreCost(
+            recompute_s_per_token=run.rate.s_per_token,
+            smoothing=0.0,  # fixed rates: the stand-in bytes' timings are not a link's
+            s_per_byte={**priors.s_per_byte, "shared": 1 / setup.shared_bandwidth},
+            stand_in=sizes,
+        )
+        self.store = TieredStore(host=host, disk=disk, shared=setup.shared, cost=cost)
+        self.client = TierClient(self.store, run.fingerprint, ReplayDevice(adapter))
+        self.moved = MovedBytes()
+        self.restore_s = 0.0  # nominal seconds the adopted restores' reads take at the stated rates
+        self.recompute_s = 0.0  # seconds recomputing the tokens they gained takes at the device's FLOP/s
+
+    @property
+    def local_stores(self) -> list[ObjectStore]:
+        """This replica's own tiers (host, disk), not the borrowed shared one."""
+        return [self.store.tiers[name] for name in ("host", "disk") if name in self.store.tiers]
+
+    def store_prefix(self, seq: Sequence, steps: list[int], chain: KeyChain, published: set[str]) -> None:
+        """Publish the checkpoints at ``steps`` (chunk-aligned, ascending) of ``seq``, keyed by
+        ``chain`` (its turn's), with their chunks; every key put is added to ``published`` (the
+        run's cleanup)."""
+        chain = self.client.store_prefix(seq, steps, made=chain)
+        if chain is None:
+            return
+        published.update(chain.checkpoint_names[step] for step in steps)
+        published.update(chain.chunk_names[: steps[-1] // chain.chunk_size])
+
+    def adopt_prefix(self, keys: TurnKeys) -> Restore | None:
+        """Before the turn of ``keys`` starts: adopt the deepest verified restore of its prompt
+        beyond the device cache's hit (the tier client's, cutting the turn's chain), so the
+        turn is measured once, after it; the Restore adopted, or None."""
+        before = Counter(self.store.counters)
+        outcome = self.client.adopt_prefix(keys.prompt, keys.chain)
+        moved = self._count_reads(before)
+        restore = outcome.restore
+        if restore is None:
+            return None
+        self.restore_s += self.store.cost.restore_s(moved)
+        flops = self.run.profile.prefill_flops(restore.step - outcome.gained, restore.step)
+        self.recompute_s += flops / self.run.rate.device_flops
+        return restore
+
+    def _count_reads(self, before: Counter) -> dict[str, int]:
+        """Bytes one lookup moved, by tier (nominal and actual; a read that then failed
+        verification moved them too); returns the nominal ones."""
+        after, sizes, nominal = self.store.counters, self.run.sizes, {}
+        for tier in TIER_NAMES:
+            chunks = after[f"{tier}_read_count_kv"] - before[f"{tier}_read_count_kv"]
+            checkpoints = after[f"{tier}_read_count_ck"] - before[f"{tier}_read_count_ck"]
+            nominal[tier] = chunks * sizes.chunk + checkpoints * sizes.checkpoint_bytes
+            self.moved.nominal[tier] += nominal[tier]
+            self.moved.actual[tier] += after[f"{tier}_bytes_read"] - before[f"{tier}_bytes_read"]
+        return nominal
+
+    def close(self) -> None:
+        """Close this replica's own tiers; the shared store is the run's to close."""
+        for store in self.local_stores:
+            store.close()
 
 
 class TierRun:
@@ -48,23 +166,35 @@ class TierRun:
             self.close()
             raise
 
-    def prompt_chain(self, request: TraceRequest) -> KeyChain | None:
-        """The key chain a restore of ``request`` looks up (the tier client's; None: too short
-        for one chunk), for scoring replicas."""
-        return self.replicas[0].client.restore_chain(Sequence(request.prompt))
+    def turn_keys(self, request: TraceRequest) -> TurnKeys:
+        """What ``request``'s tier work carries, made once: its prompt as a sequence and the key
+        chain of its whole turn (prompt and output)."""
+        chain = self.replicas[0].client.chain(Sequence(request.tokens), request.tokens.size)
+        return TurnKeys(Sequence(request.prompt), chain)
 
-    def restorable_depths(self, chain: KeyChain, depths: list[Depths]) -> list[Depths]:
+    def restorable_depths(self, keys: TurnKeys, depths: list[Depths]) -> list[Depths]:
         """``depths`` (what each replica's device cache announced) deepened by the steps each
-        replica's tiers make reachable, by existence only; the shared tier is asked once."""
-        located = self.replicas[0].client.shared_presence(chain)
+        replica's tiers make reachable for the request of ``keys``, by existence only; the
+        shared tier is asked once. ``depths`` itself when its prompt holds no whole chunk."""
+        first = self.replicas[0].client
+        restore = first.restore_chain(keys.prompt, keys.chain)
+        if restore is None:
+            return depths
+        located = first.shared_presence(restore)
         return [
-            Depths(d.kv_tokens, tiers.client.reachable_step(chain, (d.restorable, d.kv_tokens), located))
+            Depths(d.kv_tokens, tiers.client.reachable_step(restore, (d.restorable, d.kv_tokens), located))
             for tiers, d in zip(self.replicas, depths)
         ]
 
-    def store_prefix(self, replica: int, request: TraceRequest, turn: Turn, ends: list[int]) -> None:
+    def adopt_prefix(self, replica: int, keys: TurnKeys) -> None:
+        """Before its turn starts: ``replica`` adopts the deepest verified restore of the
+        request of ``keys`` its tiers hold beyond its device cache's hit."""
+        self.replicas[replica].adopt_prefix(keys)
+
+    def store_prefix(self, replica: int, request: TraceRequest, served: ServedTurn, keys: TurnKeys) -> None:
         """Publish what the turn computed beyond its hit: every chunk-aligned chunk end (the engine
         publishes those), the deepest aligned step of the prompt and of the turn end."""
+        ends, turn = served.ends, served.turn
         if not ends:
             return
         computed, chunk = ends[-1], self.shared.setup.chunk_size
@@ -72,7 +202,7 @@ class TierRun:
         wanted |= {min(request.prompt_length, computed) // chunk * chunk, computed // chunk * chunk}
         steps = sorted(step for step in wanted if step > turn.hit_tokens)
         if steps:
-            self.replicas[replica].store_prefix(turn.seq, steps, self.published)
+            self.replicas[replica].store_prefix(turn.seq, steps, keys.chain, self.published)
 
     def remote_hit_tokens(self) -> int:
         return sum(tiers.client.stats.remote_hit_tokens for tiers in self.replicas)

@@ -5,7 +5,7 @@ Owns no state itself. The object model (:mod:`~hybridcache.tiers.fingerprint`,
 :mod:`~hybridcache.tiers.verify`) needs only NumPy; the stores live in
 :mod:`hybridcache.tiers.backends`; :class:`TieredStore` stores prefixes into them and fetches
 verified ones back, each tier behind a :class:`CircuitBreaker`, its phases in their own modules
-(``tier_calls``, ``publish_ledger``, ``restore_attempt``, ``restore_path``, ``restore_cost``);
+(``tier_calls``, ``publish`` for the write phase, ``restore`` for the read phase, ``restore_cost``);
 :class:`TierClient` is what the engine and the replay call (adopt a prefix, store the computed
 steps, :class:`TierStats`), each lending it a device side.
 The format and the failure rules are in ``docs/tiers.md``.
@@ -24,8 +24,9 @@ from hybridcache.tiers.objects import (
     encode_checkpoint,
     encode_kv_chunk,
 )
+from hybridcache.tiers.publish import PublishReport
+from hybridcache.tiers.restore import Restore
 from hybridcache.tiers.restore_cost import RestoreCost
-from hybridcache.tiers.restore_values import PublishReport, Restore
 from hybridcache.tiers.tier_calls import TierAccess
 from hybridcache.tiers.tiered import TieredStore
 from hybridcache.tiers.verify import FetchMiss, FetchVerdict, verify

@@ -28,7 +28,8 @@ from hybridcache.errors import InvalidTypeError, LifecycleError
 from hybridcache.sequence import Sequence
 from hybridcache.tiers.fingerprint import NamespaceFingerprint
 from hybridcache.tiers.keys import KeyChain
-from hybridcache.tiers.restore_values import EVICTED, SLOWER_THAN_RECOMPUTE, PublishReport, Restore
+from hybridcache.tiers.publish import PublishReport
+from hybridcache.tiers.restore import EVICTED, SLOWER_THAN_RECOMPUTE, Restore
 from hybridcache.tiers.tiered import TieredStore
 from hybridcache.tiers.verify import FetchMiss
 from hybridcache.types import NO_SLOT
@@ -166,32 +167,37 @@ class TierClient:
         derivation of keys for everything this client looks up and publishes."""
         return KeyChain.for_sequence(self.fingerprint, seq, end)
 
-    def restore_chain(self, seq: Sequence) -> KeyChain | None:
-        """The chain a restore of ``seq`` looks up (None: no whole chunk before its last token)."""
+    def restore_chain(self, seq: Sequence, made: KeyChain | None = None) -> KeyChain | None:
+        """The chain a restore of ``seq`` looks up (None: no whole chunk before its last token).
+        ``made``: a chain of ``seq``'s tokens made earlier (longer ones too: a turn's, its output
+        included), cut to the restore's limit rather than derived again."""
         limit = self.restore_limit(seq)
-        return self.chain(seq, limit) if limit > 0 else None
+        if limit <= 0:
+            return None
+        return self.chain(seq, limit) if made is None else made.prefix(limit)
 
     # --- read path -------------------------------------------------------------------------------
 
-    def adopt_prefix(self, seq: Sequence) -> TierRestore:
+    def adopt_prefix(self, seq: Sequence, made: KeyChain | None = None) -> TierRestore:
         """Before ``seq`` is served: adopt the deepest verified restore the tiers hold beyond
-        what the device cache holds. Never raises: a failing tier or device write is a miss
-        (``tier_error`` when something raised, counted in ``restore_failed`` by error class)."""
+        what the device cache holds (``made``: as for ``restore_chain``). Never raises: a
+        failing tier or device write is a miss (``tier_error`` when something raised, counted
+        in ``restore_failed`` by error class)."""
         if seq.want_routed_experts:
             self.stats.restores_skipped[ROUTED_EXPERTS_SKIPPED] += 1
             return TierRestore()
-        outcome = self._guarded(self.stats.restore_failed, self._restore, seq) or TierRestore(0, TIER_ERROR)
+        outcome = self._guarded(self.stats.restore_failed, self._restore, seq, made) or TierRestore(0, TIER_ERROR)
         if outcome.miss_reason is not None:
             self.stats.misses[outcome.miss_reason] += 1
         return outcome
 
-    def _restore(self, seq: Sequence) -> TierRestore:
+    def _restore(self, seq: Sequence, made: KeyChain | None) -> TierRestore:
         held = self.device.cached_prefix(seq)
-        limit = self.restore_limit(seq)
-        if held is None or limit <= held[0]:
+        if held is None or self.restore_limit(seq) <= held[0]:
             return TierRestore()
         local_step, local_kv = held
-        lookup = self.store.lookup_prefix(self.chain(seq, limit), local_step=local_step, local_kv_tokens=local_kv)
+        chain = self.restore_chain(seq, made)
+        lookup = self.store.lookup_prefix(chain, local_step=local_step, local_kv_tokens=local_kv)
         restore = lookup.restore
         if restore is None:
             return TierRestore(0, None if lookup.miss is None else TIER_MISS_REASONS.get(lookup.miss, TIER_REJECTED))
@@ -249,19 +255,21 @@ class TierClient:
         for end in ends:
             self.store_prefix(end.seq, [end.step], end.slot)
 
-    def store_prefix(self, seq: Sequence, steps: list[int], slot: int = NO_SLOT) -> KeyChain | None:
+    def store_prefix(self, seq: Sequence, steps: list[int], slot: int = NO_SLOT,
+                     made: KeyChain | None = None) -> KeyChain | None:
         """Publish the checkpoints of ``seq`` at ``steps`` (ascending; those off a chunk
         boundary or inside a multimodal span are left out) with the KV chunks before them,
-        read through ``device.payloads(seq, slot)``. The chain published (None: nothing was, or
-        the publish raised, counted in ``publish_failed``)."""
-        return self._guarded(self.stats.publish_failed, self._store_prefix, seq, steps, slot)
+        read through ``device.payloads(seq, slot)``; ``made``: a chain of ``seq``'s tokens made
+        earlier, reaching the last step at least (None: derived here). The chain published
+        (None: nothing was, or the publish raised, counted in ``publish_failed``)."""
+        return self._guarded(self.stats.publish_failed, self._store_prefix, seq, steps, slot, made)
 
-    def _store_prefix(self, seq: Sequence, steps: list[int], slot: int) -> KeyChain | None:
+    def _store_prefix(self, seq: Sequence, steps: list[int], slot: int, made: KeyChain | None) -> KeyChain | None:
         size = self.chunk_size
         steps = [step for step in steps if step > 0 and not step % size and seq.is_boundary_safe(step)]
         if not steps:
             return None
-        chain = self.chain(seq, steps[-1])
+        chain = self.chain(seq, steps[-1]) if made is None else made
         payloads = self.device.payloads(seq, slot)
         for step in steps:
             report = self.store.store_prefix(chain, step, payloads.chunk, payloads.state)

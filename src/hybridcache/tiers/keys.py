@@ -126,6 +126,30 @@ class KeyChain:
         self.checkpoint_names = MappingProxyType({step: key.name for step, key in checkpoints.items()})
         self.steps = tuple(checkpoints)
 
+    def prefix(self, end: int) -> KeyChain:
+        """The chain of tokens ``[0, end)`` (``end`` a chunk boundary): the digests already
+        made, kept, not computed again (one chain per request serves its routing, restore and
+        publish). ``self`` when it ends there."""
+        if isinstance(end, bool) or not isinstance(end, int):
+            raise InvalidTypeError("end must be an int")
+        if end == self.tokens.size:
+            return self
+        if end < 0 or end % self.chunk_size or end > self.tokens.size:
+            raise InvalidArgumentError(f"end {end} is not a chunk boundary within the chain's {self.tokens.size} tokens")
+        if any(span.start < end < span.end for span in self.spans):
+            raise InvalidArgumentError(f"end {end} cuts a multimodal span")
+        count = end // self.chunk_size
+        chain = object.__new__(KeyChain)
+        chain.fingerprint, chain.chunk_size, chain.tokens = self.fingerprint, self.chunk_size, self.tokens[:end]
+        chain.spans = tuple(span for span in self.spans if span.start < end)
+        chain._digests, chain.chunk_keys, chain.chunk_names = (
+            self._digests[:count], self.chunk_keys[:count], self.chunk_names[:count]
+        )
+        chain.steps = self.steps[:count]
+        chain.checkpoint_keys = MappingProxyType({step: self.checkpoint_keys[step] for step in chain.steps})
+        chain.checkpoint_names = MappingProxyType({step: self.checkpoint_names[step] for step in chain.steps})
+        return chain
+
     @classmethod
     def for_sequence(cls, base: NamespaceFingerprint, sequence: Sequence, end: int | None = None) -> KeyChain:
         """The chain of a sequence's tokens ``[0, end)`` (default: all of them) in its own
@@ -160,7 +184,8 @@ class KeyChain:
         return index * self.chunk_size, (index + 1) * self.chunk_size
 
     def spans_in(self, start: int, end: int) -> tuple[MultimodalSpan, ...]:
-        return wire.spans_overlapping(self.spans, start, end)
+        """The request's spans with any position in ``[start, end)``."""
+        return tuple(span for span in self.spans if span.end > start and span.start < end)
 
     def chunk_key(self, index: int) -> ObjectKey:
         self._check_index(index)

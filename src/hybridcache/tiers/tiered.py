@@ -3,17 +3,15 @@
 Owns no mutable state of its own: it validates what callers hand in and wires the phases, each
 in its module and owning its state. Every store call goes through
 :class:`~hybridcache.tiers.tier_calls.TierCalls` (each tier's circuit breaker; the counters and
-miss counts). The write phase, :class:`~hybridcache.tiers.publish_ledger.PublishLedger`, stores a
+miss counts). The write phase, :mod:`~hybridcache.tiers.publish` (``PublishLedger``), stores a
 prefix write-through, chunks before the checkpoint, and owns the ledger of what this process
 published (needs, needed-by, in flight) by which the host tier's evictions are demoted to disk
-or dropped as dead weight. The read phase,
-:class:`~hybridcache.tiers.restore_path.RestorePath` (stateless), works on one
-:class:`~hybridcache.tiers.restore_attempt.RestoreAttempt` per lookup, so one store serves
-several engines on several threads. The cost model (``RestoreCost``, ``ObjectSizes``) is
-:mod:`~hybridcache.tiers.restore_cost`; the values a lookup and a publish return are
-:mod:`~hybridcache.tiers.restore_values`. The stores own their contents; the device cache
-(trie and pools) is not touched here: a caller adopts a verified restore through
-``CacheProtocol.adopt``.
+or dropped as dead weight. The read phase, :mod:`~hybridcache.tiers.restore`, works on one
+``RestoreAttempt`` per lookup with a stateless ``RestorePath``, so one store serves several
+engines on several threads; the values a lookup returns are there too. The cost model
+(``RestoreCost``, ``ObjectSizes``) is :mod:`~hybridcache.tiers.restore_cost`. The stores own
+their contents; the device cache (trie and pools) is not touched here: a caller adopts a
+verified restore through ``CacheProtocol.adopt``.
 
 A store failure costs a miss (counted by its reason) or a failed publish; it never raises out
 of ``store_prefix``, ``fetch_prefix`` or ``lookup_prefix``.
@@ -23,17 +21,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from hybridcache.errors import InvalidArgumentError, InvalidTypeError, LifecycleError
+from hybridcache.errors import InvalidArgumentError, InvalidStepError, InvalidTypeError, LifecycleError
 from hybridcache.tiers.backends.base import ObjectStore
 from hybridcache.tiers.backends.disk import DiskStore
 from hybridcache.tiers.backends.host import HostMemoryStore
 from hybridcache.tiers.breaker import CircuitBreaker
 from hybridcache.tiers.keys import KeyChain
-from hybridcache.tiers.publish_ledger import ArraysFor, EncodedPrefix, PublishLedger
-from hybridcache.tiers.restore_attempt import RestoreAttempt
+from hybridcache.tiers.publish import ArraysFor, EncodedPrefix, PublishLedger, PublishReport
+from hybridcache.tiers.restore import Restore, RestoreAttempt, RestoreLookup, RestorePath
 from hybridcache.tiers.restore_cost import ObjectSizes, RestoreCost
-from hybridcache.tiers.restore_path import RestorePath
-from hybridcache.tiers.restore_values import PublishReport, Restore, RestoreLookup
 from hybridcache.tiers.tier_calls import TierAccess, TierCalls
 from hybridcache.types import as_int
 
@@ -97,7 +93,8 @@ class TieredStore:
         are called only for objects some tier lacks; each object is encoded once."""
         if not isinstance(chain, KeyChain):
             raise InvalidTypeError("chain must be a KeyChain")
-        chain.checkpoint_key(as_int("step", step, 1))  # validates the step
+        if as_int("step", step, 1) not in chain.checkpoint_keys:
+            raise InvalidStepError(f"step {step} is not a checkpoint step of the chain's {chain.num_chunks} complete chunks")
         return self.ledger.store(EncodedPrefix(chain, step, chunk_arrays, state_arrays, self.deployment_key))
 
     # --- read phase ------------------------------------------------------------------------------

@@ -117,8 +117,3 @@ def read_spans(reader: Reader) -> tuple[MultimodalSpan, ...]:
         except (InvalidSpanError, InvalidTypeError) as error:
             raise CorruptObjectError(f"invalid multimodal span in header: {error}") from error
     return tuple(spans)
-
-
-def spans_overlapping(spans: tuple[MultimodalSpan, ...], start: int, end: int) -> tuple[MultimodalSpan, ...]:
-    """The spans with any position in ``[start, end)``."""
-    return tuple(span for span in spans if span.end > start and span.start < end)

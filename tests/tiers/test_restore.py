@@ -1,4 +1,4 @@
-"""One lookup's RestoreAttempt and the stateless RestorePath that works on it."""
+"""The read phase: one lookup's RestoreAttempt and the stateless RestorePath that works on it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from hybridcache.errors import InvalidArgumentError, InvalidTypeError
 from hybridcache.tiers.backends import HostMemoryStore
-from hybridcache.tiers.restore_attempt import RestoreAttempt
+from hybridcache.tiers.restore import RestoreAttempt
 from hybridcache.tiers.tiered import TieredStore
 
 from .helpers import CHUNK, chain
