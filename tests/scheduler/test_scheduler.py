@@ -5,6 +5,7 @@ chunk) without any model."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from hybridcache.memory.block_pool import BlockPool
@@ -377,3 +378,78 @@ def test_everything_is_released_after_all_requests_finish():
     w.check()
     assert w.pool.num_free == 12
     assert w.states.num_free == 5
+
+
+# --- arrival pins ------------------------------------------------------------------------------
+
+
+def _waiting_behind_saves(pin: bool):
+    """A waits behind R (one running at a time), whose chunk-end saves need the checkpoint
+    slot A's prompt-end checkpoint holds; B, waiting, would restore that checkpoint."""
+    w = World(num_slots=4, budget=1, max_batch_tokens=64, max_running=1, prefill_chunk=8)
+    w.add(prompt(20), max_new_tokens=1)
+    w.drain()
+    running = w.add(prompt(40, start=100), max_new_tokens=2)
+    w.step()
+    waiting = w.add(prompt(20) + [TOKEN, 3, 4, 5], max_new_tokens=1)
+    if not pin:
+        assert w.sched.arrival_pins.release(waiting.seq) is not None
+        w.check()
+    return w, running, waiting
+
+
+def test_an_arrival_pin_keeps_what_a_waiting_request_would_restore():
+    w, running, waiting = _waiting_behind_saves(pin=True)
+    assert len(w.sched.arrival_pins) == 1
+    w.drain()
+    assert waiting.cached_tokens == 20 and running.phase is Phase.FINISHED
+    assert len(w.sched.arrival_pins) == 0
+
+
+def test_without_the_arrival_pin_the_saves_beside_it_evict_it():
+    w, _, waiting = _waiting_behind_saves(pin=False)
+    w.drain()
+    assert waiting.cached_tokens == 0  # what the test above shows the pin preventing
+
+
+def test_a_cancelled_waiting_request_releases_its_arrival_pin():
+    w, _, waiting = _waiting_behind_saves(pin=True)
+    record = waiting.seq.prefix_state.checkpoints.restore
+    assert record is not None and record.restore_pins == 1
+    w.sched.cancel(waiting)
+    w.check()
+    assert record.restore_pins == 0 and len(w.sched.arrival_pins) == 0
+    w.drain()
+
+
+def test_an_arrival_pin_counts_no_hit_of_its_own():
+    w, _, waiting = _waiting_behind_saves(pin=True)
+    record = waiting.seq.prefix_state.checkpoints.restore
+    hits = record.hits
+    w.drain()
+    assert waiting.cached_tokens == 20 and record.hits == hits + 1  # the admission's, once
+
+
+def test_arrival_pins_give_way_to_pressure_and_never_keep_requests_from_finishing():
+    """Small pools, shared prefixes, requests arriving while others run: every request
+    finishes, the pins stay consistent at every step (``check``), and some gave way to the
+    room a running or admitted request needed."""
+    given_way = 0
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        w = World(num_blocks=12, num_slots=4, budget=2, max_batch_tokens=24, max_running=2, prefill_chunk=8)
+        prefixes = [prompt(16, start=1), prompt(16, start=300)]
+        entries = []
+        for _ in range(40):
+            if rng.random() < 0.6:
+                head = prefixes[int(rng.integers(2))]
+                entries.append(w.add(head + rng.integers(500, 600, int(rng.integers(1, 12))).tolist(),
+                                     max_new_tokens=int(rng.integers(1, 4))))
+            if w.sched.has_work:
+                w.step()
+        w.drain()
+        assert all(e.phase is Phase.FINISHED for e in entries)
+        assert len(w.sched.arrival_pins) == 0
+        assert sum(e.cached_tokens > 0 for e in entries) > 0
+        given_way += w.sched.arrival_pins.given_way
+    assert given_way > 0
