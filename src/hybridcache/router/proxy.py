@@ -10,7 +10,7 @@ back unchanged. A connection that fails before the first byte of the answer mark
 dead and is retried once on the next choice; after the first byte a failure ends the answer.
 A request is not sent beside a prefill of its own prefix that this router sent the chosen
 replica before it: it waits until that answer starts and is routed again
-(``_route_after_prefills``). Before the end of an answer to a request routed by its cache reaches the client (the body, or
+(``route_after_prefills``). Before the end of an answer to a request routed by its cache reaches the client (the body, or
 the stream's ``[DONE]``), the router applies the replica's events up to its ``next_seq``
 (bounded, ``Fleet.settle``), so a turn that follows at once is routed with them: the answer
 carries it (``x-hybridcache-next-seq``, ``hybridcache.next_seq`` in the body or the usage
@@ -115,6 +115,32 @@ class RouterServer:
         return tokens if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens) else None
 
 
+def route_after_prefills(fleet: Fleet, metrics: RouterMetrics, key: RequestKey | None, prompt_tokens: int,
+                         exclude: tuple[Replica, ...] = ()):
+    """``Fleet.route``, but not beside a prefill of the same prefix: while a request this router
+    sent to the chosen replica shares more of the prompt than the predicted restore and is still
+    in its prefill, wait until it answers (its prefill's checkpoints are then published), apply
+    the replica's events up to then and route again. Whether the replica would otherwise restore
+    such a checkpoint for this request depends on whether it admits it after that prefill's save
+    or beside it, which no router can see; after the wait the prediction is of what is
+    announced, and the prefix is not computed twice."""
+    routed = fleet.route(key, prompt_tokens, exclude=exclude)
+    for _ in range(_MAX_PREFILL_WAITS):
+        if routed is None or key is None:
+            return routed
+        replica, decision = routed
+        ahead = fleet.prefills_ahead(replica, key, decision.predicted_tokens)
+        if not ahead:
+            return routed
+        metrics.count("prefill_waits")
+        if not fleet.wait_answering(ahead):
+            metrics.count("prefill_waits_timed_out")
+            return routed
+        fleet.settle(replica)  # the events up to the replica's next_seq now (from /kv_events)
+        routed = fleet.route(key, prompt_tokens, exclude=exclude)
+    return routed
+
+
 def _exchange(url: str, method: str, path: str, body: bytes | None, headers: dict, timeout_s: float):
     """One whole request/answer with a replica: (status, headers, body)."""
     connection = _connect(url, timeout_s)
@@ -167,7 +193,7 @@ class _Handler(BaseHTTPRequestHandler):
         router.metrics.count("requests")
         tried: tuple[Replica, ...] = ()
         for attempt in range(2):
-            routed = self._route_after_prefills(key, prompt_tokens, tried)
+            routed = route_after_prefills(router.fleet, router.metrics, key, prompt_tokens, tried)
             if routed is None:
                 break
             replica, decision = routed
@@ -190,31 +216,6 @@ class _Handler(BaseHTTPRequestHandler):
             return
         router.metrics.count("no_replica")
         self._reply(503, b'{"error": "no replica could take the request"}')
-
-    def _route_after_prefills(self, key: RequestKey | None, prompt_tokens: int, exclude: tuple[Replica, ...]):
-        """``Fleet.route``, but not beside a prefill of the same prefix: while a request this
-        router sent to the chosen replica shares more of the prompt than the predicted restore
-        and is still in its prefill, wait until it answers (its prefill's checkpoints are then
-        published), apply the replica's events up to then and route again. Whether the replica
-        would otherwise restore such a checkpoint for this request depends on whether it admits
-        it after that prefill's save or beside it, which no router can see; after the wait the
-        prediction is of what is announced, and the prefix is not computed twice."""
-        fleet, metrics = self.router.fleet, self.router.metrics
-        routed = fleet.route(key, prompt_tokens, exclude=exclude)
-        for _ in range(_MAX_PREFILL_WAITS):
-            if routed is None or key is None:
-                return routed
-            replica, decision = routed
-            ahead = fleet.prefills_ahead(replica, key, decision.predicted_tokens)
-            if not ahead:
-                return routed
-            metrics.count("prefill_waits")
-            if not fleet.wait_answering(ahead):
-                metrics.count("prefill_waits_timed_out")
-                return routed
-            fleet.settle(replica)  # the events up to the replica's next_seq now (from /kv_events)
-            routed = fleet.route(key, prompt_tokens, exclude=exclude)
-        return routed
 
     def _open(self, replica: Replica, raw: bytes | None):
         """Send the request; (response, connection) once the answer's head arrived, else (None, None)."""

@@ -9,8 +9,9 @@ running beside it could evict that checkpoint first: the replica would restore l
 announced. Pinned at arrival, the checkpoint the admission would have restored then survives
 until the admission, which releases this pin just before its own match (the match pins it
 again, or a deeper one). Every pin here is released when its request is admitted, leaves the
-queue, or when the cache needs the room pins hold (``release_all``: a refused admission, a
-running request that cannot extend); a pin is an aid to prediction, never a reason to refuse.
+queue, or when the cache needs the room pins hold (``release_all``: an admission refused for
+room while nothing runs that could make room by finishing, a running request that cannot
+extend); a pin is an aid to prediction, never a reason to refuse for good.
 """
 
 from __future__ import annotations

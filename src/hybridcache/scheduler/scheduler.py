@@ -244,10 +244,10 @@ class Scheduler:
 
         admitted = self.cache.admit(seq, min(budget, self.config.prefill_chunk), stop_at)
         if not admitted.admitted:
-            if admitted.refused in (Refusal.NO_STATE_SLOT, Refusal.NO_KV_BLOCKS):
-                self.arrival_pins.release_all()  # the room they hold goes to the head of the queue
+            if admitted.refused in (Refusal.NO_STATE_SLOT, Refusal.NO_KV_BLOCKS) and not self.running:
+                self.arrival_pins.release_all()  # nothing will finish to make room: the pins' goes to the head
             elif arrival is not None:
-                self.arrival_pins.repin(seq, arrival)
+                self.arrival_pins.repin(seq, arrival)  # running requests make room as they finish
             return None
         entry.last_save_step = admitted.start
         if entry.admissions == 0:
