@@ -466,3 +466,20 @@ def test_an_arrival_pin_gives_way_to_a_running_request_that_needs_its_blocks(num
     assert running.phase is Phase.FINISHED and waiting.phase is Phase.FINISHED and w.sched.preemptions == 0
     assert w.sched.arrival_pins.given_way == int(gives_way)
     assert waiting.cached_tokens == (0 if gives_way else 16)
+
+
+def test_no_admission_is_tried_at_the_runtime_slot_cap():
+    """Two runtime slots (4 slots, checkpoint budget 1) held by running requests, cap on running
+    sequences 4: the waiting request is not admitted while the runtime slots are taken, and
+    restores the checkpoint it pinned on arrival once they are free."""
+    w = World(num_slots=4, budget=1, max_batch_tokens=64, max_running=4, prefill_chunk=8)
+    w.add(prompt(20), max_new_tokens=1)
+    w.drain()
+    running = [w.add(prompt(30, start=100 * (i + 1)), max_new_tokens=3) for i in range(2)]
+    waiting = w.add(prompt(20) + [TOKEN, 3, 4, 5], max_new_tokens=1)
+    assert len(w.sched.arrival_pins) == 1
+    batch, _ = w.step()
+    assert waiting not in [chunk.entry for chunk in batch.chunks] and w.states.num_runtime == 2
+    w.drain()
+    assert all(entry.phase is Phase.FINISHED for entry in running)
+    assert waiting.cached_tokens == 20
