@@ -249,3 +249,54 @@ def test_a_slow_replay_socket_stalls_no_route_status_or_load_update():
         feed.release.set()
         replica.feed = None  # the settle then ends (its feed gone)
         settling.join(30)
+
+
+def _fleet_with_index(block_size: int = 16) -> tuple[Fleet, object]:
+    from hybridcache.router.replica_index import ReplicaIndex
+
+    fleet = Fleet(["http://127.0.0.1:9"], "restorable")
+    replica = fleet.replicas[0]
+    replica.index = ReplicaIndex(block_size)
+    return fleet, replica
+
+
+def test_a_prefill_ahead_is_one_sharing_more_than_the_predicted_restore_and_a_block():
+    fleet, replica = _fleet_with_index()
+    system = list(range(1, 65))  # 4 blocks
+    ahead = fleet.started(replica, 70, RequestKey(system + [200, 201, 202]))
+    fleet.started(replica, 70, RequestKey([300] * 70))  # another prefix: never waited for
+    fleet.started(replica, 70, None)  # a prompt the router does not know
+    follower = RequestKey(system + [210, 211])
+    assert fleet.prefills_ahead(replica, follower, predicted=0) == [ahead]
+    assert fleet.prefills_ahead(replica, follower, predicted=64) == []  # nothing deeper to wait for
+    assert fleet.prefills_ahead(replica, RequestKey(system[:10] + [9] * 20), predicted=0) == []  # under a block
+    assert fleet.prefills_ahead(replica, RequestKey(system + [210], "adapter"), predicted=0) == []  # another namespace
+    fleet.answering(ahead)
+    assert fleet.prefills_ahead(replica, follower, predicted=0) == []
+
+
+def test_waiting_for_prefills_ends_when_each_answers_or_times_out():
+    fleet, replica = _fleet_with_index()
+    first, second = fleet.started(replica, 10, RequestKey([1] * 40)), fleet.started(replica, 10, RequestKey([1] * 50))
+    assert not fleet.wait_answering([first], timeout_s=0.01)
+    done = threading.Event()
+
+    def wait():
+        fleet.wait_answering([first, second], timeout_s=30)
+        done.set()
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    fleet.answering(first)
+    assert not done.wait(0.05)  # the second is still in its prefill
+    fleet.ended(second)  # an answer that failed ends too
+    waiter.join(30)
+    assert done.is_set() and replica.prefilling == []
+
+
+def test_shared_prefix_compares_tokens_in_one_namespace():
+    key = RequestKey([1, 2, 3, 4])
+    assert key.shared_prefix(RequestKey([1, 2, 3, 9])) == 3
+    assert key.shared_prefix(RequestKey([1, 2])) == 2
+    assert key.shared_prefix(RequestKey([1, 2, 3, 4], cache_salt="s")) == 0
+    assert RequestKey([2**70, 5]).shared_prefix(RequestKey([2**70, 6])) == 1

@@ -5,6 +5,7 @@ chunk) without any model."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from hybridcache.memory.block_pool import BlockPool
@@ -377,3 +378,108 @@ def test_everything_is_released_after_all_requests_finish():
     w.check()
     assert w.pool.num_free == 12
     assert w.states.num_free == 5
+
+
+# --- arrival pins ------------------------------------------------------------------------------
+
+
+def _waiting_behind_saves(pin: bool):
+    """A waits behind R (one running at a time), whose chunk-end saves need the checkpoint
+    slot A's prompt-end checkpoint holds; B, waiting, would restore that checkpoint."""
+    w = World(num_slots=4, budget=1, max_batch_tokens=64, max_running=1, prefill_chunk=8)
+    w.add(prompt(20), max_new_tokens=1)
+    w.drain()
+    running = w.add(prompt(40, start=100), max_new_tokens=2)
+    w.step()
+    waiting = w.add(prompt(20) + [TOKEN, 3, 4, 5], max_new_tokens=1)
+    if not pin:
+        assert w.sched.arrival_pins.release(waiting.seq) is not None
+        w.check()
+    return w, running, waiting
+
+
+def test_an_arrival_pin_keeps_what_a_waiting_request_would_restore():
+    w, running, waiting = _waiting_behind_saves(pin=True)
+    assert len(w.sched.arrival_pins) == 1
+    w.drain()
+    assert waiting.cached_tokens == 20 and running.phase is Phase.FINISHED
+    assert len(w.sched.arrival_pins) == 0
+
+
+def test_without_the_arrival_pin_the_saves_beside_it_evict_it():
+    w, _, waiting = _waiting_behind_saves(pin=False)
+    w.drain()
+    assert waiting.cached_tokens == 0  # what the test above shows the pin preventing
+
+
+def test_a_cancelled_waiting_request_releases_its_arrival_pin():
+    w, _, waiting = _waiting_behind_saves(pin=True)
+    record = waiting.seq.prefix_state.checkpoints.restore
+    assert record is not None and record.restore_pins == 1
+    w.sched.cancel(waiting)
+    w.check()
+    assert record.restore_pins == 0 and len(w.sched.arrival_pins) == 0
+    w.drain()
+
+
+def test_an_arrival_pin_counts_no_hit_of_its_own():
+    w, _, waiting = _waiting_behind_saves(pin=True)
+    record = waiting.seq.prefix_state.checkpoints.restore
+    hits = record.hits
+    w.drain()
+    assert waiting.cached_tokens == 20 and record.hits == hits + 1  # the admission's, once
+
+
+def test_arrival_pins_never_keep_requests_from_finishing():
+    """Small pools, shared prefixes, requests arriving while others run: every request
+    finishes and the pins stay consistent at every step (``check``)."""
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        w = World(num_blocks=12, num_slots=4, budget=2, max_batch_tokens=24, max_running=2, prefill_chunk=8)
+        prefixes = [prompt(16, start=1), prompt(16, start=300)]
+        entries = []
+        for _ in range(40):
+            if rng.random() < 0.6:
+                head = prefixes[int(rng.integers(2))]
+                entries.append(w.add(head + rng.integers(500, 600, int(rng.integers(1, 12))).tolist(),
+                                     max_new_tokens=int(rng.integers(1, 4))))
+            if w.sched.has_work:
+                w.step()
+        w.drain()
+        assert all(e.phase is Phase.FINISHED for e in entries)
+        assert len(w.sched.arrival_pins) == 0
+        assert sum(e.cached_tokens > 0 for e in entries) > 0
+
+
+@pytest.mark.parametrize("num_blocks, gives_way", [(7, True), (9, False)])
+def test_an_arrival_pin_gives_way_to_a_running_request_that_needs_its_blocks(num_blocks, gives_way):
+    """R runs alone (one at a time) and needs, at its decode, the blocks under the checkpoint B
+    pinned on arrival: the pin gives way (B restores nothing), R is not preempted for it."""
+    w = World(num_blocks=num_blocks, num_slots=4, budget=1, max_batch_tokens=64, max_running=1, prefill_chunk=8)
+    w.add(prompt(16), max_new_tokens=1)
+    w.drain()
+    running = w.add(prompt(40, start=100), max_new_tokens=3)
+    w.step()
+    waiting = w.add(prompt(16) + [TOKEN, 3, 4], max_new_tokens=1)
+    assert len(w.sched.arrival_pins) == 1
+    w.drain()
+    assert running.phase is Phase.FINISHED and waiting.phase is Phase.FINISHED and w.sched.preemptions == 0
+    assert w.sched.arrival_pins.given_way == int(gives_way)
+    assert waiting.cached_tokens == (0 if gives_way else 16)
+
+
+def test_no_admission_is_tried_at_the_runtime_slot_cap():
+    """Two runtime slots (4 slots, checkpoint budget 1) held by running requests, cap on running
+    sequences 4: the waiting request is not admitted while the runtime slots are taken, and
+    restores the checkpoint it pinned on arrival once they are free."""
+    w = World(num_slots=4, budget=1, max_batch_tokens=64, max_running=4, prefill_chunk=8)
+    w.add(prompt(20), max_new_tokens=1)
+    w.drain()
+    running = [w.add(prompt(30, start=100 * (i + 1)), max_new_tokens=3) for i in range(2)]
+    waiting = w.add(prompt(20) + [TOKEN, 3, 4, 5], max_new_tokens=1)
+    assert len(w.sched.arrival_pins) == 1
+    batch, _ = w.step()
+    assert waiting not in [chunk.entry for chunk in batch.chunks] and w.states.num_runtime == 2
+    w.drain()
+    assert all(entry.phase is Phase.FINISHED for entry in running)
+    assert waiting.cached_tokens == 20

@@ -178,6 +178,8 @@ def _summary(policy: str, tally: _Tally, wall: float, counters: dict[str, float]
                      - counters.get("hybridcache_router_predicted_cached_tokens_total", 0.0)) / prompt if prompt else 0.0,
         "reported_cached_tokens": counters.get("hybridcache_router_reported_cached_tokens_total", 0.0),
         "retries": counters.get("hybridcache_router_retries_total", 0.0), "wall_s": wall,
+        # requests held until a prefill of their prefix ahead of them on their replica answered
+        "prefill_waits": counters.get("hybridcache_router_prefill_waits_total", 0.0),
     }
 
 

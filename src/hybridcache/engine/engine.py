@@ -198,6 +198,8 @@ class Engine:
         batch = self.scheduler.schedule()
         if batch.chunks:
             self._queue.append(self._prepare(batch))
+            if self.events is not None:  # what the schedule evicted, announced before the forward runs
+                self.events.publish_changes()
         finished: list[Result] = []
         executed = 0
         while self._queue and (len(self._queue) > self.config.async_depth or not batch.chunks):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from hybridcache.errors import EventStreamError, InvalidArgumentError
@@ -37,6 +37,7 @@ _POLL_MS = 10
 _SETTLE_S = 0.2  # the most an answer's end waits for its replica's events
 _SETTLE_POLL_S = 0.001
 _LIVE_WAIT_S = 0.02  # how long a settle waits for announced batches live before asking the replay socket
+PREFILL_WAIT_S = 30.0  # the most a request waits for prefills of its prefix ahead of it on its replica
 
 
 @dataclass(eq=False)
@@ -48,6 +49,7 @@ class Replica:
     others: float = 0.0  # requests others sent, as of the last /metrics read
     in_flight: int = 0  # requests this router is relaying to it now
     prefill_tokens: int = 0  # what this router's requests not yet answering still compute
+    prefilling: list[Relay] = field(default_factory=list)  # this router's requests to it not yet answering
     instance_id: str | None = None  # the run of its streams the index was built from (None: not said)
     feed_resets: int = 0  # the feed's restarts as of ``instance_id`` (more: it rebuilt from a newer run itself)
     announced: tuple[int | None, int | None] = (None, None)  # the highest next_seq per stream it said (answers, /kv_events)
@@ -76,6 +78,7 @@ class Relay:
 
     replica: Replica
     tokens: int
+    key: RequestKey | None = None
     answering: bool = False
 
 
@@ -133,6 +136,7 @@ class Fleet:
         self._load_tokens = load_tokens
         self._timeout = timeout_s
         self._lock = threading.Lock()
+        self._answered = threading.Condition(self._lock)  # notified when a relayed answer starts
         self._stop = threading.Event()
         self._number = 0
         self._predicted_compute = 0  # tokens to compute predicted for the requests routed with a key
@@ -224,12 +228,15 @@ class Fleet:
         with self._lock:
             return [_status(r) for r in self.replicas]
 
-    def started(self, replica: Replica, tokens: int) -> Relay:
-        """A request predicted to compute ``tokens`` is being relayed to ``replica`` (until ``ended``)."""
+    def started(self, replica: Replica, tokens: int, key: RequestKey | None = None) -> Relay:
+        """A request (``key``: its prompt, None when unknown) predicted to compute ``tokens`` is
+        being relayed to ``replica`` (until ``ended``)."""
+        relay = Relay(replica, tokens, key)
         with self._lock:
             replica.in_flight += 1
             replica.prefill_tokens += tokens
-        return Relay(replica, tokens)
+            replica.prefilling.append(relay)
+        return relay
 
     def answering(self, relay: Relay) -> None:
         """The relayed request's answer started: its prefill is done."""
@@ -237,6 +244,26 @@ class Fleet:
             if not relay.answering:
                 relay.answering = True
                 relay.replica.prefill_tokens -= relay.tokens
+                relay.replica.prefilling.remove(relay)
+                self._answered.notify_all()
+
+    def prefills_ahead(self, replica: Replica, key: RequestKey, predicted: int) -> list[Relay]:
+        """This router's requests to ``replica`` still in their prefill whose prompt shares more
+        of ``key``'s than the ``predicted`` restore (at least a block, in its namespace): a
+        checkpoint one of them saves there is one ``key`` could restore, or not, depending on
+        whether the replica admits it after that save or beside it."""
+        with self._lock:
+            index = replica.index
+            if index is None:
+                return []
+            reach = len(key.token_ids) - 1  # the engine computes at least the prompt's last token
+            return [relay for relay in replica.prefilling
+                    if relay.key is not None and min(reach, key.shared_prefix(relay.key)) > max(predicted, index.block_size - 1)]
+
+    def wait_answering(self, relays: list[Relay], timeout_s: float = PREFILL_WAIT_S) -> bool:
+        """Until every one of ``relays`` answers (or ends); False when ``timeout_s`` ran out first."""
+        with self._answered:
+            return self._answered.wait_for(lambda: all(relay.answering for relay in relays), timeout_s)
 
     def ended(self, relay: Relay) -> None:
         self.answering(relay)

@@ -8,7 +8,9 @@ routed by load and round robin), scored on every healthy replica, and forwarded 
 one; the answer (a JSON body, or an event stream relayed chunk by chunk as it arrives) goes
 back unchanged. A connection that fails before the first byte of the answer marks the replica
 dead and is retried once on the next choice; after the first byte a failure ends the answer.
-Before the end of an answer to a request routed by its cache reaches the client (the body, or
+A request is not sent beside a prefill of its own prefix that this router sent the chosen
+replica before it: it waits until that answer starts and is routed again
+(``route_after_prefills``). Before the end of an answer to a request routed by its cache reaches the client (the body, or
 the stream's ``[DONE]``), the router applies the replica's events up to its ``next_seq``
 (bounded, ``Fleet.settle``), so a turn that follows at once is routed with them: the answer
 carries it (``x-hybridcache-next-seq``, ``hybridcache.next_seq`` in the body or the usage
@@ -37,6 +39,7 @@ _MAX_BODY = 64 * 1024 * 1024
 _CHUNK = 64 * 1024
 _STREAM_END = b"data: [DONE]"
 NEXT_SEQ_HEADER = "x-hybridcache-next-seq"  # the replica's event next_seq as its answer ended (JSON)
+_MAX_PREFILL_WAITS = 8  # waits for prefills ahead before a request is sent beside whatever still runs
 
 
 class RouterServer:
@@ -112,6 +115,32 @@ class RouterServer:
         return tokens if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens) else None
 
 
+def route_after_prefills(fleet: Fleet, metrics: RouterMetrics, key: RequestKey | None, prompt_tokens: int,
+                         exclude: tuple[Replica, ...] = ()):
+    """``Fleet.route``, but not beside a prefill of the same prefix: while a request this router
+    sent to the chosen replica shares more of the prompt than the predicted restore and is still
+    in its prefill, wait until it answers (its prefill's checkpoints are then published), apply
+    the replica's events up to then and route again. Whether the replica would otherwise restore
+    such a checkpoint for this request depends on whether it admits it after that prefill's save
+    or beside it, which no router can see; after the wait the prediction is of what is
+    announced, and the prefix is not computed twice."""
+    routed = fleet.route(key, prompt_tokens, exclude=exclude)
+    for _ in range(_MAX_PREFILL_WAITS):
+        if routed is None or key is None:
+            return routed
+        replica, decision = routed
+        ahead = fleet.prefills_ahead(replica, key, decision.predicted_tokens)
+        if not ahead:
+            return routed
+        metrics.count("prefill_waits")
+        if not fleet.wait_answering(ahead):
+            metrics.count("prefill_waits_timed_out")
+            return routed
+        fleet.settle(replica)  # the events up to the replica's next_seq now (from /kv_events)
+        routed = fleet.route(key, prompt_tokens, exclude=exclude)
+    return routed
+
+
 def _exchange(url: str, method: str, path: str, body: bytes | None, headers: dict, timeout_s: float):
     """One whole request/answer with a replica: (status, headers, body)."""
     connection = _connect(url, timeout_s)
@@ -164,12 +193,12 @@ class _Handler(BaseHTTPRequestHandler):
         router.metrics.count("requests")
         tried: tuple[Replica, ...] = ()
         for attempt in range(2):
-            routed = router.fleet.route(key, prompt_tokens, exclude=tried)
+            routed = route_after_prefills(router.fleet, router.metrics, key, prompt_tokens, tried)
             if routed is None:
                 break
             replica, decision = routed
             router.metrics.decided(replica.url, decision.reason)
-            relay = router.fleet.started(replica, prompt_tokens - decision.predicted_tokens)
+            relay = router.fleet.started(replica, prompt_tokens - decision.predicted_tokens, key)
             try:
                 response, connection = self._open(replica, raw)
                 if response is None:
@@ -221,7 +250,8 @@ class _Handler(BaseHTTPRequestHandler):
             chunk = response.read1(_CHUNK)
             if not chunk:
                 break
-            self.router.fleet.answering(relay)
+            if not _only_role(chunk):  # a chat stream's role chunk is sent before the prefill
+                self.router.fleet.answering(relay)
             tail = (tail + chunk)[-_CHUNK:]
             if _STREAM_END in chunk and not ended:  # settled and counted before the client sees the end
                 ended = True
@@ -260,6 +290,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+
+def _only_role(chunk: bytes) -> bool:
+    """Whether ``chunk`` is a chat stream's opening role event alone (no token yet)."""
+    return chunk.count(b"data:") == 1 and b'"role"' in chunk
 
 
 def _last_usage_event(stream_tail: bytes) -> bytes | None:

@@ -1,14 +1,17 @@
 """Continuous batching: chunked prefill, decode, preemption by recompute, checkpoint saves.
 
 Owns: the waiting and running queues and each request's serving state (``ServingSequence``):
-its phase, runtime state slot, generated-token count and cached-token count. The cache
+its phase, runtime state slot, generated-token count and cached-token count; and the restore
+pins waiting requests took on arrival (``ArrivalPins``). The cache
 structures it drives (block pool, state pool, trie) own their own state.
 
 One ``schedule`` call builds the next forward under a token budget and a cap on running
 sequences: running sequences first (decode tokens and the next prefill chunks), then waiting
 sequences admitted through ``CacheProtocol.admit``. A running sequence that cannot get a KV
 block preempts the most recently admitted idle sequence (recompute: it goes back to the front
-of the waiting queue with nothing cached on it). Checkpoint saves are reserved for each chunk
+of the waiting queue with nothing cached on it). A request pins, on arrival, the checkpoint its
+admission would restore then (``arrival_pins``), so a save beside it cannot evict what a router
+predicted it restores before it is admitted. Checkpoint saves are reserved for each chunk
 where the admission policy (``hybridcache.policies``, ``checkpoint_policy``; the engine's
 default is ``auto``) plans one when the sequence is admitted (a prefill chunk ends there, so a
 branch-point checkpoint exists in the engine too), at prefill chunk ends (``checkpoint_chunk_ends``), every
@@ -35,6 +38,8 @@ from hybridcache.policies import (
 )
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord
 from hybridcache.protocol import CacheProtocol
+from hybridcache.protocol_values import Refusal
+from hybridcache.scheduler.arrival_pins import ArrivalPins
 from hybridcache.sequence import Sequence
 from hybridcache.types import NO_SLOT
 
@@ -140,6 +145,7 @@ class Scheduler:
         self.eviction = eviction
         self.waiting: deque[ServingSequence] = deque()
         self.running: list[ServingSequence] = []
+        self.arrival_pins = ArrivalPins(cache)
         self.preemptions = 0
 
     @property
@@ -149,6 +155,8 @@ class Scheduler:
     def add(self, entry: ServingSequence) -> None:
         entry.phase = Phase.WAITING
         self.waiting.append(entry)
+        if entry.admissions == 0:
+            self.arrival_pins.pin(entry.seq)
 
     # --- scheduling ------------------------------------------------------------------------
 
@@ -210,6 +218,8 @@ class Scheduler:
         end = self._planned_end(entry, start, min(seq.num_tokens, start + min(budget, self.config.prefill_chunk)))
         self.cache.swap_computed_duplicates(seq)
         while not self.cache.extend(seq, end):
+            if self.arrival_pins.release_all():
+                continue  # a running request goes before what waiting ones pinned
             victim = self._preemption_victim(exclude=entry)
             if victim is None:
                 if any(other is not entry and other.in_flight for other in self.running):
@@ -225,6 +235,7 @@ class Scheduler:
     def _admit(self, entry: ServingSequence, budget: int) -> ScheduledChunk | None:
         seq = entry.seq
         seq.prefix_state.suppress_stats = entry.admissions > 0  # a recompute replay is not a new query
+        arrival = self.arrival_pins.release(seq)  # the match below pins it again (or a deeper one)
         branch = self.cache.branch_point(seq)
 
         def stop_at(start: int) -> int | None:
@@ -233,6 +244,10 @@ class Scheduler:
 
         admitted = self.cache.admit(seq, min(budget, self.config.prefill_chunk), stop_at)
         if not admitted.admitted:
+            if admitted.refused in (Refusal.NO_STATE_SLOT, Refusal.NO_KV_BLOCKS) and not self.running:
+                self.arrival_pins.release_all()  # nothing will finish to make room: the pins' goes to the head
+            elif arrival is not None:
+                self.arrival_pins.repin(seq, arrival)  # running requests make room as they finish
             return None
         entry.last_save_step = admitted.start
         if entry.admissions == 0:
@@ -364,6 +379,7 @@ class Scheduler:
     def drop_waiting_head(self) -> ServingSequence:
         """End the sequence at the head of the waiting queue (FAILED): it can never be admitted."""
         entry = self.waiting.popleft()
+        self.arrival_pins.release(entry.seq)
         entry.phase = Phase.FAILED
         return entry
 
@@ -375,6 +391,7 @@ class Scheduler:
         self.preemptions += 1
 
     def _release(self, entry: ServingSequence) -> None:
+        self.arrival_pins.release(entry.seq)
         if entry in self.running:
             self.running.remove(entry)
         self.cache.free(entry.seq, entry.runtime_slot)
@@ -388,7 +405,9 @@ class Scheduler:
         assert NO_SLOT not in running_slots, "a running sequence has no runtime slot"
         assert len(set(running_slots)) == len(running_slots), "two running sequences share a slot"
         assert self.cache.states.num_runtime == len(running_slots), "runtime slots leaked"
+        self.arrival_pins.check_invariants([entry.seq for entry in self.waiting])
         for entry in self.waiting:
             assert entry.runtime_slot == NO_SLOT and entry.seq.num_blocks == 0, "a waiting sequence holds resources"
-            assert not entry.seq.prefix_state.checkpoints.restore_pinned, "a waiting sequence holds a restore pin"
+        assert sum(entry.seq.prefix_state.checkpoints.restore_pinned for entry in self.waiting) == len(self.arrival_pins), (
+            "a waiting sequence holds a restore pin that is not its arrival pin")
         assert len(self.running) <= self.config.max_running
