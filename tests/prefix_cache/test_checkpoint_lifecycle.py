@@ -267,6 +267,23 @@ def test_restore_pin_survives_tail_allocation():
     trie.check_invariants([seq])
 
 
+def test_hold_restore_pins_before_admission_without_counting_a_hit():
+    pool, states, trie = make_hybrid()
+    cp = trie.checkpoints
+    _, record = produce(trie, tokens(32), 32)
+    seq = Sequence(tokens(50))
+    assert cp.hold_restore(seq, record) and record.restore_pins == 1 and record.hits == 0
+    assert cp.hold_restore(seq, record) is False and record.restore_pins == 1  # already held
+    trie.check_invariants([seq])
+    assert trie.free_state_slots(1) == 0  # a held checkpoint is not given up for room
+    assert cp.unpin_restore(seq) and record.restore_pins == 0
+    assert seq.prefix_state.checkpoints.restore is None
+    txn = trie.match(seq)
+    assert cp.pin_restore(seq) and record.hits == 1  # the admission's hit, once
+    grow_attach_commit(trie, seq, txn)
+    trie.check_invariants([seq])
+
+
 def test_pin_restore_refuses_a_released_checkpoint():
     pool, states, trie = make_hybrid()
     cp = trie.checkpoints

@@ -5,8 +5,9 @@ random ``instance_id`` that names this run of them (``describe``), the
 ``Announcer`` that turns the cache's changes into events, and, when the engine has host or disk
 tiers, the ``TierAnnouncer`` of their contents (medium ``CPU`` / ``DISK``) with the tier events
 waiting for the next batch (a tier reports from whichever thread called it: one lock). Each
-engine step that changed the cache or its tiers publishes at most one batch per stream, built
-from ``CacheProtocol.take_changes`` and what the tiers reported since.
+engine step that changed the cache or its tiers publishes at most two batches per stream (what
+its schedule evicted, before the forward runs; what the forward computed, as the step ends;
+docs/events.md), built from ``CacheProtocol.take_changes`` and what the tiers reported since.
 """
 
 from __future__ import annotations

@@ -265,21 +265,33 @@ class CheckpointLifecycle(CheckpointStore):
         )
 
     def select_restore(self, seq: Sequence, record: CheckpointRecord) -> None:
-        """Select ``record`` as the restore of ``seq``'s hit. Only the match calls it, after
-        ``BlockTrie.match`` claimed the sequence and refused one whose restore is pinned."""
+        """Select ``record`` as the restore of ``seq``'s hit: the match, after ``BlockTrie.match``
+        claimed the sequence and refused one whose restore is pinned, or ``hold_restore``."""
         seq.prefix_state.checkpoints.restore = record
 
     def pin_restore(self, seq: Sequence) -> bool:
         """Pin the selected restore until its copy is queued. False when nothing is selected,
         it is already pinned, or the checkpoint is gone (the match must then be dropped)."""
         self._require_own(seq)
-        state = seq.prefix_state
-        refs = state.checkpoints
+        return self._pin_selected(seq, counts_hit=True)
+
+    def hold_restore(self, seq: Sequence, record: CheckpointRecord) -> bool:
+        """Select and pin ``record`` for ``seq`` before its admission (a request waiting in a
+        queue), without counting a hit: the admission's own match counts it. Released with
+        ``unpin_restore``. False as ``pin_restore``."""
+        self._require_own(seq)
+        if seq.prefix_state.checkpoints.restore_pinned:
+            return False
+        self.select_restore(seq, record)
+        return self._pin_selected(seq, counts_hit=False)
+
+    def _pin_selected(self, seq: Sequence, counts_hit: bool) -> bool:
+        refs = seq.prefix_state.checkpoints
         record = refs.restore
         if record is None or refs.restore_pinned or not record.is_published:
             return False
         record.restore_pins += 1
-        record.hits += 1
+        record.hits += counts_hit
         refs.restore_pinned = True
         self._touch(record)
         return True

@@ -42,12 +42,8 @@ class ArrivalPins:
 
     def repin(self, seq: Sequence, record: CheckpointRecord) -> CheckpointRecord | None:
         """Pin ``record`` for ``seq`` again (after a refused admission), while it is published."""
-        if not record.is_published or seq.prefix_state.checkpoints.restore_pinned:
+        if not self._cache.checkpoints.hold_restore(seq, record):
             return None
-        checkpoints = self._cache.checkpoints
-        checkpoints.select_restore(seq, record)
-        checkpoints.pin_restore(seq)
-        record.hits -= 1  # pinning counts a hit; the admission's own pin counts this request's
         self._pinned[id(seq)] = (seq, record)
         return record
 
