@@ -62,6 +62,9 @@ class BlockMatcher:
 
     def match(self, seq: Sequence, txn: MatchTxn, base: int, base_depth: int) -> tuple[tuple[int, int], MissReason | None]:
         """Attention-only match: the new cursor handle and why the hit fell short, if it did."""
+        path = self._remembered_whole(seq, base_depth)
+        if path is not None:
+            return self._take_whole(seq, txn, path), None
         path = self.prepare(seq)
         size, start = self.block_size, seq.num_computed
         limit = (seq.num_valid - 1) // size
@@ -78,6 +81,50 @@ class BlockMatcher:
         node = path.slot_at(self.nodes, accepted)
         self._apply_hit(seq, txn, window, base_depth, accepted, node)
         return self._lookup.handle(node), reason
+
+    def _remembered_whole(self, seq: Sequence, base_depth: int) -> NodePath | None:
+        """The path ingest verified when ``match`` would take exactly all of it, else None.
+
+        It is the path of the verified node, which still holds its generation (an attached
+        node's path never changes) and lies as deep as the request can match, so ``prepare``
+        would return it unchanged (no lookup, nothing to descend; none of it is pending: a
+        path verified with a pending node is kept clipped above it, not as the verified
+        node's, and a node never becomes pending again); nothing is computed or held
+        (taken from the root with one borrow); and no policy cut applies (no recompute
+        overlap, routed experts or multimodal span). ``match`` then is one chain: borrow the
+        path, write its blocks, set the step."""
+        state = seq.prefix_state
+        position = state.trie
+        path = position.verified_path
+        if (
+            path is None
+            or base_depth
+            or path.node != position.verified
+            or path.generation != position.verified_generation
+            or path.depth != (seq.num_valid - 1) // self.block_size
+            or path.depth == 0
+            or seq.num_computed
+            or state.borrow.depth
+            or state.overlap.recompute_blocks
+            or seq.want_routed_experts
+            or seq.spans
+            or not self._book.borrow_paths
+            or not self.nodes.is_valid(path.node, path.generation)
+        ):
+            return None
+        return path
+
+    def _take_whole(self, seq: Sequence, txn: MatchTxn, path: NodePath) -> tuple[int, int]:
+        """``_apply_hit`` of a ``_remembered_whole`` path: the same borrow, table, step and
+        transaction fields; returns the cursor handle (the path's node)."""
+        ids = self.nodes.path_blocks(path)
+        self._book.borrow(seq, path.node, ids.size)
+        txn.borrowed = True
+        txn.taken = ids
+        txn.displaced = seq.place_blocks(0, ids)
+        seq.set_computed(path.depth * self.block_size)
+        txn.step_after = txn.hit_tokens = seq.num_computed
+        return path.node, path.generation
 
     def _accepted_depth(
         self, seq: Sequence, raw_depth: int, base_depth: int, runs: Runs, limit: int
