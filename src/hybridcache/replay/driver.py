@@ -1,7 +1,7 @@
 """Replay a synthesized trace through the cache in arrival order and measure what it saves.
 
 Owns, during one ``replay`` call, the run's fleet (``fleet``: each replica's cache, tuning and
-tiers) and its counters (``record.RunCounters``). What a run is asked to do is a
+tiers, and the run's counters, ``record.RunCounters``). What a run is asked to do is a
 ``run_config.RunConfig``, checked when it is built; what it measured is a ``record.RunRecord``.
 How one request is served: ``serving``; budgets and the pools they buy: ``budgets``.
 """
@@ -17,9 +17,8 @@ from hybridcache.errors import InvalidTypeError
 from hybridcache.replay.adapter import CacheAdapter, Turn
 from hybridcache.replay.fleet import Fleet
 from hybridcache.replay.oracle import foresee
-from hybridcache.replay.record import RunCounters, RunRecord
+from hybridcache.replay.record import RunRecord
 from hybridcache.replay.run_config import RunConfig
-from hybridcache.replay.serving import ServedTurn
 from hybridcache.replay.tuning import TuningProgress
 from hybridcache.workloads.records import TraceRequest
 
@@ -48,31 +47,18 @@ def replay(
     fitted = config.policy.admission.fitted(geometry.kv_blocks * config.block_size, geometry.checkpoint_slots)
     policy, foresight = foresee(dataclasses.replace(config.policy, admission=fitted), requests, config.block_size)
     fleet = Fleet(config, policy, requests, tuning_progress)
-    counters = RunCounters()
     began = time.perf_counter()
     try:
         for number, request in enumerate(requests):
             if foresight is not None:
                 foresight.advance(number)
             served = fleet.serve(request, number)
-            _count(counters, config, request, served)
             if observer is not None:
                 observer(fleet.adapters, request, served.turn)
             if progress is not None:
                 progress()
         wall_s = time.perf_counter() - began
-        return RunRecord.measured(config, policy, counters, fleet.measures(), wall_s)
+        return RunRecord.measured(config, policy, fleet.measures(), wall_s)
     finally:
         fleet.close()
 
-
-def _count(counters: RunCounters, config: RunConfig, request: TraceRequest, served: ServedTurn) -> None:
-    hit, profile = served.turn.hit_tokens, config.profile
-    counters.requests += 1
-    counters.dropped += served.dropped
-    counters.checkpoints_written += served.checkpoints_written
-    counters.prompt_tokens += request.prompt_length
-    counters.hit_tokens += hit
-    counters.hit_requests += hit > 0
-    counters.flops_saved += profile.prefill_flops(0, hit)
-    counters.flops_needed += profile.prefill_flops(0, request.prompt_length)

@@ -1,8 +1,9 @@
 """What one replay run measured: ``RunRecord``, built in one place (``RunRecord.measured``), and
 its JSON row (``RunRecord.row``), the record ``hybridcache replay --json`` writes.
 
-Owns ``RunCounters``, the totals one run adds up request by request (``driver.replay`` owns the
-instance); everything else here is a frozen value.
+Owns ``RunCounters``, the totals one run adds up request by request (``fleet.Fleet`` owns the
+instance and counts each request once, where it serves it); everything else here is a frozen
+value.
 """
 
 from __future__ import annotations
@@ -44,10 +45,11 @@ class ReplicaRecord:
 
 @dataclass(frozen=True)
 class FleetMeasures:
-    """What the fleet reports at the end of a run (``fleet.Fleet.measures``): the adapters'
-    statistics summed over replicas, the first replica's alpha, each replica's share (None for
+    """What the fleet reports at the end of a run (``fleet.Fleet.measures``): the run's counters,
+    the adapters' statistics summed over replicas, the first replica's alpha, each replica's share (None for
     one replica), the tokens tiers restored and the tier report (None without tiers)."""
 
+    counters: RunCounters
     stats: dict
     alpha: float | None
     per_replica: tuple[ReplicaRecord, ...] | None
@@ -106,11 +108,10 @@ class RunRecord:
     device_tflops: float
 
     @classmethod
-    def measured(cls, config: RunConfig, policy: Policy, counters: RunCounters, fleet: FleetMeasures,
-                 wall_s: float) -> RunRecord:
+    def measured(cls, config: RunConfig, policy: Policy, fleet: FleetMeasures, wall_s: float) -> RunRecord:
         """The record of a finished run: its ``config``, the ``policy`` it served with (fitted to
-        the pools, with the oracle's foresight), what it counted and what its fleet reports."""
-        budget, geometry, stats = config.budget, config.geometry, fleet.stats
+        the pools, with the oracle's foresight) and what its fleet counted and reports."""
+        budget, geometry, stats, counters = config.budget, config.geometry, fleet.stats, fleet.counters
         requests, prompt_tokens = counters.requests, counters.prompt_tokens
         return cls(
             policy=policy.name, admission=policy.admission.name, eviction=policy.eviction.name,

@@ -13,8 +13,7 @@ from __future__ import annotations
 from hybridcache.events.announcer import Announcer
 from hybridcache.protocol import CacheProtocol
 from hybridcache.router.policy import POLICIES, check_policy
-from hybridcache.router.replica_index import Depths, ReplicaIndex
-from hybridcache.router.request_key import RequestKey
+from hybridcache.router.replica_index import ReplicaIndex
 
 ROUTINGS = POLICIES
 check_routing = check_policy
@@ -32,6 +31,3 @@ class AnnouncedReplica:
         kv_events, state_events = self._announcer.announce(self._cache.take_changes())
         self.index.apply_kv(kv_events)
         self.index.apply_state(state_events)
-
-    def depths(self, key: RequestKey) -> Depths:
-        return self.index.depths(key)

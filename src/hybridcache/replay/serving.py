@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from hybridcache.policies import Policy, TurnView, first_end, kind_of_step
 from hybridcache.replay.adapter import CacheAdapter, Turn
-from hybridcache.workloads.records import TraceRequest
 
 
 @dataclass
@@ -28,30 +29,35 @@ class ServedTurn:
     dropped: bool = False
 
 
-def serve_turn(adapter: CacheAdapter, request: TraceRequest, policy: Policy, chunk: int) -> ServedTurn:
-    """One turn: admission, prefill chunks of at most ``chunk`` tokens from the resume point
+def serve_turn(adapter: CacheAdapter, prompt: np.ndarray, output: np.ndarray, policy: Policy, chunk: int) -> ServedTurn:
+    """One turn of a request's ``prompt`` and ``output`` (read from the trace once, by the
+    caller): admission, prefill chunks of at most ``chunk`` tokens from the resume point
     (as the engine's scheduler cuts them) also ended at every planned checkpoint, the output
     as one more chunk, release. A tier restore, if any, was adopted before."""
-    served = ServedTurn(adapter.start_turn(request.prompt))
-    plan = _TurnPlan(adapter, request, policy.admission, chunk, served.turn)
-    first = adapter.admit(served.turn, request.prompt_length, plan.stop_at)
+    served = ServedTurn(adapter.start_turn(prompt))
+    plan = _TurnPlan(policy.admission, chunk, served.turn, prompt.size, prompt.size + max(0, output.size - 1),
+                     adapter.geometry.block_size)
+    first = adapter.admit(served.turn, prompt.size, plan.stop_at)
     if first is None:
         served.dropped = True
     else:
-        _forward(adapter, request, plan, first, served)
+        _forward(adapter, output, plan, first, served)
     adapter.finish(served.turn)
     return served
 
 
+@dataclass(frozen=True)
 class _TurnPlan:
     """Where one turn's chunks end: the prefill chunk grid from the resume point, the
-    checkpoints the admission policy saves, the prompt end and the turn's last token."""
+    checkpoints the admission policy saves, the prompt end and the turn's last token
+    (``final_end``)."""
 
-    def __init__(self, adapter: CacheAdapter, request: TraceRequest, admission, chunk: int, turn: Turn) -> None:
-        self.admission, self.chunk, self.turn = admission, chunk, turn
-        self.prompt_length = request.prompt_length
-        self.final_end = request.prompt_length + max(0, request.output_length - 1)
-        self.block_size = adapter.geometry.block_size
+    admission: object
+    chunk: int
+    turn: Turn
+    prompt_length: int
+    final_end: int
+    block_size: int
 
     def view(self, start: int) -> TurnView:
         return TurnView(start, self.prompt_length, self.final_end, min(self.turn.branch, self.prompt_length), self.block_size)
@@ -73,7 +79,7 @@ class _TurnPlan:
         return prompt_ends, ends[len(prompt_ends):], kinds
 
 
-def _forward(adapter: CacheAdapter, request: TraceRequest, plan: _TurnPlan, first: int, served: ServedTurn) -> None:
+def _forward(adapter: CacheAdapter, output: np.ndarray, plan: _TurnPlan, first: int, served: ServedTurn) -> None:
     """The prompt's chunks, then the output's; stops (dropped) where blocks cannot be freed."""
     turn = served.turn
     prompt_ends, output_ends, kinds = plan.groups(first)
@@ -91,5 +97,5 @@ def _forward(adapter: CacheAdapter, request: TraceRequest, plan: _TurnPlan, firs
         if len(published) < len(chunk_ends):
             served.dropped = True
             return
-        if chunk_ends[-1] == request.prompt_length:
-            adapter.append(turn, request.output)
+        if chunk_ends[-1] == plan.prompt_length:
+            adapter.append(turn, output)

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
+
 from hybridcache.errors import StoreError
 from hybridcache.profiles import ModelProfile
 from hybridcache.replay.adapter import CacheAdapter
@@ -40,7 +42,6 @@ from hybridcache.tiers.restore_cost import RestoreCost, StandInSizes
 from hybridcache.tiers.restore import Restore
 from hybridcache.tiers.tier_calls import TIER_NAMES
 from hybridcache.tiers.tiered import TieredStore
-from hybridcache.workloads.records import TraceRequest
 
 _REMOVE_BATCH = 512
 
@@ -166,11 +167,11 @@ class TierRun:
             self.close()
             raise
 
-    def turn_keys(self, request: TraceRequest) -> TurnKeys:
-        """What ``request``'s tier work carries, made once: its prompt as a sequence and the key
-        chain of its whole turn (prompt and output)."""
-        chain = self.replicas[0].client.chain(Sequence(request.tokens), request.tokens.size)
-        return TurnKeys(Sequence(request.prompt), chain)
+    def turn_keys(self, tokens: np.ndarray, prompt: np.ndarray) -> TurnKeys:
+        """What the tier work of a request (its ``tokens``, ``prompt`` then output) carries, made
+        once: its prompt as a sequence and the key chain of its whole turn."""
+        chain = self.replicas[0].client.chain(Sequence(tokens), tokens.size)
+        return TurnKeys(Sequence(prompt), chain)
 
     def restorable_depths(self, keys: TurnKeys, depths: list[Depths]) -> list[Depths]:
         """``depths`` (what each replica's device cache announced) deepened by the steps each
@@ -191,7 +192,7 @@ class TierRun:
         request of ``keys`` its tiers hold beyond its device cache's hit."""
         self.replicas[replica].adopt_prefix(keys)
 
-    def store_prefix(self, replica: int, request: TraceRequest, served: ServedTurn, keys: TurnKeys) -> None:
+    def store_prefix(self, replica: int, prompt_length: int, served: ServedTurn, keys: TurnKeys) -> None:
         """Publish what the turn computed beyond its hit: every chunk-aligned chunk end (the engine
         publishes those), the deepest aligned step of the prompt and of the turn end."""
         ends, turn = served.ends, served.turn
@@ -199,7 +200,7 @@ class TierRun:
             return
         computed, chunk = ends[-1], self.shared.setup.chunk_size
         wanted = {end for end in ends if end % chunk == 0}
-        wanted |= {min(request.prompt_length, computed) // chunk * chunk, computed // chunk * chunk}
+        wanted |= {min(prompt_length, computed) // chunk * chunk, computed // chunk * chunk}
         steps = sorted(step for step in wanted if step > turn.hit_tokens)
         if steps:
             self.replicas[replica].store_prefix(turn.seq, steps, keys.chain, self.published)

@@ -21,21 +21,30 @@ from hybridcache.workloads.records import TraceRequest
 TuningProgress = Callable[[int, int], None]
 
 
+def tuning_for(adapter: CacheAdapter, policy: Policy, prefill_chunk: int,
+               progress: TuningProgress | None = None) -> Tuning | None:
+    """The tuning of the replica of ``adapter``; None when its eviction is not Marconi's (it
+    tunes nothing, so its requests need not pass here)."""
+    return Tuning(adapter, policy, prefill_chunk, progress) if isinstance(adapter.eviction, MarconiState) else None
+
+
 class Tuning:
     """A snapshot of the cache at the first eviction, the bootstrap window replayed from it once
-    per weight; a replica whose eviction is not Marconi's tunes nothing."""
+    per weight."""
 
     def __init__(self, adapter: CacheAdapter, policy: Policy, prefill_chunk: int,
                  progress: TuningProgress | None = None) -> None:
         self.adapter, self.policy, self.chunk = adapter, policy, prefill_chunk
-        self.tuner = AlphaTuner() if isinstance(adapter.eviction, MarconiState) else None
+        self.tuner = AlphaTuner()
         self.snapshot: CacheAdapter | None = None
         self.progress = progress
 
-    def after(self, request: TraceRequest) -> None:
+    def after(self, request: TraceRequest) -> bool:
+        """Let the tuning see a request its replica served; True once alpha is chosen (the
+        tuning is done and need see no more)."""
         tuner = self.tuner
-        if tuner is None or tuner.tuned:
-            return
+        if tuner.tuned:
+            return True
         tuner.record(request)
         if tuner.wants_snapshot(_evicted(self.adapter)):
             self.snapshot = copy.deepcopy(self.adapter)
@@ -44,6 +53,7 @@ class Tuning:
             hits = {alpha: self._replay_window(alpha, trial) for trial, alpha in enumerate(tuner.grid)}
             self.adapter.eviction.set_alpha(tuner.choose(hits))
             self.snapshot = None
+        return tuner.tuned
 
     def _replay_window(self, alpha: float, trial_number: int) -> int:
         trial = copy.deepcopy(self.snapshot)
@@ -52,7 +62,7 @@ class Tuning:
         total = len(window) * len(self.tuner.grid)
         hits = 0
         for number, request in enumerate(window, start=trial_number * len(window) + 1):
-            hits += serve_turn(trial, request, self.policy, self.chunk).turn.hit_tokens
+            hits += serve_turn(trial, request.prompt, request.output, self.policy, self.chunk).turn.hit_tokens
             if self.progress is not None:
                 self.progress(number, total)
         return hits
