@@ -292,11 +292,15 @@ def test_scheduler_keeps_a_rejected_request_at_the_front():
     w = cached_world(prompt_len=19, num_blocks=5)
     hog = take_all_free(w.pool)
     entry = w.add(follow_up(prompt_len=19).tokens.tolist(), max_new_tokens=2)
-    before = world_image(w.pool, w.states, w.trie, entry.seq)
+    pins = w.sched.arrival_pins
+    assert len(pins) == 1  # what it would restore, pinned on arrival
     batch = w.sched.schedule()
     assert batch.chunks == [] and list(w.sched.waiting) == [entry]
+    assert len(pins) == 0  # released for its match; nothing runs that could free room, so not taken again
+    before = world_image(w.pool, w.states, w.trie, entry.seq)
+    assert w.sched.schedule().chunks == [] and list(w.sched.waiting) == [entry]
     assert entry.admissions == 0 and entry.cached_tokens == 0
-    assert world_image(w.pool, w.states, w.trie, entry.seq) == before
+    assert world_image(w.pool, w.states, w.trie, entry.seq) == before  # the refused admission is undone
     w.sched.check_invariants()
     check(w, hog)
     w.pool.release_table(hog)
