@@ -81,10 +81,21 @@ class Attacher:
             found_depth = depth
         if found_depth < end:
             node = self._attach_new(seq, keys, node, found_depth, end)
-        generation = int(self.nodes.generation[node])
-        position.cursor, position.cursor_generation = node, generation
-        position.verified, position.verified_generation = node, generation
+        position.verified, position.verified_generation = node, int(self.nodes.generation[node])
+        cursor = self._undetachable(seq, node)
+        position.cursor, position.cursor_generation = cursor, int(self.nodes.generation[cursor])
         recompute.fresh_range = NO_FRESH_RANGE
+
+    def _undetachable(self, seq: Sequence, node: int) -> int:
+        """The deepest node at or above ``node`` that no other sequence's failed forward can
+        detach: ready, or pending on this sequence's own block. A pending leaf another sequence
+        attached is adopted (its block mapped) but not held as the cursor: its producer's
+        ``discard_pending`` would take it, and with it this sequence's own pending nodes above."""
+        nodes = self.nodes
+        table = seq.block_table
+        while not nodes.is_root[node] and nodes.pending[node] and nodes.block[node] != table[int(nodes.depth[node]) - 1]:
+            node = int(nodes.parent[node])
+        return node
 
     def allocate_if_trivial(self, seq: Sequence, upto: int) -> bool:
         """``allocate(seq, upto)`` when the table will cover ``upto`` tokens and it would only
