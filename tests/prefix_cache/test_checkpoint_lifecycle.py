@@ -284,6 +284,22 @@ def test_hold_restore_pins_before_admission_without_counting_a_hit():
     trie.check_invariants([seq])
 
 
+def test_hold_restore_refuses_a_released_checkpoint_and_a_foreign_record():
+    pool, states, trie = make_hybrid()
+    other_trie = make_hybrid()[2]
+    _, foreign = produce(other_trie, tokens(32), 32)
+    _, record = produce(trie, tokens(32), 32)
+    seq = Sequence(tokens(50))
+    with pytest.raises(InvalidArgumentError):
+        trie.checkpoints.hold_restore(seq, foreign)
+    with pytest.raises(InvalidArgumentError):
+        trie.checkpoints.hold_restore(seq, "a record")
+    assert trie.free_state_slots(1) == 1  # released
+    assert trie.checkpoints.hold_restore(seq, record) is False
+    assert seq.prefix_state.checkpoints.restore is None  # nothing selected
+    trie.check_invariants([seq])
+
+
 def test_pin_restore_refuses_a_released_checkpoint():
     pool, states, trie = make_hybrid()
     cp = trie.checkpoints

@@ -198,3 +198,21 @@ def test_a_router_asks_the_shared_tier_once_and_each_replica_how_deep_a_restore_
     assert reader.store.counters["shared_read_count_kv"] == 0  # existence only: nothing was read
     assert _client().shared_presence(chain) is None  # no shared tier
     assert _client().reachable_step(chain, (CHUNK, CHUNK)) == CHUNK
+
+
+def test_a_chain_made_for_other_tokens_or_another_namespace_is_never_used():
+    turn = TOKENS + list(range(500, 500 + 2 * CHUNK))
+    writer = _client()
+    other = writer.chain(Sequence([9] + turn[1:]), len(turn))
+    adapted = writer.chain(Sequence(turn, adapter="lora-a"), len(turn))
+    for made in (other, adapted):
+        assert writer.store_prefix(Sequence(turn), [CHUNK], slot=5, made=made) is None
+    assert writer.stats.publish_failed == {"InvalidArgumentError": 2} and writer.stats.published_steps == 0
+    writer.store_prefix(Sequence(turn), [CHUNK], slot=5)
+    device = FakeDevice(held=(0, 0))
+    reader = _client(device, store=writer.store)
+    for made in (other, adapted):
+        assert reader.adopt_prefix(Sequence(TOKENS), made).miss_reason == TIER_ERROR
+    assert reader.stats.restore_failed == {"InvalidArgumentError": 2} and not device.adopted
+    with pytest.raises(InvalidTypeError):
+        reader.restore_chain(Sequence(TOKENS), "a chain")

@@ -278,10 +278,14 @@ class CheckpointLifecycle(CheckpointStore):
     def hold_restore(self, seq: Sequence, record: CheckpointRecord) -> bool:
         """Select and pin ``record`` for ``seq`` before its admission (a request waiting in a
         queue), without counting a hit: the admission's own match counts it. Released with
-        ``unpin_restore``. False as ``pin_restore``."""
+        ``unpin_restore``. False as ``pin_restore``, the selection then unchanged."""
         self._require_own(seq)
-        if seq.prefix_state.checkpoints.restore_pinned:
+        if not isinstance(record, CheckpointRecord):
+            raise InvalidArgumentError("hold_restore takes a checkpoint record")
+        if seq.prefix_state.checkpoints.restore_pinned or not record.is_published:
             return False
+        if not any(live is record for live in self.records_at(record.anchor)):
+            raise InvalidArgumentError("hold_restore takes a checkpoint record of this cache")
         self.select_restore(seq, record)
         return self._pin_selected(seq, counts_hit=False)
 

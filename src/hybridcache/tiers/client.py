@@ -24,7 +24,7 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from hybridcache.errors import InvalidTypeError, LifecycleError
+from hybridcache.errors import InvalidArgumentError, InvalidTypeError, LifecycleError
 from hybridcache.sequence import Sequence
 from hybridcache.tiers.fingerprint import NamespaceFingerprint
 from hybridcache.tiers.keys import KeyChain
@@ -174,7 +174,16 @@ class TierClient:
         limit = self.restore_limit(seq)
         if limit <= 0:
             return None
-        return self.chain(seq, limit) if made is None else made.prefix(limit)
+        return self.chain(seq, limit) if made is None else self._checked(made, seq, limit).prefix(limit)
+
+    def _checked(self, made: KeyChain, seq: Sequence, end: int) -> KeyChain:
+        """``made``, once it is a chain of ``seq``'s own tokens to ``end`` in its namespace: one
+        of other tokens would adopt, or publish, KV under keys that are not the sequence's."""
+        if not isinstance(made, KeyChain):
+            raise InvalidTypeError("made must be a KeyChain")
+        if not made.describes(self.fingerprint, seq, end):
+            raise InvalidArgumentError("made is not a chain of this sequence's tokens in its namespace")
+        return made
 
     # --- read path -------------------------------------------------------------------------------
 
@@ -269,7 +278,7 @@ class TierClient:
         steps = [step for step in steps if step > 0 and not step % size and seq.is_boundary_safe(step)]
         if not steps:
             return None
-        chain = self.chain(seq, steps[-1]) if made is None else made
+        chain = self.chain(seq, steps[-1]) if made is None else self._checked(made, seq, steps[-1])
         payloads = self.device.payloads(seq, slot)
         for step in steps:
             report = self.store.store_prefix(chain, step, payloads.chunk, payloads.state)

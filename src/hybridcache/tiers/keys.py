@@ -150,6 +150,21 @@ class KeyChain:
         chain.checkpoint_names = MappingProxyType({step: self.checkpoint_names[step] for step in chain.steps})
         return chain
 
+    def describes(self, base: NamespaceFingerprint, sequence: Sequence, end: int) -> bool:
+        """Whether this chain's first ``end`` tokens, namespace and spans are ``sequence``'s own
+        (``base`` with its adapter and cache salt): a chain made earlier may stand in for
+        ``for_sequence(base, sequence, end)`` only then."""
+        namespace = sequence.namespace
+        if self.fingerprint != base.in_namespace(namespace.adapter, namespace.cache_salt):
+            return False
+        if end > self.tokens.size or end > sequence.num_tokens:
+            return False
+        own_spans = tuple(_as_carried(span) for span in sequence.spans_overlapping(0, end))
+        return (
+            tuple(span for span in self.spans if span.start < end) == own_spans
+            and np.array_equal(self.tokens[:end], sequence.token_view(0, end))
+        )
+
     @classmethod
     def for_sequence(cls, base: NamespaceFingerprint, sequence: Sequence, end: int | None = None) -> KeyChain:
         """The chain of a sequence's tokens ``[0, end)`` (default: all of them) in its own
