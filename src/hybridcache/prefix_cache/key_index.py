@@ -7,7 +7,8 @@ entry in the arrays is tombstoned (slot -1) and purged at the next merge. A key 
 to one slot; the rare extra slots of a key collision are kept in a side dict, so a collision
 never prevents caching.
 
-The children of namespace roots stay in a dict of their own for good (never merged): every
+The children of namespace roots go to a dict of their own (never merged; one promoted from a
+collision list when its key's first slot leaves goes the general way, which costs only speed): every
 lookup from a root probes one of them (a request's first block), and a dict probe is one
 cache miss where a binary search of the arrays is a dozen, after a long comparison has
 evicted them (about 2 µs per request at 64K tokens). They are a small share of all nodes.

@@ -150,6 +150,8 @@ class Fleet:
 
     def close(self) -> None:
         self._stop.set()
+        with self._answered:
+            self._answered.notify_all()  # requests waiting for a prefill ahead go on at once
         if self._thread.is_alive():
             self._thread.join(self._interval + 5)
         with self._lock:
@@ -261,9 +263,11 @@ class Fleet:
                     if relay.key is not None and min(reach, key.shared_prefix(relay.key)) > max(predicted, index.block_size - 1)]
 
     def wait_answering(self, relays: list[Relay], timeout_s: float = PREFILL_WAIT_S) -> bool:
-        """Until every one of ``relays`` answers (or ends); False when ``timeout_s`` ran out first."""
+        """Until every one of ``relays`` answers (or ends); False when ``timeout_s`` ran out, or
+        the fleet closed, first."""
         with self._answered:
-            return self._answered.wait_for(lambda: all(relay.answering for relay in relays), timeout_s)
+            self._answered.wait_for(lambda: self._stop.is_set() or all(relay.answering for relay in relays), timeout_s)
+            return not self._stop.is_set() and all(relay.answering for relay in relays)
 
     def ended(self, relay: Relay) -> None:
         self.answering(relay)

@@ -24,11 +24,12 @@ from __future__ import annotations
 import http.client
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 from hybridcache.router.discovery import answer_next_seqs
-from hybridcache.router.fleet import Fleet, Relay, Replica
+from hybridcache.router.fleet import PREFILL_WAIT_S, Fleet, Relay, Replica
 from hybridcache.router.metrics import RouterMetrics
 from hybridcache.router.policy import Decision
 from hybridcache.router.request_key import RequestKey
@@ -116,14 +117,17 @@ class RouterServer:
 
 
 def route_after_prefills(fleet: Fleet, metrics: RouterMetrics, key: RequestKey | None, prompt_tokens: int,
-                         exclude: tuple[Replica, ...] = ()):
+                         exclude: tuple[Replica, ...] = (), deadline: float | None = None):
     """``Fleet.route``, but not beside a prefill of the same prefix: while a request this router
     sent to the chosen replica shares more of the prompt than the predicted restore and is still
     in its prefill, wait until it answers (its prefill's checkpoints are then published), apply
     the replica's events up to then and route again. Whether the replica would otherwise restore
     such a checkpoint for this request depends on whether it admits it after that prefill's save
     or beside it, which no router can see; after the wait the prediction is of what is
-    announced, and the prefix is not computed twice."""
+    announced, and the prefix is not computed twice. All waits of one request end by
+    ``deadline`` (``time.monotonic``; default ``PREFILL_WAIT_S`` from now)."""
+    if deadline is None:
+        deadline = time.monotonic() + PREFILL_WAIT_S
     routed = fleet.route(key, prompt_tokens, exclude=exclude)
     for _ in range(_MAX_PREFILL_WAITS):
         if routed is None or key is None:
@@ -133,7 +137,7 @@ def route_after_prefills(fleet: Fleet, metrics: RouterMetrics, key: RequestKey |
         if not ahead:
             return routed
         metrics.count("prefill_waits")
-        if not fleet.wait_answering(ahead):
+        if not fleet.wait_answering(ahead, max(0.0, deadline - time.monotonic())):
             metrics.count("prefill_waits_timed_out")
             return routed
         fleet.settle(replica)  # the events up to the replica's next_seq now (from /kv_events)
@@ -192,8 +196,9 @@ class _Handler(BaseHTTPRequestHandler):
         router = self.router
         router.metrics.count("requests")
         tried: tuple[Replica, ...] = ()
+        waits_end = time.monotonic() + PREFILL_WAIT_S  # one bound for the waits of both attempts
         for attempt in range(2):
-            routed = route_after_prefills(router.fleet, router.metrics, key, prompt_tokens, tried)
+            routed = route_after_prefills(router.fleet, router.metrics, key, prompt_tokens, tried, waits_end)
             if routed is None:
                 break
             replica, decision = routed
