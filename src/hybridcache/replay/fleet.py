@@ -77,7 +77,7 @@ class Fleet:
         index = self._route(prompt, number, keys)
         replica = self.replicas[index]
         if tiers is not None:
-            tiers.adopt_prefix(index, keys)
+            tiers.replicas[index].adopt_prefix(keys)  # before the turn starts, as the engine adopts
         served = serve_turn(replica.adapter, prompt, request.output, self.policy, self.config.prefill_chunk)
         if tiers is not None:
             tiers.store_prefix(index, prompt.size, served, keys)

@@ -187,11 +187,6 @@ class TierRun:
             for tiers, d in zip(self.replicas, depths)
         ]
 
-    def adopt_prefix(self, replica: int, keys: TurnKeys) -> None:
-        """Before its turn starts: ``replica`` adopts the deepest verified restore of the
-        request of ``keys`` its tiers hold beyond its device cache's hit."""
-        self.replicas[replica].adopt_prefix(keys)
-
     def store_prefix(self, replica: int, prompt_length: int, served: ServedTurn, keys: TurnKeys) -> None:
         """Publish what the turn computed beyond its hit: every chunk-aligned chunk end (the engine
         publishes those), the deepest aligned step of the prompt and of the turn end."""
