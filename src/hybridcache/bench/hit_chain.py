@@ -76,14 +76,7 @@ def _kv_stages(impl: HybridcacheImpl, case: Case) -> dict[str, Stage]:
         claimed(seq)
         return lookup.extend_verified(seq, blocks)[0]
 
-    def ingested(seq: Sequence) -> None:
-        trie.prepare(seq)
-
-    def rolled_back(seq: Sequence, txn: MatchTxn) -> None:
-        trie.rollback(txn)
-
-    return {
-        "ingest (trie.prepare)": (_nothing, lambda seq, _: trie.prepare(seq), _nothing),
+    ingest_stages = {
         "› extend_verified": (claimed, lambda seq, _: lookup.extend_verified(seq, blocks), _nothing),
         "› › descend from the root": (claimed, lambda seq, _: lookup.descend(seq, root, 0, blocks), _nothing),
         "› › › comparison of the run (memcmp)": (
@@ -94,18 +87,15 @@ def _kv_stages(impl: HybridcacheImpl, case: Case) -> dict[str, Stage]:
         "› › › child by key (key index)": (
             claimed, lambda seq, _: nodes.candidates(keyer.key_after(seq, 0, root_sum)), _nothing),
         "› path_of": (extended, lambda seq, node: lookup.path_of(seq, node, blocks), _nothing),
-        "match (trie.match)": (ingested, lambda seq, _: trie.match(seq), rolled_back),
-        "› re-verification (matcher.prepare)": (ingested, lambda seq, _: trie.matcher.prepare(seq), _nothing),
-        "› resume point": (ingested, lambda seq, _: lookup.resume_point(seq), _nothing),
-        "› MatchTxn(seq)": (ingested, lambda seq, _: MatchTxn(seq), _nothing),
     }
+    return _around_ingest_and_match(trie, ingest_stages, {"› re-verification (matcher.prepare)": trie.matcher.prepare})
 
 
 def _hybrid_stages(impl: HybridcacheImpl, case: Case) -> dict[str, Stage]:
     """Stage -> (preparation, call, clean-up) of a hybrid hit (an aligned checkpoint at the
     prompt's end), as the trie calls it; nested ingest stages run on claimed requests."""
     trie, size = impl.trie, case.block_size
-    lookup, keyer, tokens, index = trie.lookup, trie.keyer, trie.tokens, trie.index
+    keyer, tokens, index = trie.keyer, trie.tokens, trie.index
     blocks = case.context // size
     step = blocks * size
     namespace = Sequence([0]).namespace
@@ -123,14 +113,7 @@ def _hybrid_stages(impl: HybridcacheImpl, case: Case) -> dict[str, Stage]:
         claimed(seq)
         return probed(seq)[1].anchor_path.runs[0]
 
-    def ingested(seq: Sequence) -> None:
-        trie.prepare(seq)
-
-    def rolled_back(seq: Sequence, txn: MatchTxn) -> None:
-        trie.rollback(txn)
-
-    return {
-        "ingest (trie.prepare)": (_nothing, lambda seq, _: trie.prepare(seq), _nothing),
+    ingest_stages = {
         "› candidate steps": (
             claimed, lambda seq, _: index.candidate_steps(namespace, 0, seq.num_valid - 1), _nothing),
         "› probe value (one block hashed)": (claimed, lambda seq, _: keyer.value_of(seq, blocks - 1), _nothing),
@@ -138,10 +121,26 @@ def _hybrid_stages(impl: HybridcacheImpl, case: Case) -> dict[str, Stage]:
         "› record verification": (probed, lambda seq, probe: index.verify(probe[1], probe[0], seq), _nothing),
         "› comparison of the anchor's path (memcmp)": (
             anchor_run, lambda seq, run: tokens.equals(run[0], run[1], seq, 0), _must_match),
+    }
+    return _around_ingest_and_match(trie, ingest_stages, {"› the remembered search (matcher.find)": trie.matcher.find})
+
+
+def _around_ingest_and_match(trie, ingest_stages: dict[str, Stage], match_steps: dict) -> dict[str, Stage]:
+    """Both hits' stages in order: ingest, its nested ``ingest_stages``, then match and its
+    nested stages (``match_steps``: name -> a call on an ingested request, then the two both
+    hits share)."""
+    def ingested(seq: Sequence) -> None:
+        trie.prepare(seq)
+
+    def rolled_back(seq: Sequence, txn: MatchTxn) -> None:
+        trie.rollback(txn)
+
+    match_steps = {**match_steps, "› resume point": trie.lookup.resume_point, "› MatchTxn(seq)": MatchTxn}
+    return {
+        "ingest (trie.prepare)": (_nothing, lambda seq, _: trie.prepare(seq), _nothing),
+        **ingest_stages,
         "match (trie.match)": (ingested, lambda seq, _: trie.match(seq), rolled_back),
-        "› the remembered search (matcher.find)": (ingested, lambda seq, _: trie.matcher.find(seq), _nothing),
-        "› resume point": (ingested, lambda seq, _: lookup.resume_point(seq), _nothing),
-        "› MatchTxn(seq)": (ingested, lambda seq, _: MatchTxn(seq), _nothing),
+        **{name: (ingested, lambda seq, _, call=call: call(seq), _nothing) for name, call in match_steps.items()},
     }
 
 
