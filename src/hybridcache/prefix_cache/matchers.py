@@ -117,11 +117,7 @@ class BlockMatcher:
     def _take_whole(self, seq: Sequence, txn: MatchTxn, path: NodePath) -> tuple[int, int]:
         """``_apply_hit`` of a ``_remembered_whole`` path: the same borrow, table, step and
         transaction fields; returns the cursor handle (the path's node)."""
-        ids = self.nodes.path_blocks(path)
-        self._book.borrow(seq, path.node, ids.size)
-        txn.borrowed = True
-        txn.taken = ids
-        txn.displaced = seq.place_blocks(0, ids)
+        self._book.take_path_blocks(seq, txn, self.nodes.path_blocks(path), 0, path.node)  # the borrowing branch
         seq.set_computed(path.depth * self.block_size)
         txn.step_after = txn.hit_tokens = seq.num_computed
         return path.node, path.generation
