@@ -206,11 +206,7 @@ class ViewBook:
         nodes = self.trie.nodes
         if slot < 0 or not nodes.attached[slot] or nodes.is_root[slot]:
             return self.root(adapter_name)
-        generation = int(nodes.generation[slot])
-        view = self._nodes.get(slot)
-        if view is None or view.generation != generation:
-            view = self._nodes[slot] = NodeView(self, slot, generation, adapter_name)
-        return view
+        return self._view_of(slot, int(nodes.generation[slot]), adapter_name)
 
     def live_node(self, slot: int, generation: int, adapter_name: str | None) -> NodeView:
         """The view of the node handle ``(slot, generation)`` while that node is attached with
@@ -219,6 +215,10 @@ class ViewBook:
         nodes = self.trie.nodes
         if not nodes.is_valid(slot, generation) or nodes.is_root[slot]:
             return self.root(adapter_name)
+        return self._view_of(slot, generation, adapter_name)
+
+    def _view_of(self, slot: int, generation: int, adapter_name: str | None) -> NodeView:
+        """The one view of attached node ``slot`` at ``generation`` (made when it changed)."""
         view = self._nodes.get(slot)
         if view is None or view.generation != generation:
             view = self._nodes[slot] = NodeView(self, slot, generation, adapter_name)
