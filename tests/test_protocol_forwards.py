@@ -1,5 +1,6 @@
 """Several forwards of one sequence in one call (``run_forwards``): the same decisions and the
-same records as the one-by-one boundaries, over random schedules under pool pressure."""
+same records as the one-by-one boundaries, over random schedules under pool pressure, with and
+without an eviction policy state that learns from the producer (told and asked alike)."""
 
 from __future__ import annotations
 
@@ -11,27 +12,59 @@ import pytest
 from hybridcache import CacheConfig, Sequence
 from hybridcache.cache import build_cache
 from hybridcache.errors import InvalidStepError, InvalidTypeError
+from hybridcache.policies.admission import KINDS
+from hybridcache.policies.eviction import LeafLRUState
 from hybridcache.protocol import CacheProtocol
 
 B = 8
 
 
-def protocol(blocks: int, slots: int) -> CacheProtocol:
+class RecordingNotes(LeafLRUState):
+    """A producer-notes policy state: declines the saves at multiples of 5, records every note
+    with the structures checked whole at that moment (mid-``run_forwards`` too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.notes: list[tuple] = []
+        self.cache: CacheProtocol | None = None
+        self.live: list[Sequence] = []
+
+    def admits(self, seq, step: int, kind: str) -> bool:
+        return step % 5 != 0
+
+    def note_save(self, record, parent_step: int, kind: str) -> None:
+        super().note_save(record, parent_step, kind)
+        self.cache.check_invariants(self.live)
+        self.notes.append(("save", record.step, parent_step, kind))
+
+    def note_admitted(self, seq, restore) -> None:
+        self.notes.append(("admitted", seq.num_computed, None if restore is None else restore.step))
+
+
+def protocol(blocks: int, slots: int, notes: RecordingNotes | None = None) -> CacheProtocol:
     config = CacheConfig(block_size=B, num_kv_blocks=blocks, num_state_slots=slots + 2, checkpoint_budget=slots, hybrid=True)
-    return CacheProtocol(build_cache(config, track_pending=True))
+    cache = CacheProtocol(build_cache(config, track_pending=True, eviction=notes))
+    if notes is not None:
+        notes.cache = cache
+    return cache
+
+
+def kind_of(end: int) -> str:
+    return KINDS[end % len(KINDS)]
 
 
 def one_by_one(cache: CacheProtocol, seq: Sequence, ends: list[int], saves: set[int]) -> list[bool]:
     """The reference path: each forward through the single-step boundaries, invariants checked
-    after every call."""
+    after every call; each save told its reason and the step it is computed from."""
     published = []
+    parent = seq.num_computed
     for index, end in enumerate(ends):
         if index:
             cache.swap_computed_duplicates(seq)
             if not cache.extend(seq, end):
                 break
             cache.check_invariants([seq])
-        record = cache.reserve_save(seq, end).record if end in saves else None
+        record = cache.reserve_save(seq, end, kind_of(end), parent).record if end in saves else None
         cache.check_invariants([seq])
         cache.forward_queued(seq)
         queued_published = record is not None and record.is_published
@@ -41,25 +74,17 @@ def one_by_one(cache: CacheProtocol, seq: Sequence, ends: list[int], saves: set[
         landed = cache.forward_done(seq, start)
         assert landed.published == queued_published and landed.save is (record if queued_published else None)
         published.append(landed.published)
+        parent = end if landed.published else parent
         cache.check_invariants([seq])
     return published
 
 
 def batched(cache: CacheProtocol, seq: Sequence, ends: list[int], saves: set[int]) -> list[bool]:
-    seen = []
-
-    def on_save(record, last_published):
-        cache.check_invariants([seq])  # every reserve leaves the structures whole mid-call
-        seen.append((record.step, last_published))
-
     before = astuple(cache.released_checkpoints())
-    run = cache.run_forwards(seq, ends, saves, on_save)
+    run = cache.run_forwards(seq, ends, {end: kind_of(end) for end in saves}, seq.num_computed)
     cache.check_invariants([seq])
     after = astuple(cache.released_checkpoints())
     assert astuple(run.released) == tuple(b - a for a, b in zip(before, after))  # the run reports every release
-    reserved = [step for step, _ in seen]
-    assert reserved == sorted(reserved) and set(reserved) <= saves
-    assert all(last < step for step, last in seen)
     return run.published
 
 
@@ -79,8 +104,10 @@ def schedule(rng: np.random.Generator, prompt_length: int, start: int) -> tuple[
     return ends, saves
 
 
-def serve(cache: CacheProtocol, tokens: np.ndarray, chunk: int, rng: np.random.Generator, path) -> tuple:
+def serve(cache: CacheProtocol, tokens: np.ndarray, chunk: int, rng: np.random.Generator, path, notes=None) -> tuple:
     seq = Sequence(tokens)
+    if notes is not None:
+        notes.live = [seq]
     cache.prepare(seq)
     admission = cache.admit(seq, chunk)
     cache.check_invariants([seq])
@@ -104,17 +131,24 @@ def prompts(rng: np.random.Generator, count: int) -> list[np.ndarray]:
     ]
 
 
+@pytest.mark.parametrize("learns", [False, True])
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("blocks,slots", [(8, 2), (24, 3), (64, 6), (400, 40)])
-def test_batched_forwards_make_the_same_decisions_and_records_as_one_by_one(seed, blocks, slots):
+def test_batched_forwards_make_the_same_decisions_and_records_as_one_by_one(seed, blocks, slots, learns):
     trace = prompts(np.random.default_rng(seed), 40)
-    caches = {path: protocol(blocks, slots) for path in (one_by_one, batched)}
+    notes = {path: RecordingNotes() if learns else None for path in (one_by_one, batched)}
+    caches = {path: protocol(blocks, slots, notes[path]) for path in (one_by_one, batched)}
     results = {}
     for path, cache in caches.items():
         rng = np.random.default_rng(1000 + seed)  # the same schedules for both paths
-        results[path] = [serve(cache, tokens, int(rng.integers(1, 30)), rng, path) for tokens in trace]
+        results[path] = [serve(cache, tokens, int(rng.integers(1, 30)), rng, path, notes[path]) for tokens in trace]
     assert results[batched] == results[one_by_one]
     assert fingerprint(caches[batched], []) == fingerprint(caches[one_by_one], [])
+    if learns:  # told the same notes in the same order, a declined save never reserved
+        assert notes[batched].notes == notes[one_by_one].notes
+        saved = [note for note in notes[batched].notes if note[0] == "save"]
+        assert saved and all(step % 5 and parent < step for _, step, parent, _ in saved)
+        assert any(note[0] == "admitted" for note in notes[batched].notes)
     released = caches[batched].released_checkpoints()
     # the trie's eviction counter is exactly the releases under state-slot and KV pressure
     assert caches[batched].stats()["evicted_checkpoints"] == released.state_slots + released.kv_blocks

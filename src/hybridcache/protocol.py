@@ -20,6 +20,11 @@ request's life is four steps:
 the same calls in the same order as the one-by-one boundaries, so the same decisions and
 records, without a Python round trip per save.
 
+An eviction policy state that learns from the producer (``eviction_view.ProducerNotes``) is
+told here, not by each caller: every admitted request that is not a recompute replay
+(``suppress_stats``), every save planned with a reason (it may decline it) and every one
+reserved, with the step of the state it is computed from.
+
 ``adopt(seq, step, write)`` makes a prefix computed elsewhere (fetched from a lower tier or
 another replica's store) cached here, through the same four steps with the caller's ``write``
 in place of a forward.
@@ -35,7 +40,7 @@ allocation, so a refusal only rolls back the tentative match, which is exact.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from collections.abc import Sequence as SequenceLike
 
 import numpy as np
@@ -52,7 +57,9 @@ from hybridcache.errors import (
 from hybridcache.memory.protocols import BatchBlockAllocator, BatchSlotAllocator
 from hybridcache.prefix_cache.change_log import CacheChanges
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord
+from hybridcache.policies.admission import SPECULATIVE
 from hybridcache.prefix_cache.checkpoint_store import NO_RELEASE_COUNTS, NO_RELEASES, CheckpointReleases
+from hybridcache.prefix_cache.eviction_view import ProducerNotes
 from hybridcache.prefix_cache.match_txn import MatchTxn
 from hybridcache.protocol_values import Admission, Adopted, Adoption, ForwardLanded, ForwardRun, Refusal, SaveReservation
 from hybridcache.sequence import Sequence
@@ -69,6 +76,7 @@ class CacheProtocol:
         self.block_size = components.trie.block_size
         # pools that take a batch's deferred allocations in one call (admit_many)
         self._batch_pools = isinstance(self.pool, BatchBlockAllocator) and isinstance(self.states, BatchSlotAllocator)
+        self._notes = components.eviction if isinstance(components.eviction, ProducerNotes) else None
 
     @property
     def is_hybrid(self) -> bool:
@@ -103,7 +111,13 @@ class CacheProtocol:
         ``stop_at(start)``, called once the match fixed the resume point, may end the chunk
         earlier (where an admission policy wants a checkpoint); None or a position outside the
         chunk changes nothing."""
-        return self._admit_one(seq, as_int("tokens", tokens, 0), stop_at)
+        admitted = self._admit_one(seq, as_int("tokens", tokens, 0), stop_at)
+        self._note_admitted(seq, admitted)
+        return admitted
+
+    def _note_admitted(self, seq: Sequence, admitted: Admission) -> None:
+        if self._notes is not None and admitted.admitted and not seq.prefix_state.suppress_stats:
+            self._notes.note_admitted(seq, admitted.restore)
 
     def admit_many(self, seqs: SequenceLike[Sequence], budgets: int | SequenceLike[int]) -> list[Admission]:
         """Admit each of ``seqs`` in order for a first chunk of at most its budget
@@ -142,6 +156,8 @@ class CacheProtocol:
                 deferred.restart()
         finally:  # admissions decided before a failure end admitted, as they would one by one
             deferred.take()
+        for seq, admission in zip(seqs, admitted):  # told after the step's admissions, in order
+            self._note_admitted(seq, admission)
         return admitted  # type: ignore[return-value]  # every entry was filled
 
     def _admit_one(self, seq: Sequence, tokens: int, stop_at: Callable[[int], int | None] | None) -> Admission:
@@ -215,44 +231,54 @@ class CacheProtocol:
 
     # --- forward boundaries ----------------------------------------------------------------
 
-    def reserve_save(self, seq: Sequence, step: int) -> SaveReservation:
+    def reserve_save(self, seq: Sequence, step: int, kind: str | None = None, parent_step: int = 0) -> SaveReservation:
         """Before a forward is queued: reserve a checkpoint of the state after ``step`` tokens
-        (its ``record`` None when none can be had now; a hybrid trie only), and say what was
-        released for it."""
+        (its ``record`` None when none can be had now, or the eviction policy declined a save
+        of reason ``kind``; a hybrid trie only), and say what was released for it.
+        ``parent_step``: the step of the state it is computed from (the restore or the
+        sequence's previous save)."""
+        if kind is not None and self._notes is not None and not self._notes.admits(seq, step, kind):
+            return SaveReservation(None, NO_RELEASES)
         before = self.checkpoints.release_counts()
-        return SaveReservation(self._reserve(seq, step), self._released_since(before))
+        return SaveReservation(self._reserve(seq, step, kind, parent_step), self._released_since(before))
 
-    def reserve_decode_save(self, seq: Sequence, interval: int) -> SaveReservation:
-        """Before a decode forward: the periodic decode checkpoint, at multiples of ``interval``."""
+    def reserve_decode_save(self, seq: Sequence, interval: int, parent_step: int = 0) -> SaveReservation:
+        """Before a decode forward: the periodic decode checkpoint, at multiples of ``interval``
+        (a speculative save, computed from the state at ``parent_step``)."""
         before = self.checkpoints.release_counts()
         reserved = self.trie.enabled and self.checkpoints.reserve_decode_save(seq, interval) != NO_SAVE
         record = seq.prefix_state.checkpoints.pending_save if reserved else None
+        if record is not None and self._notes is not None:
+            self._notes.note_save(record, parent_step, SPECULATIVE)
         return SaveReservation(record, self._released_since(before))
 
-    def _reserve(self, seq: Sequence, step: int) -> CheckpointRecord | None:
+    def _reserve(self, seq: Sequence, step: int, kind: str | None = None, parent_step: int = 0) -> CheckpointRecord | None:
         if not self.trie.enabled or self.checkpoints.reserve_save(seq, step) == NO_SAVE:
             return None
-        return seq.prefix_state.checkpoints.pending_save
+        record = seq.prefix_state.checkpoints.pending_save
+        if kind is not None and self._notes is not None:
+            self._notes.note_save(record, parent_step, kind)
+        return record
 
     def _released_since(self, before: tuple[int, ...]) -> CheckpointReleases:
         after = self.checkpoints.release_counts()
         return NO_RELEASES if after == before else CheckpointReleases.between(before, after)
 
     def run_forwards(
-        self,
-        seq: Sequence,
-        ends: SequenceLike[int],
-        saves: Collection[int] = (),
-        on_save: Callable[[CheckpointRecord, int], None] | None = None,
+        self, seq: Sequence, ends: SequenceLike[int], saves: Collection[int] | Mapping[int, str] = (), parent_step: int = 0
     ) -> ForwardRun:
         """Run forwards of ``seq`` ending at each of ``ends`` (increasing, past its computed
         tokens; the first one's blocks already held, from ``admit`` or ``extend``), nothing else
         queued between them, as one call: per end, ``swap_computed_duplicates`` and ``extend``
         (after the first), ``reserve_save`` when the end is in ``saves``, ``forward_queued``, the
-        step, ``forward_done``. ``on_save(record, last_published)`` is told of each reserved
-        save, with the step of the last save this call published (0: none yet). Stops before a
-        forward whose blocks cannot be had (nothing of it taken)."""
+        step, ``forward_done``. ``saves`` as a mapping names each save's reason (the eviction
+        policy may decline those first, in order of ``ends``); each reserved one is computed from
+        the last save this call published, else ``parent_step``. Stops before a forward whose
+        blocks cannot be had (nothing of it taken)."""
         ends = self._validated_ends(seq, ends)
+        if isinstance(saves, Mapping) and self._notes is not None:
+            saves = {end: saves[end] for end in ends if end in saves and self._notes.admits(seq, end, saves[end])}
+        kinds = saves if isinstance(saves, Mapping) else {}
         before = self.checkpoints.release_counts()
         published: list[bool] = []
         last_published = 0
@@ -261,9 +287,8 @@ class CacheProtocol:
                 self.swap_computed_duplicates(seq)
                 if not self.extend(seq, end):
                     break
-            record = self._reserve(seq, end) if end in saves else None
-            if record is not None and on_save is not None:
-                on_save(record, last_published)
+            if end in saves:
+                self._reserve(seq, end, kinds.get(end), last_published or parent_step)
             self.forward_queued(seq)
             start = seq.num_computed
             seq.set_computed(end)
@@ -348,7 +373,7 @@ class CacheProtocol:
         return Adopted(gained, checkpoint, self._released_since(before))
 
     def _adopt(self, seq: Sequence, step: int, write: Callable[[Adoption], bool]) -> tuple[int, CheckpointRecord | None]:
-        admitted = self.admit(seq, step)
+        admitted = self._admit_one(seq, step, None)  # a restore, not a request: no producer notes
         if not admitted.admitted:
             self.free(seq)
             return 0, None

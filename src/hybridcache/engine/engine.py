@@ -97,7 +97,7 @@ class Engine:
         if tiers is not None:
             self.tiers = engine_tier_client(tiers, self.model, self.cache, self.prefix_cache, config)
             scheduler_config = replace(scheduler_config, chunk_align=config.tier_chunk_size)
-        self.scheduler = Scheduler(scheduler_config, self.prefix_cache, built.eviction)
+        self.scheduler = Scheduler(scheduler_config, self.prefix_cache)
         self._entries: dict[int, ServingSequence] = {}
         self._ids = itertools.count()
         self._queue: deque[_QueuedForward] = deque()

@@ -121,3 +121,18 @@ class EvictionScores(Protocol):
     def checkpoint_score(self, record: CheckpointRecord) -> object: ...
 
     def bind(self, view: EvictionView) -> None: ...
+
+
+@runtime_checkable
+class ProducerNotes(Protocol):
+    """An eviction policy state that learns from the producer, which ``CacheProtocol`` tells
+    (so every engine and the replay tell it alike): each admitted request (``note_admitted``),
+    each planned save, which it may decline (``admits``), and each reserved one, with why and
+    from which state it was computed (``note_save``)."""
+
+    def note_admitted(self, seq: Sequence, restore: CheckpointRecord | None) -> None: ...
+
+    def admits(self, seq: Sequence, step: int, kind: str) -> bool: ...
+
+    def note_save(self, record: CheckpointRecord, parent_step: int, kind: str) -> None: ...
+

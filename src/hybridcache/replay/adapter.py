@@ -100,8 +100,6 @@ class CacheAdapter:
         if not admitted.admitted:
             return None
         turn.runtime_slot, turn.hit_tokens = admitted.runtime_slot, admitted.hit_tokens
-        if self.eviction is not None:  # an online policy learns from every request
-            self.eviction.note_admitted(turn.seq, admitted.restore)
         return admitted.end
 
     def grow(self, turn: Turn, end: int) -> bool:
@@ -111,18 +109,11 @@ class CacheAdapter:
 
     def forward(self, turn: Turn, ends: list[int], saves: dict[int, str], parent_step: int = 0) -> list[bool]:
         """Run the chunks ending at each of ``ends`` (the first one's blocks allocated), saving
-        a checkpoint at each end ``saves`` names a reason for (the eviction policy is told, with
-        the step of the state it is computed from: the last published save, else
+        a checkpoint at each end ``saves`` names a reason for (the cache tells its eviction
+        policy, which may decline one, computed from the last published save, else
         ``parent_step``). Per chunk run, whether a checkpoint was published; shorter than
         ``ends`` when a chunk's blocks could not be freed."""
-        eviction = self.eviction
-        if eviction is not None:  # an online policy may decline a planned save
-            saves = {end: saves[end] for end in ends if end in saves and eviction.admits(turn.seq, end, saves[end])}
-
-        def note_save(record, last_published: int) -> None:
-            eviction.note_save(record, last_published or parent_step, saves[record.step])
-
-        return self.cache.run_forwards(turn.seq, ends, saves, None if eviction is None else note_save).published
+        return self.cache.run_forwards(turn.seq, ends, saves, parent_step).published
 
     def append(self, turn: Turn, tokens: np.ndarray) -> None:
         turn.seq.append_tokens(tokens)

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hybridcache.policies import Policy, TurnView, first_end, kind_of_step
+from hybridcache.policies import Policy
+from hybridcache.policies.turn_plan import TurnPlan
 from hybridcache.replay.adapter import CacheAdapter, Turn
 
 
@@ -35,8 +36,8 @@ def serve_turn(adapter: CacheAdapter, prompt: np.ndarray, output: np.ndarray, po
     (as the engine's scheduler cuts them) also ended at every planned checkpoint, the output
     as one more chunk, release. A tier restore, if any, was adopted before."""
     served = ServedTurn(adapter.start_turn(prompt))
-    plan = _TurnPlan(policy.admission, chunk, served.turn, prompt.size, prompt.size + max(0, output.size - 1),
-                     adapter.geometry.block_size)
+    plan = TurnPlan(policy.admission, chunk, prompt.size, prompt.size + max(0, output.size - 1), served.turn.branch,
+                    adapter.geometry.block_size)
     first = adapter.admit(served.turn, prompt.size, plan.stop_at)
     if first is None:
         served.dropped = True
@@ -46,43 +47,10 @@ def serve_turn(adapter: CacheAdapter, prompt: np.ndarray, output: np.ndarray, po
     return served
 
 
-@dataclass(frozen=True)
-class _TurnPlan:
-    """Where one turn's chunks end: the prefill chunk grid from the resume point, the
-    checkpoints the admission policy saves, the prompt end and the turn's last token
-    (``final_end``)."""
-
-    admission: object
-    chunk: int
-    turn: Turn
-    prompt_length: int
-    final_end: int
-    block_size: int
-
-    def view(self, start: int) -> TurnView:
-        return TurnView(start, self.prompt_length, self.final_end, min(self.turn.branch, self.prompt_length), self.block_size)
-
-    def stop_at(self, start: int) -> int:
-        view = self.view(start)
-        return min(start + self.chunk, first_end(self.admission.save_steps(view), view))
-
-    def groups(self, first: int) -> tuple[list[int], list[int], dict[int, str]]:
-        """The chunk ends from ``first`` on, of the prompt and of the output, and the reason of
-        every planned checkpoint among them."""
-        start = self.turn.hit_tokens
-        view = self.view(start)
-        saves = self.admission.save_steps(view)
-        grid = range(start + self.chunk, self.prompt_length, self.chunk)
-        ends = sorted(end for end in {first, *saves, *grid, self.prompt_length, self.final_end} if end >= first)
-        kinds = {end: kind_of_step(view, end) for end in saves if end >= first}
-        prompt_ends = [end for end in ends if end <= self.prompt_length]
-        return prompt_ends, ends[len(prompt_ends):], kinds
-
-
-def _forward(adapter: CacheAdapter, output: np.ndarray, plan: _TurnPlan, first: int, served: ServedTurn) -> None:
+def _forward(adapter: CacheAdapter, output: np.ndarray, plan: TurnPlan, first: int, served: ServedTurn) -> None:
     """The prompt's chunks, then the output's; stops (dropped) where blocks cannot be freed."""
     turn = served.turn
-    prompt_ends, output_ends, kinds = plan.groups(first)
+    prompt_ends, output_ends, kinds = plan.ends(turn.hit_tokens, first)
     parent = turn.hit_tokens
     for group, chunk_ends in enumerate((prompt_ends, output_ends)):
         if not chunk_ends:

@@ -16,8 +16,8 @@ where the admission policy (``hybridcache.policies``, ``checkpoint_policy``; the
 default is ``auto``) plans one when the sequence is admitted (a prefill chunk ends there, so a
 branch-point checkpoint exists in the engine too), at prefill chunk ends (``checkpoint_chunk_ends``), every
 ``decode_checkpoint_interval`` tokens and at the forward that finishes a request (the turn end;
-``interval:N`` keeps only aligned ones). The eviction policy state, when given, is told why each
-checkpoint was saved and from which state it was computed.
+``interval:N`` keeps only aligned ones). Each save names its reason and the step of the state it
+is computed from, which the cache tells its eviction policy state.
 """
 
 from __future__ import annotations
@@ -134,15 +134,13 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, cache: CacheProtocol, eviction: object = None) -> None:
-        """``cache``: the prefix cache, driven only through its engine-facing protocol.
-        ``eviction``: the eviction policy state the trie was built with (``build_cache``), told
-        about every checkpoint reserved; None when the trie scores by recency."""
+    def __init__(self, config: SchedulerConfig, cache: CacheProtocol) -> None:
+        """``cache``: the prefix cache, driven only through its engine-facing protocol (which
+        tells the eviction policy state it was built with what the scheduler admits and saves)."""
         self.config = config
         self.cache = cache
         admission = resolve_policy(config.checkpoint_policy, prefill_chunk=config.prefill_chunk).admission
         self.admission = admission.fitted(cache.pool.num_blocks * cache.block_size, max(1, cache.states.num_slots - 2))
-        self.eviction = eviction
         self.waiting: deque[ServingSequence] = deque()
         self.running: list[ServingSequence] = []
         self.arrival_pins = ArrivalPins(cache)
@@ -252,8 +250,6 @@ class Scheduler:
         entry.last_save_step = admitted.start
         if entry.admissions == 0:
             entry.cached_tokens, entry.miss_reason = admitted.hit_tokens, admitted.miss_reason
-            if self.eviction is not None:  # an online policy learns from every new request
-                self.eviction.note_admitted(seq, admitted.restore)
         entry.admissions += 1
         entry.runtime_slot = admitted.runtime_slot
         entry.phase = Phase.RUNNING
@@ -303,19 +299,14 @@ class Scheduler:
                 kind = "speculative"
         if chunk.produces_token and entry.finishing and kind is None:
             kind = "turn_end" if not isinstance(self.admission, IntervalAdmission) else None
-        if kind is not None and self.eviction is not None and not self.eviction.admits(seq, chunk.end, kind):
-            return None  # an online policy declined it (as the replay's adapter asks)
-        if kind is not None:
-            record = self.cache.reserve_save(seq, chunk.end).record
+        if kind is not None:  # the cache tells the eviction policy, which may decline it
+            record = self.cache.reserve_save(seq, chunk.end, kind, entry.last_save_step).record
         elif chunk.produces_token and self._decode_interval():
-            record = self.cache.reserve_decode_save(seq, self._decode_interval()).record
-            kind = "speculative"
+            record = self.cache.reserve_decode_save(seq, self._decode_interval(), entry.last_save_step).record
         else:
             record = None
         if record is None:
             return None
-        if self.eviction is not None:
-            self.eviction.note_save(record, entry.last_save_step, kind)
         entry.last_save_step = chunk.end
         return record
 
