@@ -9,7 +9,6 @@ import threading
 from hybridcache.router.fleet import Fleet
 from hybridcache.router.metrics import RouterMetrics
 from hybridcache.router.policy import Decision
-from hybridcache.router.proxy import route_after_prefills
 from hybridcache.router.replica_index import ReplicaIndex
 from hybridcache.router.request_key import RequestKey
 
@@ -40,7 +39,7 @@ def test_a_request_waits_for_a_prefill_of_its_prefix_then_is_routed_again():
     ahead = fleet.started(fleet.replica, 70, RequestKey(SYSTEM + [200, 201]))
     follower = RequestKey(SYSTEM + [210, 211])
     routed = []
-    thread = threading.Thread(target=lambda: routed.append(route_after_prefills(fleet, metrics, follower, 66)))
+    thread = threading.Thread(target=lambda: routed.append(fleet.route_after_prefills(follower, 66, metrics)))
     thread.start()
     while metrics.value("prefill_waits") == 0 and thread.is_alive():
         thread.join(0.001)
@@ -58,6 +57,6 @@ def test_no_wait_without_a_prefill_deeper_than_the_prediction():
     fleet.started(fleet.replica, 70, RequestKey([300] * 70))  # another prefix
     fleet.depth = 64
     fleet.started(fleet.replica, 70, RequestKey(SYSTEM + [200]))  # shares only what is predicted already
-    assert route_after_prefills(fleet, metrics, RequestKey(SYSTEM + [210]), 65)[1].predicted_tokens == 64
-    assert route_after_prefills(fleet, metrics, None, 65) is not None  # a prompt the router does not know
+    assert fleet.route_after_prefills(RequestKey(SYSTEM + [210]), 65, metrics)[1].predicted_tokens == 64
+    assert fleet.route_after_prefills(None, 65, metrics) is not None  # a prompt the router does not know
     assert metrics.value("prefill_waits") == 0 and fleet.settles == 0

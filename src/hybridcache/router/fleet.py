@@ -29,6 +29,7 @@ from typing import NamedTuple
 from hybridcache.errors import EventStreamError, InvalidArgumentError
 from hybridcache.router.discovery import Continuity, read_continuity, read_load, read_next_seqs, read_streams
 from hybridcache.router.feed import ReplicaFeed
+from hybridcache.router.metrics import RouterMetrics
 from hybridcache.router.policy import Decision, choose
 from hybridcache.router.replica_index import Depths, ReplicaIndex
 from hybridcache.router.request_key import RequestKey
@@ -38,6 +39,7 @@ _SETTLE_S = 0.2  # the most an answer's end waits for its replica's events
 _SETTLE_POLL_S = 0.001
 _LIVE_WAIT_S = 0.02  # how long a settle waits for announced batches live before asking the replay socket
 PREFILL_WAIT_S = 30.0  # the most a request waits for prefills of its prefix ahead of it on its replica
+_MAX_PREFILL_WAITS = 8  # waits for prefills ahead before a request is sent beside whatever still runs
 
 
 @dataclass(eq=False)
@@ -181,6 +183,35 @@ class Fleet:
                 self._predicted_compute += prompt_tokens - decision.predicted_tokens
                 self._keyed_routes += 1
             return candidates[decision.index], decision
+
+    def route_after_prefills(self, key: RequestKey | None, prompt_tokens: int, metrics: RouterMetrics,
+                             exclude: tuple[Replica, ...] = (), deadline: float | None = None):
+        """``route``, but not beside a prefill of the same prefix: while a request this router
+        sent to the chosen replica shares more of the prompt than the predicted restore and is
+        still in its prefill, wait until it answers (its prefill's checkpoints are then
+        published), apply the replica's events up to then and route again. Whether the replica
+        would otherwise restore such a checkpoint for this request depends on whether it admits
+        it after that prefill's save or beside it, which no router can see; after the wait the
+        prediction is of what is announced, and the prefix is not computed twice. All waits of
+        one request end by ``deadline`` (``time.monotonic``; default ``PREFILL_WAIT_S`` from
+        now); ``metrics`` counts them."""
+        if deadline is None:
+            deadline = time.monotonic() + PREFILL_WAIT_S
+        routed = self.route(key, prompt_tokens, exclude=exclude)
+        for _ in range(_MAX_PREFILL_WAITS):
+            if routed is None or key is None:
+                return routed
+            replica, decision = routed
+            ahead = self.prefills_ahead(replica, key, decision.predicted_tokens)
+            if not ahead:
+                return routed
+            metrics.count("prefill_waits")
+            if not self.wait_answering(ahead, max(0.0, deadline - time.monotonic())):
+                metrics.count("prefill_waits_timed_out")
+                return routed
+            self.settle(replica)  # the events up to the replica's next_seq now (from /kv_events)
+            routed = self.route(key, prompt_tokens, exclude=exclude)
+        return routed
 
     def _catch_up_announced(self, exclude: tuple[Replica, ...]) -> None:
         """Apply what reached the router since the thread's last poll (a turn's own checkpoint);

@@ -10,7 +10,7 @@ back unchanged. A connection that fails before the first byte of the answer mark
 dead and is retried once on the next choice; after the first byte a failure ends the answer.
 A request is not sent beside a prefill of its own prefix that this router sent the chosen
 replica before it: it waits until that answer starts and is routed again
-(``route_after_prefills``). Before the end of an answer to a request routed by its cache reaches the client (the body, or
+(``Fleet.route_after_prefills``). Before the end of an answer to a request routed by its cache reaches the client (the body, or
 the stream's ``[DONE]``), the router applies the replica's events up to its ``next_seq``
 (bounded, ``Fleet.settle``), so a turn that follows at once is routed with them: the answer
 carries it (``x-hybridcache-next-seq``, ``hybridcache.next_seq`` in the body or the usage
@@ -40,7 +40,6 @@ _MAX_BODY = 64 * 1024 * 1024
 _CHUNK = 64 * 1024
 _STREAM_END = b"data: [DONE]"
 NEXT_SEQ_HEADER = "x-hybridcache-next-seq"  # the replica's event next_seq as its answer ended (JSON)
-_MAX_PREFILL_WAITS = 8  # waits for prefills ahead before a request is sent beside whatever still runs
 
 
 class RouterServer:
@@ -116,35 +115,6 @@ class RouterServer:
         return tokens if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens) else None
 
 
-def route_after_prefills(fleet: Fleet, metrics: RouterMetrics, key: RequestKey | None, prompt_tokens: int,
-                         exclude: tuple[Replica, ...] = (), deadline: float | None = None):
-    """``Fleet.route``, but not beside a prefill of the same prefix: while a request this router
-    sent to the chosen replica shares more of the prompt than the predicted restore and is still
-    in its prefill, wait until it answers (its prefill's checkpoints are then published), apply
-    the replica's events up to then and route again. Whether the replica would otherwise restore
-    such a checkpoint for this request depends on whether it admits it after that prefill's save
-    or beside it, which no router can see; after the wait the prediction is of what is
-    announced, and the prefix is not computed twice. All waits of one request end by
-    ``deadline`` (``time.monotonic``; default ``PREFILL_WAIT_S`` from now)."""
-    if deadline is None:
-        deadline = time.monotonic() + PREFILL_WAIT_S
-    routed = fleet.route(key, prompt_tokens, exclude=exclude)
-    for _ in range(_MAX_PREFILL_WAITS):
-        if routed is None or key is None:
-            return routed
-        replica, decision = routed
-        ahead = fleet.prefills_ahead(replica, key, decision.predicted_tokens)
-        if not ahead:
-            return routed
-        metrics.count("prefill_waits")
-        if not fleet.wait_answering(ahead, max(0.0, deadline - time.monotonic())):
-            metrics.count("prefill_waits_timed_out")
-            return routed
-        fleet.settle(replica)  # the events up to the replica's next_seq now (from /kv_events)
-        routed = fleet.route(key, prompt_tokens, exclude=exclude)
-    return routed
-
-
 def _exchange(url: str, method: str, path: str, body: bytes | None, headers: dict, timeout_s: float):
     """One whole request/answer with a replica: (status, headers, body)."""
     connection = _connect(url, timeout_s)
@@ -198,7 +168,7 @@ class _Handler(BaseHTTPRequestHandler):
         tried: tuple[Replica, ...] = ()
         waits_end = time.monotonic() + PREFILL_WAIT_S  # one bound for the waits of both attempts
         for attempt in range(2):
-            routed = route_after_prefills(router.fleet, router.metrics, key, prompt_tokens, tried, waits_end)
+            routed = router.fleet.route_after_prefills(key, prompt_tokens, router.metrics, tried, waits_end)
             if routed is None:
                 break
             replica, decision = routed
