@@ -13,6 +13,7 @@ from hybridcache.memory.state_pool import StatePool
 from hybridcache.prefix_cache.checkpoint_record import CheckpointState
 from hybridcache.prefix_cache.trie import BlockTrie
 from hybridcache.scheduler import Phase, ScheduledBatch, Scheduler, SchedulerConfig, ServingSequence
+from hybridcache.scheduler.arrival_pins import TURN_HOLD_SCHEDULES
 from hybridcache.scheduler.scheduler import NO_SLOT
 from hybridcache.sequence import Sequence
 from hybridcache.cache import CacheComponents
@@ -449,6 +450,61 @@ def test_arrival_pins_never_keep_requests_from_finishing():
         assert all(e.phase is Phase.FINISHED for e in entries)
         assert len(w.sched.arrival_pins) == 0
         assert sum(e.cached_tokens > 0 for e in entries) > 0
+
+
+def _turn_ended_beside_saves(hold: bool):
+    """A ends its turn while R runs (checkpoint budget 1): R's prompt-end saves in the next two
+    schedules need the slot A's turn-end checkpoint holds; A's next turn arrives after them."""
+    w = World(num_slots=4, budget=1, max_batch_tokens=64, max_running=2, prefill_chunk=8)
+    first = w.add(prompt(16), max_new_tokens=2)
+    running = w.add(prompt(40, start=100), max_new_tokens=2)
+    while first.phase is not Phase.FINISHED:
+        w.step()
+    assert w.sched.arrival_pins.holders() == [first.seq]
+    if not hold:
+        assert w.sched.arrival_pins.release_holds() == 1
+        w.check()
+    for _ in range(TURN_HOLD_SCHEDULES):
+        w.step()
+    next_turn = w.add(first.seq.tokens.tolist() + [3, 4, 5], max_new_tokens=1)
+    w.drain()
+    assert running.phase is Phase.FINISHED and next_turn.phase is Phase.FINISHED
+    return first, next_turn
+
+
+def test_a_turn_end_hold_keeps_the_state_a_next_turn_on_its_way_restores():
+    first, next_turn = _turn_ended_beside_saves(hold=True)
+    assert next_turn.cached_tokens == first.seq.num_tokens - 1  # the turn's last state, at its last input
+
+
+def test_without_the_turn_end_hold_the_saves_after_the_turn_evict_it():
+    _, next_turn = _turn_ended_beside_saves(hold=False)
+    assert next_turn.cached_tokens == 0  # what the test above shows the hold preventing
+
+
+def test_a_turn_end_hold_lasts_its_schedules_then_unpins():
+    w = World(num_slots=6, budget=3, max_batch_tokens=64, max_running=2, prefill_chunk=8)
+    first = w.add(prompt(16), max_new_tokens=2)
+    w.add(prompt(80, start=100), max_new_tokens=2)
+    while first.phase is not Phase.FINISHED:
+        w.step()
+    record = first.seq.prefix_state.checkpoints.restore
+    assert record.restore_pins == 1
+    for _ in range(TURN_HOLD_SCHEDULES):
+        w.step()
+        assert record.restore_pins == 1
+    w.step()
+    assert record.restore_pins == 0 and not w.sched.arrival_pins.holders()
+    w.drain()
+
+
+def test_a_request_finishing_alone_holds_nothing():
+    """Nothing else runs or waits: no save can come before the next turn, which pins on arrival."""
+    w = World(num_slots=4, budget=1, max_batch_tokens=64, max_running=2, prefill_chunk=8)
+    w.add(prompt(16), max_new_tokens=2)
+    w.drain()
+    assert not w.sched.arrival_pins.holders()
+    assert all(record.pin_count == 0 for record in w.trie.checkpoints.live_records())
 
 
 @pytest.mark.parametrize("num_blocks, gives_way", [(7, True), (9, False)])

@@ -332,7 +332,9 @@ class Engine:
 
     def clear_cache(self) -> int:
         """Release every cached block and checkpoint not in use; with no request in progress,
-        every pool is full afterwards."""
+        every pool is full afterwards (the turn-end checkpoints the scheduler holds for a
+        conversation's next turn are released first)."""
+        self.scheduler.arrival_pins.release_holds()
         freed = self.prefix_cache.clear()
         if self.events is not None:
             self.events.publish_changes()

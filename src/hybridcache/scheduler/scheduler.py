@@ -11,7 +11,8 @@ sequences admitted through ``CacheProtocol.admit``. A running sequence that cann
 block preempts the most recently admitted idle sequence (recompute: it goes back to the front
 of the waiting queue with nothing cached on it). A request pins, on arrival, the checkpoint its
 admission would restore then (``arrival_pins``), so a save beside it cannot evict what a router
-predicted it restores before it is admitted. Checkpoint saves are reserved for each chunk
+predicted it restores before it is admitted; a finished request holds the checkpoint it saved at
+its end for the next schedules, while its conversation's next turn is on its way. Checkpoint saves are reserved for each chunk
 where the admission policy (``hybridcache.policies``, ``checkpoint_policy``; the engine's
 default is ``auto``) plans one when the sequence is admitted (a prefill chunk ends there, so a
 branch-point checkpoint exists in the engine too), at prefill chunk ends (``checkpoint_chunk_ends``), every
@@ -159,6 +160,7 @@ class Scheduler:
     # --- scheduling ------------------------------------------------------------------------
 
     def schedule(self) -> ScheduledBatch:
+        self.arrival_pins.schedule_begins()
         batch = ScheduledBatch()
         alone = self._isolated_chunk()
         if alone is not None:
@@ -241,10 +243,12 @@ class Scheduler:
             return self._planned_end(entry, start, seq.num_tokens)
 
         admitted = self.cache.admit(seq, min(budget, self.config.prefill_chunk), stop_at)
+        room = admitted.refused in (Refusal.NO_STATE_SLOT, Refusal.NO_KV_BLOCKS)
+        if room and not self.running and self.arrival_pins.release_all():
+            # nothing will finish to make room: the pins' goes to the head, in this schedule
+            admitted = self.cache.admit(seq, min(budget, self.config.prefill_chunk), stop_at)
         if not admitted.admitted:
-            if admitted.refused in (Refusal.NO_STATE_SLOT, Refusal.NO_KV_BLOCKS) and not self.running:
-                self.arrival_pins.release_all()  # nothing will finish to make room: the pins' goes to the head
-            elif arrival is not None:
+            if arrival is not None and not (room and not self.running):
                 self.arrival_pins.repin(seq, arrival)  # running requests make room as they finish
             return None
         entry.last_save_step = admitted.start
@@ -350,6 +354,8 @@ class Scheduler:
         if seq.want_routed_experts and seq.routed_experts is not None:
             entry.final_routed_experts = np.array(seq.routed_experts)
         self._release(entry)
+        if self.has_work:  # otherwise no save can run before the next turn arrives and pins it
+            self.arrival_pins.hold_turn_end(seq, chunk.save)
         entry.phase = Phase.FINISHED
         return True
 
@@ -387,9 +393,11 @@ class Scheduler:
             self.running.remove(entry)
         self.cache.free(entry.seq, entry.runtime_slot)
         entry.runtime_slot = NO_SLOT
+        if not self.has_work:
+            self.arrival_pins.release_holds()  # an idle scheduler pins nothing
 
     def live_sequences(self) -> list[Sequence]:
-        return [entry.seq for entry in (*self.running, *self.waiting)]
+        return [*(entry.seq for entry in (*self.running, *self.waiting)), *self.arrival_pins.holders()]
 
     def check_invariants(self) -> None:
         running_slots = [e.runtime_slot for e in self.running]
