@@ -1,8 +1,15 @@
 """Exact path lookup: which trie path equals a sequence's tokens, and how deep.
 
-Owns no structure. It reads the node table, the token store and the keyer, and writes only
-the sequence's verified-node facts (``prefix_state.trie.verified`` and the ``NodePath`` kept for
-it): caches of what was compared, never tentative state, so a rolled-back match keeps them.
+Owns one memo: which child of a namespace root a first block's tokens led to (its exact
+bytes, the root and the child's handle), so a text-only request finds its root's child by one
+dict probe instead of hashing its first block and searching the key index: every lookup from a
+root makes that step, right after a long comparison has evicted the caches. An entry is taken
+only while its child is attached under the same generation (its parent and tokens cannot have
+changed), so the memo is never maintained on attach or detach; it keeps the most recent
+``_FIRST_BLOCK_MEMO_BYTES`` worth of entries. Otherwise it reads the node table, the token store
+and the keyer, and writes only the sequence's verified-node facts (``prefix_state.trie.verified``
+and the ``NodePath`` kept for it): caches of what was compared, never tentative state, so a
+rolled-back match keeps them.
 
 Keys only narrow the search. A path is accepted after comparing every token beyond the last
 verified node (runs of the token store against the sequence, in place), the multimodal
@@ -25,6 +32,9 @@ from hybridcache.prefix_cache.token_store import TokenStore
 from hybridcache.sequence import Sequence
 from hybridcache.types import NO_NODE
 
+# The memo of root children by first block keeps at most this many bytes of token rows.
+_FIRST_BLOCK_MEMO_BYTES = 1 << 21
+
 
 class PathLookup:
     def __init__(self, nodes: NodeTable, tokens: TokenStore, keyer: BlockKeyer, block_size: int, track_pending: bool) -> None:
@@ -33,6 +43,8 @@ class PathLookup:
         self.keyer = keyer
         self.block_size = block_size
         self.track_pending = track_pending
+        self._root_children: dict[tuple[int, bytes], tuple[int, int]] = {}  # (root, first block) -> child handle
+        self._memo_entries = max(64, _FIRST_BLOCK_MEMO_BYTES // (4 * block_size))
 
     def root(self, namespace) -> int:
         slot = self.nodes.find_root(namespace)
@@ -111,6 +123,32 @@ class PathLookup:
         position.verified, position.verified_generation = node, int(nodes.generation[node])
         return node, depth
 
+    def fresh_from_root(self, seq: Sequence) -> bool:
+        """Whether ``extend_verified`` would start ``seq`` at its namespace root: nothing
+        verified or cursored yet (a request arriving), and no pending node to clip paths at."""
+        position = seq.prefix_state.trie
+        return position.verified == NO_NODE and position.cursor == NO_NODE and not self.track_pending
+
+    def verify_from_root(self, seq: Sequence, limit: int) -> NodePath:
+        """``path_of(extend_verified(seq, limit))`` of a ``fresh_from_root`` request as one
+        chain: the same descent from the root, verified node, resumed keys and path, without
+        the validity checks that cannot hold for it; a path the run from the root's child
+        covers alone is that one run, built without walking it up."""
+        nodes = self.nodes
+        root = self.root(seq.namespace)
+        node, depth = self._along_run(seq, root, 0, limit)
+        self.keyer.resume_at(seq, depth, nodes.key_sums.item(node))
+        run_depth = depth
+        if depth < limit:
+            depth, node, _ = self.deepest_cached(seq, self.keyer.extend(seq), node, depth, limit)
+        position = seq.prefix_state.trie
+        generation = nodes.generation.item(node)
+        position.verified, position.verified_generation = node, generation
+        if depth != run_depth:
+            return self.path_of(seq, node, depth)
+        position.verified_path = path = NodePath(node, depth, [(node - depth + 1, node)] if depth else [], root, generation)
+        return path
+
     def descend(self, seq: Sequence, base: int, base_depth: int, limit: int) -> tuple[int, int]:
         """The deepest node at or above ``limit`` below ``base`` whose path equals the
         sequence's tokens: first along one run of consecutive slots, by comparing tokens only
@@ -135,13 +173,7 @@ class PathLookup:
         if child < 0:
             return base, base_depth
         nodes, tokens, size = self.nodes, self.tokens, self.block_size
-        window = slice(child, min(child + limit - base_depth, nodes.capacity))
-        same_run = (nodes.run_head[window] == nodes.run_head[child]) & nodes.attached[window]
-        # the first slot leaving the run; argmin (a C method) instead of ``all`` (a Python
-        # wrapper, ~0.8 µs) then argmin: 0 also when every slot stays in the run
-        length = int(same_run.argmin())
-        if same_run[length]:
-            length = same_run.size
+        length = self._run_length(child, limit - base_depth)
         last = child + length - 1
         if not tokens.equals(child, last, seq, base_depth * size):
             length = tokens.matching_rows(child, last, seq, base_depth * size)
@@ -153,20 +185,62 @@ class PathLookup:
             return base, base_depth
         return last, depth
 
+    def _run_length(self, child: int, most: int) -> int:
+        """How many slots from ``child`` on (at most ``most``) stay in ``child``'s run."""
+        nodes = self.nodes
+        last = child + most - 1
+        head = nodes.run_head.item(child)
+        if last < nodes.capacity and nodes.attached.item(last) and nodes.run_head.item(last) == head:
+            # an attached run member's parent is the slot before it, attached, in the same run
+            # (NodeTable.check_invariants): every slot from ``child`` to ``last`` stays in it
+            return most
+        window = slice(child, min(child + most, nodes.capacity))
+        same_run = (nodes.run_head[window] == head) & nodes.attached[window]
+        # the first slot leaving the run; argmin (a C method) instead of ``all`` (a Python
+        # wrapper, ~0.8 µs) then argmin: 0 also when every slot stays in the run
+        length = int(same_run.argmin())
+        return same_run.size if same_run[length] else length
+
     def _run_child(self, seq: Sequence, node: int, depth: int) -> int:
         """The child of ``node`` a run along the sequence starts at: the next slot when it is
         a child (consecutive slots), else the child keyed like the sequence's next block; -1
-        when neither is."""
+        when neither is. Below a root, for text on both sides, first the memo's child for the
+        sequence's first block."""
+        nodes = self.nodes
+        if depth == 0 and not seq.spans and not nodes.extra_identity:
+            return self._root_child(seq, node)
+        return self._next_or_keyed_child(seq, node, depth)
+
+    def _root_child(self, seq: Sequence, root: int) -> int:
+        """``_next_or_keyed_child`` of a root for a text-only sequence in a text-only trie,
+        through the memo. Text children of one root have distinct first blocks (equal tokens
+        make equal keys, and an exact path is attached once), so the child whose first block
+        is the sequence's is the one the general probe finds; where the key of the first block
+        collides with a sibling's that the key index lists first, the general probe takes the
+        sibling and misses where the memo finds the equal child (a hit either way is exact)."""
+        first_block = (root, seq.token_words(0, self.block_size).tobytes())
+        memo = self._root_children
+        known = memo.get(first_block)
+        if known is not None and self.nodes.is_valid(*known):
+            return known[0]
+        child = self._next_or_keyed_child(seq, root, 0)
+        if child >= 0:
+            if len(memo) >= self._memo_entries:
+                del memo[next(iter(memo))]  # the oldest entry
+            memo[first_block] = child, self.nodes.generation.item(child)
+        return child
+
+    def _next_or_keyed_child(self, seq: Sequence, node: int, depth: int) -> int:
         nodes = self.nodes
         following = node + 1
-        if following < nodes.capacity and nodes.attached[following] and nodes.parent[following] == node:
+        if following < nodes.capacity and nodes.attached.item(following) and nodes.parent.item(following) == node:
             if self.tokens.equals(following, following, seq, depth * self.block_size):
                 return following
         if (depth + 1) * self.block_size > seq.num_valid:
             return -1
-        key = self.keyer.key_after(seq, depth, int(nodes.key_sums[node]))
+        key = self.keyer.key_after(seq, depth, nodes.key_sums.item(node))
         for candidate in nodes.candidates(key):
-            if nodes.parent[candidate] == node:
+            if nodes.parent.item(candidate) == node:
                 return candidate
         return -1
 
