@@ -161,9 +161,10 @@ class Pair:
         assert len(set(self.both(lambda trie, k: trie.free_kv_blocks(count)))) == 1
 
 
-def run_schedule(seed: int, **trie_kwargs) -> int:
+def run_schedule(seed: int, pair_class: type = Pair, **trie_kwargs) -> int:
+    """A random schedule on a pair of tries (``pair_class``); how often the fast path was taken."""
     rng = random.Random(seed)
-    pair = Pair(**trie_kwargs)
+    pair = pair_class(**trie_kwargs)
     for _ in range(80):
         roll = rng.random()
         if roll < 0.2 or not (pair.waiting or pair.live):

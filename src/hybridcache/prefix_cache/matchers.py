@@ -57,7 +57,10 @@ class BlockMatcher:
     def prepare(self, seq: Sequence) -> NodePath:
         """The request's deepest exactly verified cached path (keys only beyond the run it follows)."""
         lookup = self._lookup
-        node, depth = lookup.extend_verified(seq, (seq.num_valid - 1) // self.block_size)
+        limit = (seq.num_valid - 1) // self.block_size
+        if limit > 0 and lookup.fresh_from_root(seq):
+            return lookup.verify_from_root(seq, limit)
+        node, depth = lookup.extend_verified(seq, limit)
         return lookup.path_of(seq, node, depth)
 
     def match(self, seq: Sequence, txn: MatchTxn, base: int, base_depth: int) -> tuple[tuple[int, int], MissReason | None]:
