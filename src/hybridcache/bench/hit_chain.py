@@ -59,10 +59,9 @@ def _kv_stages(impl: HybridcacheImpl, case: Case) -> dict[str, Stage]:
     """Stage -> (preparation, call, clean-up) of an attention-only hit, as the trie calls it.
     Nested ingest stages run on requests the trie has claimed (``_claim``: no token read)."""
     trie, size = impl.trie, case.block_size
-    lookup, keyer, nodes, tokens = trie.lookup, trie.keyer, trie.nodes, trie.tokens
+    lookup, keyer, tokens = trie.lookup, trie.keyer, trie.tokens
     blocks = case.context // size
     root = lookup.root(Sequence([0]).namespace)
-    root_sum = int(nodes.key_sums[root])
 
     def claimed(seq: Sequence) -> None:
         trie._claim(seq)  # what ``prepare`` does first; it reads no token
@@ -70,25 +69,19 @@ def _kv_stages(impl: HybridcacheImpl, case: Case) -> dict[str, Stage]:
 
     def first_child(seq: Sequence) -> int:
         claimed(seq)
-        return next(c for c in nodes.candidates(keyer.key_after(seq, 0, root_sum)) if nodes.parent[c] == root)
-
-    def extended(seq: Sequence) -> int:
-        claimed(seq)
-        return lookup.extend_verified(seq, blocks)[0]
+        return lookup._run_child(seq, root, 0)
 
     ingest_stages = {
-        "› extend_verified": (claimed, lambda seq, _: lookup.extend_verified(seq, blocks), _nothing),
-        "› › descend from the root": (claimed, lambda seq, _: lookup.descend(seq, root, 0, blocks), _nothing),
+        "› verify_from_root (the descent from the root as one chain)": (
+            claimed, lambda seq, _: lookup.verify_from_root(seq, blocks), _nothing),
+        "› › the run from the root (_along_run)": (claimed, lambda seq, _: lookup._along_run(seq, root, 0, blocks), _nothing),
         "› › › comparison of the run (memcmp)": (
             first_child, lambda seq, child: tokens.equals(child, child + blocks - 1, seq, 0), _must_match),
-        "› › › probe of the root's next slot": (
-            claimed, lambda seq, _: tokens.equals(root + 1, root + 1, seq, 0), _nothing),
-        "› › › key of the first block": (claimed, lambda seq, _: keyer.key_after(seq, 0, root_sum), _nothing),
-        "› › › child by key (key index)": (
-            claimed, lambda seq, _: nodes.candidates(keyer.key_after(seq, 0, root_sum)), _nothing),
-        "› path_of": (extended, lambda seq, node: lookup.path_of(seq, node, blocks), _nothing),
+        "› › › the root's child by the first block (the memo)": (
+            claimed, lambda seq, _: lookup._run_child(seq, root, 0), _nothing),
     }
-    return _around_ingest_and_match(trie, ingest_stages, {"› re-verification (matcher.prepare)": trie.matcher.prepare})
+    return _around_ingest_and_match(trie, ingest_stages, {
+        "› the path ingest verified, checked (_remembered_whole)": lambda seq: trie.matcher._remembered_whole(seq, 0)})
 
 
 def _hybrid_stages(impl: HybridcacheImpl, case: Case) -> dict[str, Stage]:
