@@ -13,7 +13,7 @@ from hybridcache.prefix_cache import BlockTrie
 from hybridcache.sequence import Sequence
 
 from ._helpers import make_trie
-from .test_remembered_match import BASES, B, Pair, run_schedule, trie_facts
+from .test_remembered_match import BASES, B, Pair, run_schedule
 
 
 def general_ingest(trie: BlockTrie) -> BlockTrie:

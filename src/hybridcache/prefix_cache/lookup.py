@@ -172,7 +172,7 @@ class PathLookup:
         child = self._run_child(seq, base, base_depth)
         if child < 0:
             return base, base_depth
-        nodes, tokens, size = self.nodes, self.tokens, self.block_size
+        tokens, size = self.tokens, self.block_size
         length = self._run_length(child, limit - base_depth)
         last = child + length - 1
         if not tokens.equals(child, last, seq, base_depth * size):
