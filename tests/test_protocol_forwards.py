@@ -11,7 +11,7 @@ import pytest
 
 from hybridcache import CacheConfig, Sequence
 from hybridcache.cache import build_cache
-from hybridcache.errors import InvalidStepError, InvalidTypeError
+from hybridcache.errors import InvalidArgumentError, InvalidStepError, InvalidTypeError
 from hybridcache.policies.admission import KINDS
 from hybridcache.policies.eviction import LeafLRUState
 from hybridcache.protocol import CacheProtocol
@@ -177,6 +177,20 @@ def test_bad_ends_raise_and_change_nothing():
         assert fingerprint(cache, [seq]) == before
     with pytest.raises(InvalidTypeError):
         cache.run_forwards("seq", [16])
+    for saves, parent_step, error in [
+        ({16: "whim"}, 0, InvalidArgumentError),  # a reason the policies do not know
+        ({16: 3}, 0, InvalidArgumentError),
+        ({16: KINDS[0]}, -1, InvalidArgumentError),
+        ({16: KINDS[0]}, 1.5, InvalidTypeError),
+        (16, 0, InvalidTypeError),
+    ]:
+        with pytest.raises(error):
+            cache.run_forwards(seq, [16], saves, parent_step)
+        assert fingerprint(cache, [seq]) == before
+    for kind, parent_step, error in [("whim", 0, InvalidArgumentError), (KINDS[0], -1, InvalidArgumentError)]:
+        with pytest.raises(error):
+            cache.reserve_save(seq, 16, kind, parent_step)
+        assert fingerprint(cache, [seq]) == before
     run = cache.run_forwards(seq, [16, 39], {16, 39})
     assert run.published == [True, True] and run.completed == 2
     cache.free(seq, admission.runtime_slot)

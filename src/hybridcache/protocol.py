@@ -20,10 +20,9 @@ request's life is four steps:
 the same calls in the same order as the one-by-one boundaries, so the same decisions and
 records, without a Python round trip per save.
 
-An eviction policy state that learns from the producer (``eviction_view.ProducerNotes``) is
-told here, not by each caller: every admitted request that is not a recompute replay
-(``suppress_stats``), every save planned with a reason (it may decline it) and every one
-reserved, with the step of the state it is computed from.
+An eviction policy that learns from the producer (``eviction_view.ProducerNotes``) is told
+here, not by each caller: every admission (not a replay's ``suppress_stats`` pass), every save
+given a reason (it may decline it) and every one reserved, with the step it is computed from.
 
 ``adopt(seq, step, write)`` makes a prefix computed elsewhere (fetched from a lower tier or
 another replica's store) cached here, through the same four steps with the caller's ``write``
@@ -47,20 +46,15 @@ import numpy as np
 
 from hybridcache.batch_admission import DeferredAdmissions, admission_of, admit_remembered, validated_batch
 from hybridcache.cache import CacheComponents
-from hybridcache.errors import (
-    AdoptionWriteError,
-    HybridCacheError,
-    InvalidStepError,
-    InvalidTypeError,
-    LifecycleError,
-)
+from hybridcache.errors import AdoptionWriteError, HybridCacheError, InvalidStepError, InvalidTypeError, LifecycleError
 from hybridcache.memory.protocols import BatchBlockAllocator, BatchSlotAllocator
 from hybridcache.prefix_cache.change_log import CacheChanges
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord
-from hybridcache.policies.admission import SPECULATIVE
+from hybridcache.policies.admission import SPECULATIVE, checked_kind
 from hybridcache.prefix_cache.checkpoint_store import NO_RELEASE_COUNTS, NO_RELEASES, CheckpointReleases
-from hybridcache.prefix_cache.eviction_view import ProducerNotes
+from hybridcache.prefix_cache.eviction_view import UNHEEDED_NOTES, ProducerNotes
 from hybridcache.prefix_cache.match_txn import MatchTxn
+from hybridcache.protocol_args import forward_ends, forward_saves
 from hybridcache.protocol_values import Admission, Adopted, Adoption, ForwardLanded, ForwardRun, Refusal, SaveReservation
 from hybridcache.sequence import Sequence
 from hybridcache.types import NO_SAVE, NO_SLOT, as_int, ceil_div
@@ -76,7 +70,7 @@ class CacheProtocol:
         self.block_size = components.trie.block_size
         # pools that take a batch's deferred allocations in one call (admit_many)
         self._batch_pools = isinstance(self.pool, BatchBlockAllocator) and isinstance(self.states, BatchSlotAllocator)
-        self._notes = components.eviction if isinstance(components.eviction, ProducerNotes) else None
+        self._notes = components.eviction if isinstance(components.eviction, ProducerNotes) else UNHEEDED_NOTES
 
     @property
     def is_hybrid(self) -> bool:
@@ -116,7 +110,7 @@ class CacheProtocol:
         return admitted
 
     def _note_admitted(self, seq: Sequence, admitted: Admission) -> None:
-        if self._notes is not None and admitted.admitted and not seq.prefix_state.suppress_stats:
+        if admitted.admitted and not seq.prefix_state.suppress_stats:
             self._notes.note_admitted(seq, admitted.restore)
 
     def admit_many(self, seqs: SequenceLike[Sequence], budgets: int | SequenceLike[int]) -> list[Admission]:
@@ -232,23 +226,23 @@ class CacheProtocol:
     # --- forward boundaries ----------------------------------------------------------------
 
     def reserve_save(self, seq: Sequence, step: int, kind: str | None = None, parent_step: int = 0) -> SaveReservation:
-        """Before a forward is queued: reserve a checkpoint of the state after ``step`` tokens
-        (its ``record`` None when none can be had now, or the eviction policy declined a save
-        of reason ``kind``; a hybrid trie only), and say what was released for it.
-        ``parent_step``: the step of the state it is computed from (the restore or the
-        sequence's previous save)."""
-        if kind is not None and self._notes is not None and not self._notes.admits(seq, step, kind):
+        """Before a forward is queued: reserve a checkpoint of the state after ``step`` tokens,
+        computed from the state at ``parent_step`` (its ``record`` None when none can be had, or
+        the eviction policy declined a save of reason ``kind``), and say what was released."""
+        kind, parent_step = None if kind is None else checked_kind(kind), as_int("parent_step", parent_step, 0)
+        if kind is not None and not self._notes.admits(seq, step, kind):
             return SaveReservation(None, NO_RELEASES)
         before = self.checkpoints.release_counts()
         return SaveReservation(self._reserve(seq, step, kind, parent_step), self._released_since(before))
 
     def reserve_decode_save(self, seq: Sequence, interval: int, parent_step: int = 0) -> SaveReservation:
         """Before a decode forward: the periodic decode checkpoint, at multiples of ``interval``
-        (a speculative save, computed from the state at ``parent_step``)."""
+        (speculative, computed from the state at ``parent_step``)."""
+        parent_step = as_int("parent_step", parent_step, 0)
         before = self.checkpoints.release_counts()
         reserved = self.trie.enabled and self.checkpoints.reserve_decode_save(seq, interval) != NO_SAVE
         record = seq.prefix_state.checkpoints.pending_save if reserved else None
-        if record is not None and self._notes is not None:
+        if record is not None:
             self._notes.note_save(record, parent_step, SPECULATIVE)
         return SaveReservation(record, self._released_since(before))
 
@@ -256,7 +250,7 @@ class CacheProtocol:
         if not self.trie.enabled or self.checkpoints.reserve_save(seq, step) == NO_SAVE:
             return None
         record = seq.prefix_state.checkpoints.pending_save
-        if kind is not None and self._notes is not None:
+        if kind is not None:
             self._notes.note_save(record, parent_step, kind)
         return record
 
@@ -271,14 +265,13 @@ class CacheProtocol:
         tokens; the first one's blocks already held, from ``admit`` or ``extend``), nothing else
         queued between them, as one call: per end, ``swap_computed_duplicates`` and ``extend``
         (after the first), ``reserve_save`` when the end is in ``saves``, ``forward_queued``, the
-        step, ``forward_done``. ``saves`` as a mapping names each save's reason (the eviction
-        policy may decline those first, in order of ``ends``); each reserved one is computed from
-        the last save this call published, else ``parent_step``. Stops before a forward whose
-        blocks cannot be had (nothing of it taken)."""
-        ends = self._validated_ends(seq, ends)
-        if isinstance(saves, Mapping) and self._notes is not None:
-            saves = {end: saves[end] for end in ends if end in saves and self._notes.admits(seq, end, saves[end])}
-        kinds = saves if isinstance(saves, Mapping) else {}
+        step, ``forward_done``. A mapping of ``saves`` gives each its reason (the eviction policy
+        may decline those first); each is computed from the last save this call published, else
+        ``parent_step``. Stops before a forward whose blocks cannot be had (nothing taken)."""
+        ends = forward_ends(seq, ends, self.block_size)
+        saves = forward_saves(saves, ends)
+        parent_step = as_int("parent_step", parent_step, 0)
+        saves = {end: kind for end, kind in saves.items() if kind is None or self._notes.admits(seq, end, kind)}
         before = self.checkpoints.release_counts()
         published: list[bool] = []
         last_published = 0
@@ -288,26 +281,13 @@ class CacheProtocol:
                 if not self.extend(seq, end):
                     break
             if end in saves:
-                self._reserve(seq, end, kinds.get(end), last_published or parent_step)
+                self._reserve(seq, end, saves[end], last_published or parent_step)
             self.forward_queued(seq)
             start = seq.num_computed
             seq.set_computed(end)
             published.append(self._land(seq, start) is not None)
             last_published = end if published[-1] else last_published
         return ForwardRun(published, self._released_since(before))
-
-    def _validated_ends(self, seq: Sequence, ends: SequenceLike[int]) -> list[int]:
-        if not isinstance(seq, Sequence):
-            raise InvalidTypeError(f"expected a Sequence, got {type(seq).__name__}")
-        if isinstance(ends, (str, bytes)) or not isinstance(ends, SequenceLike):
-            raise InvalidTypeError("ends must be a sequence of ints")
-        ends = [as_int("end", end) for end in ends]
-        bounds = [seq.num_computed, *ends]
-        if any(a >= b for a, b in zip(bounds, bounds[1:])) or (ends and ends[-1] > seq.num_tokens):
-            raise InvalidStepError(f"ends must increase from {seq.num_computed} to at most {seq.num_tokens}")
-        if ends and ceil_div(ends[0], self.block_size) > seq.num_blocks:
-            raise InvalidStepError("the first forward's blocks are not held: admit or extend first")
-        return ends
 
     def writable_blocks(self, seq: Sequence, start: int, end: int) -> frozenset[int]:
         """Blocks the forward carrying ``seq`` may write for positions ``[start, end)`` (the

@@ -37,6 +37,13 @@ from hybridcache.types import as_int
 
 SPECULATIVE, BRANCH, PROMPT_END, TURN_END = "speculative", "branch", "prompt_end", "turn_end"
 KINDS = (SPECULATIVE, BRANCH, PROMPT_END, TURN_END)
+
+
+def checked_kind(kind: str) -> str:
+    """``kind`` when it is one of ``KINDS``; else ``InvalidArgumentError``."""
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise InvalidArgumentError(f"kind must be one of {KINDS}, got {kind!r}")
+    return kind
 DEFAULT_GRID = 2048  # tokens between ``auto``'s speculative saves before ``fitted`` spaces them
 
 

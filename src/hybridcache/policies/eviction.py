@@ -60,7 +60,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybridcache.errors import InvalidArgumentError, LifecycleError
-from hybridcache.policies.admission import BRANCH, KINDS, SPECULATIVE
+from hybridcache.policies.admission import BRANCH, SPECULATIVE, checked_kind
 from hybridcache.policies.reuse import ReuseLearner
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord, CheckpointState
 from hybridcache.prefix_cache.eviction_view import EvictionView
@@ -100,8 +100,7 @@ class LeafLRUState:
 
     def note_save(self, record: CheckpointRecord, parent_step: int, kind: str) -> None:
         """Recency needs nothing from the producer; the kind is still checked."""
-        if kind not in KINDS:
-            raise InvalidArgumentError(f"kind must be one of {KINDS}, got {kind!r}")
+        checked_kind(kind)
 
     def note_admitted(self, seq, restore: CheckpointRecord | None) -> None:
         """Recency learns nothing from a request."""
@@ -148,8 +147,7 @@ class _Scored:
     def note_save(self, record: CheckpointRecord, parent_step: int, kind: str) -> None:
         """The producer reserved ``record``, computed from the state at ``parent_step`` (its
         restore point or its previous checkpoint in the same turn), for reason ``kind``."""
-        if kind not in KINDS:
-            raise InvalidArgumentError(f"kind must be one of {KINDS}, got {kind!r}")
+        checked_kind(kind)
         if not 0 <= parent_step < record.step:
             parent_step = 0
         self._notes[record.record_id] = _Saved(int(parent_step), kind, record)

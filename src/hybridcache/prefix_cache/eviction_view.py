@@ -136,3 +136,19 @@ class ProducerNotes(Protocol):
 
     def note_save(self, record: CheckpointRecord, parent_step: int, kind: str) -> None: ...
 
+
+class _UnheededNotes:
+    """The notes of a policy that learns nothing from the producer: every save admitted."""
+
+    def note_admitted(self, seq: Sequence, restore: CheckpointRecord | None) -> None:
+        pass
+
+    def admits(self, seq: Sequence, step: int, kind: str) -> bool:
+        return True
+
+    def note_save(self, record: CheckpointRecord, parent_step: int, kind: str) -> None:
+        pass
+
+
+UNHEEDED_NOTES = _UnheededNotes()
+
