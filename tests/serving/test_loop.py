@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hybridcache.engine import Engine, EngineConfig, Request
-from hybridcache.errors import InvalidTokenError, RequestTooLargeError, ServerOverloadedError
+from hybridcache.errors import InvalidTokenError, RequestFailedError, RequestTooLargeError, ServerOverloadedError
 from hybridcache.serving.loop import EngineLoop, Update
 
 TIMEOUT_S = 120  # a deadline against hangs, not a speed assertion
@@ -90,5 +90,31 @@ def test_shutdown_cancels_what_did_not_finish_and_refuses_new_requests():
     assert isinstance(until_final(inbox)[-1].error, ServerOverloadedError)
     with pytest.raises(ServerOverloadedError):
         updates_of(loop, Request(prompt(20, 6)))
+    loop.check_invariants()
+    assert not engine.scheduler.has_work
+
+
+def test_a_bug_outside_the_forward_fails_every_request_and_refuses_new_ones():
+    """An observer that raises (a bug on the loop thread, not in a forward): the request in
+    flight gets an error instead of waiting for a thread that is gone, new requests are refused
+    and ``failure`` says why."""
+    engine = Engine(EngineConfig(block_size=8, num_kv_blocks=64, num_state_slots=8, checkpoint_budget=4,
+                                 max_batch_tokens=64, prefill_chunk=32))
+    calls = []
+
+    def observe(_: Engine) -> None:
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyError("a metric the snapshot expected")
+
+    loop = EngineLoop(engine, capacity=8, observe=observe)
+    loop.start()
+    _, inbox = updates_of(loop, Request(prompt(20, 7), max_new_tokens=400))
+    error = until_final(inbox)[-1].error
+    assert isinstance(error, RequestFailedError) and isinstance(error.__cause__, KeyError)
+    assert loop.failure is error
+    with pytest.raises(ServerOverloadedError):
+        updates_of(loop, Request(prompt(20, 8)))
+    loop.stop(drain_s=0)
     loop.check_invariants()
     assert not engine.scheduler.has_work

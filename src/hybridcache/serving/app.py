@@ -162,11 +162,23 @@ async def _models(http: HttpRequest) -> JSONResponse:
 
 
 async def _health(http: HttpRequest) -> JSONResponse:
-    return JSONResponse({"status": "ok", "model": http.app.state.runtime.config.served_name})
+    runtime: ServingRuntime = http.app.state.runtime
+    if runtime.loop.failure is not None:
+        return _failed(runtime)
+    return JSONResponse({"status": "ok", "model": runtime.config.served_name})
 
 
 async def _metrics(http: HttpRequest) -> Response:
-    return Response(http.app.state.runtime.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+    runtime: ServingRuntime = http.app.state.runtime
+    if runtime.loop.failure is not None:  # a router reads /metrics as its health check
+        return _failed(runtime)
+    return Response(runtime.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+
+def _failed(runtime: ServingRuntime) -> JSONResponse:
+    """503 for a server whose engine loop stopped: it serves nothing until restarted (the cause
+    is in the server's log, not in an answer)."""
+    return JSONResponse({"status": "failed", "model": runtime.config.served_name}, status_code=503)
 
 
 async def _page(http: HttpRequest) -> HTMLResponse:

@@ -12,11 +12,18 @@ tokens stop before it and the engine request is cancelled, freeing its blocks), 
 cancelled (its client left, or a stop string matched), or when the engine refuses it. At most
 ``capacity`` tickets are in the server; ``submit`` refuses one more with
 ``ServerOverloadedError`` instead of queueing without bound.
+
+A forward that raises fails the requests it carried and the loop goes on. Anything else that
+raises on the loop thread (an observer, a delivery: a bug) ends the loop: every request in the
+server gets a ``RequestFailedError``, ``submit`` refuses new ones (``ServerOverloadedError``) and
+``failure`` says why, so ``/health`` and ``/metrics`` turn a router away instead of leaving
+requests waiting for a thread that is gone.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections import deque
@@ -24,7 +31,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from hybridcache.engine import Engine, Request, Result
-from hybridcache.errors import HybridCacheError, ServerOverloadedError
+from hybridcache.errors import HybridCacheError, RequestFailedError, ServerOverloadedError
+
+log = logging.getLogger("hybridcache.serving")
 
 IDLE_WAIT_S = 0.5  # how often an idle loop wakes to refresh the observers' snapshot
 
@@ -77,6 +86,7 @@ class EngineLoop:
         self._ids = itertools.count()
         self._stopping = False
         self._drain_deadline = 0.0
+        self.failure: RequestFailedError | None = None  # set once, by the loop thread, if it ended on a bug
         self._thread = threading.Thread(target=self._run, name="hybridcache-engine-loop", daemon=True)
 
     # --- the HTTP side (any thread) -----------------------------------------------------------
@@ -85,6 +95,8 @@ class EngineLoop:
         """Queue ``request``; returns its ticket id. Raises ``ServerOverloadedError`` when the
         server already holds ``capacity`` requests or is shutting down."""
         with self._lock:
+            if self.failure is not None:
+                raise ServerOverloadedError("this server's engine loop stopped on an error; it takes no requests")
             if self._stopping:
                 raise ServerOverloadedError("the server is shutting down")
             if len(self._tickets) >= self._capacity:
@@ -125,6 +137,17 @@ class EngineLoop:
     # --- the loop thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except Exception as error:
+            log.exception("the engine loop stopped; this server fails its requests and takes no more")
+            failure = RequestFailedError(f"the engine loop stopped: {type(error).__name__}: {error}")
+            failure.__cause__ = error
+            with self._lock:
+                self.failure = failure
+            self._end_all(failure)
+
+    def _serve(self) -> None:
         while True:
             submitted, cancelled, stopping = self._take_inbox()
             for ticket_id in cancelled:
