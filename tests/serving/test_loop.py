@@ -15,11 +15,11 @@ from hybridcache.serving.loop import EngineLoop, Update
 TIMEOUT_S = 120  # a deadline against hangs, not a speed assertion
 
 
-def new_loop(capacity: int = 8, **overrides) -> tuple[EngineLoop, Engine]:
+def new_loop(capacity: int = 8, observe=lambda _: None, **overrides) -> tuple[EngineLoop, Engine]:
     config = dict(block_size=8, num_kv_blocks=64, num_state_slots=8, checkpoint_budget=4, max_running=4, max_batch_tokens=64,
                   prefill_chunk=32)
     engine = Engine(EngineConfig(**{**config, **overrides}))
-    loop = EngineLoop(engine, capacity=capacity, observe=lambda _: None)
+    loop = EngineLoop(engine, capacity=capacity, observe=observe)
     loop.start()
     return loop, engine
 
@@ -98,8 +98,6 @@ def test_a_bug_outside_the_forward_fails_every_request_and_refuses_new_ones():
     """An observer that raises (a bug on the loop thread, not in a forward): the request in
     flight gets an error instead of waiting for a thread that is gone, new requests are refused
     and ``failure`` says why."""
-    engine = Engine(EngineConfig(block_size=8, num_kv_blocks=64, num_state_slots=8, checkpoint_budget=4,
-                                 max_batch_tokens=64, prefill_chunk=32))
     calls = []
 
     def observe(_: Engine) -> None:
@@ -107,8 +105,7 @@ def test_a_bug_outside_the_forward_fails_every_request_and_refuses_new_ones():
         if len(calls) == 3:
             raise KeyError("a metric the snapshot expected")
 
-    loop = EngineLoop(engine, capacity=8, observe=observe)
-    loop.start()
+    loop, engine = new_loop(observe=observe)
     _, inbox = updates_of(loop, Request(prompt(20, 7), max_new_tokens=400))
     error = until_final(inbox)[-1].error
     assert isinstance(error, RequestFailedError) and isinstance(error.__cause__, KeyError)

@@ -1,7 +1,8 @@
 """The engine loop: one thread that owns the engine and bridges HTTP requests to its scheduler.
 
 Owns: the engine (no other thread touches it once the loop runs), the inbox of submissions and
-cancellations, and the live tickets (one per request in the server, with where its updates go).
+cancellations, the live tickets (one per request in the server, with where its updates go),
+and, once the loop ended on a bug, why (``failure``).
 The HTTP event loop only calls ``submit`` and ``cancel``, which take a lock for a few
 microseconds and never wait for the engine; the loop thread calls each ticket's ``listener``
 with an ``Update`` once the engine accepted the request (no tokens yet), after every engine
