@@ -50,7 +50,9 @@ the way the counts of issue 20 were taken by reading:
   back a long-lived store or cache does not make the whole store followed); each object a
   followed frame builds (the ``self`` of that ``__init__``); and the items of a carried
   ``tuple``/``list``/``set``/``dict``, two levels deep (a key chain's keys). Numbers, strings,
-  ``None``, types and functions are never carried (their identity means nothing);
+  ``None``, types, functions and the empty tuple are never carried (their identity means
+  nothing: every empty tuple is one object, so a function returning one would otherwise make
+  every later frame handed any empty tuple followed);
 * frames that are not followed are transparent, as the standard library is in the default
   mode; a followed frame's room hangs below its nearest followed caller (below the seed's
   first room when it has none, e.g. a later pass over the same request).
@@ -147,7 +149,14 @@ def arguments(frame) -> list:
 
 
 def _scalar(value) -> bool:
-    return isinstance(value, _NEVER_CARRIED) or (type(value).__module__ == "numpy" and not hasattr(value, "__len__"))
+    """Whether ``value``'s identity means nothing: a number, a string, a type, a function, a
+    NumPy scalar, or the empty tuple or frozenset (one shared object each, which the garbage
+    collector does not track, so ``gc.get_objects`` never lists it as existing at the seed)."""
+    if isinstance(value, _NEVER_CARRIED):
+        return True
+    if type(value) in (tuple, frozenset):
+        return not value
+    return type(value).__module__ == "numpy" and not hasattr(value, "__len__")
 
 
 class ParameterFollower:

@@ -127,3 +127,37 @@ def test_the_follower_records_only_frames_receiving_the_request_or_what_derives_
     assert follower.finished  # request 2's handling ended the following
     # handle, prompt, make, Chain.__init__, keys, fetch twice (each receives a derived key)
     assert follower.followed_frames == 7
+
+
+_SPANS = """
+def spans_of(request):
+    return ()  # the one empty tuple every empty tuple is
+
+
+def encode(spans):
+    return b""
+"""
+
+_REPLAY_SPANS = """
+def handle(request):
+    tiers["spans_of"](request)
+    engine["encode"](())  # an empty tuple: nothing derived from the request
+"""
+
+
+def test_an_empty_tuple_a_followed_frame_returns_is_not_carried():
+    import numpy as np
+
+    from hybridcache.workloads.records import TraceRequest
+    from tests.tools.call_moves import ParameterFollower
+
+    tiers = _fake_module("hybridcache.tiers.spans", _SPANS)
+    engine = _fake_module("hybridcache.engine.spans", _SPANS)
+    replay = _fake_module("hybridcache.replay.spans", _REPLAY_SPANS, tiers=tiers, engine=engine)
+    follower = ParameterFollower(0)
+    sys.setprofile(follower)
+    try:
+        replay["handle"](TraceRequest(0, 0.0, 3, np.arange(4, dtype=np.int32)))
+    finally:
+        sys.setprofile(None)
+    assert list(follower.tree.children) == ["hybridcache.tiers.spans"]
