@@ -59,11 +59,11 @@ class TurnLog:
                 log.adopted[turn.seq_id], log._pending = log._pending, None
             return turn
 
-        def watched_adopt(adapter, prefix, step):
-            gained = adopt(adapter, prefix, step)
-            if gained:
-                log._pending = (step, np.array(prefix))
-            return gained
+        def watched_adopt(adapter, prefix, restore):
+            adoption = adopt(adapter, prefix, restore)
+            if adoption.gained:
+                log._pending = (restore.step, np.array(prefix.tokens))
+            return adoption
 
         with mock.patch.object(CacheProtocol, "admit", watched_admit), \
                 mock.patch.object(CacheAdapter, "start_turn", watched_start_turn), \

@@ -59,7 +59,7 @@ def test_probing_a_replica_changes_nothing():
     adapter.finish(turn)
     before = adapter.stats()
     scratch = Sequence(routing_trace()[2].prompt)
-    assert adapter.probe(scratch) == (0, 992)
+    assert adapter.cached_prefix(scratch) == (0, 992)
     assert adapter.stats() == before
     adapter.check_invariants()
 

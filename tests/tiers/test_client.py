@@ -12,7 +12,8 @@ from hybridcache import MultimodalSpan, Sequence
 from hybridcache.errors import InvalidTypeError, LifecycleError
 from hybridcache.tiers import KeyChain, RestoreCost, TieredStore
 from hybridcache.tiers.backends import HostMemoryStore
-from hybridcache.tiers.client import TIER_ERROR, TIER_REJECTED, DeviceAdoption, ForwardEnd, TierClient, TierRestore
+from hybridcache.tiers.client import TIER_ERROR, TIER_REJECTED, ForwardEnd, TierClient, TierRestore
+from hybridcache.tiers.device import DeviceAdoption
 
 from .helpers import CHUNK, fingerprint, kv_arrays, state_arrays
 

@@ -22,7 +22,8 @@ from hybridcache.engine.model_api import ModelLayout
 from hybridcache.errors import InvalidConfigError, InvalidTypeError
 from hybridcache.protocol import Adoption, CacheProtocol
 from hybridcache.sequence import Sequence
-from hybridcache.tiers.client import DeviceAdoption, TierClient
+from hybridcache.tiers.client import TierClient
+from hybridcache.tiers.device import DeviceAdoption
 from hybridcache.tiers.fingerprint import NamespaceFingerprint
 from hybridcache.tiers.restore import Restore
 from hybridcache.tiers.tiered import TieredStore

@@ -15,11 +15,13 @@ order, with the forward itself left out:
                -> [no model] -> set_computed -> forward_done               (scheduler: complete)
   append       Sequence.append_tokens                                      (scheduler: complete)
   finish       free                                                        (scheduler: _release)
-  probe        cached_prefix         (a tier restore before the turn starts, a router; changes nothing)
-  adopt        Sequence(prefix) -> adopt, writing nothing         (engine: TierClient.adopt_prefix)
+  cached_prefix  cached_prefix       (a tier restore before the turn starts, a router; changes nothing)
+  adopt        adopt, writing nothing                          (engine: TierClient.adopt_prefix)
 
-A tier restore (``probe``, then ``adopt``) comes before ``start_turn``, as the engine adopts
-before it queues a request.
+The last two, with ``payloads`` (the stand-ins a publish reads), make the adapter the device side
+the tier client borrows (``tiers.device.TierDevice``), as ``engine.tiering`` is the engine's. A
+tier restore (``cached_prefix``, then ``adopt``) comes before ``start_turn``, as the engine
+adopts before it queues a request.
 
   stats        stats, released_checkpoints (the releases by cause the protocol reports)
 
@@ -35,7 +37,11 @@ import numpy as np
 from hybridcache.cache import build_cache
 from hybridcache.config import CacheConfig
 from hybridcache.protocol import CacheProtocol
+from hybridcache.replay.tiering import STAND_INS
 from hybridcache.sequence import Sequence
+from hybridcache.tiers.device import DeviceAdoption
+from hybridcache.tiers.payload import StandInPayloads
+from hybridcache.tiers.restore import Restore
 from hybridcache.types import NO_SLOT
 
 
@@ -82,15 +88,21 @@ class CacheAdapter:
         self.cache.prepare(seq)
         return Turn(seq, branch=self.cache.branch_point(seq))
 
-    def probe(self, scratch: Sequence) -> tuple[int, int]:
+    # --- the tier client's device side (``tiers.device.TierDevice``) ---------------------------
+
+    def cached_prefix(self, scratch: Sequence) -> tuple[int, int]:
         """What this cache holds for ``scratch`` (a sequence holding no blocks, which may have been
         probed against another replica's cache): its checkpoint step and whole-block KV tokens."""
         return self.cache.cached_prefix(scratch)
 
-    def adopt(self, prefix: np.ndarray, step: int) -> int:
-        """Cache ``prefix`` (``step`` tokens) with a checkpoint at ``step``, restored from a tier:
-        the replay has no tensors, so the write fills nothing and succeeds. The tokens gained."""
-        return self.cache.adopt(Sequence(prefix), step, lambda adoption: True).gained
+    def adopt(self, prefix: Sequence, restore: Restore) -> DeviceAdoption:
+        """Cache ``prefix`` (``restore.step`` tokens) with a checkpoint at its end, restored from a
+        tier: the replay has no tensors, so the write fills nothing and succeeds."""
+        return DeviceAdoption(self.cache.adopt(prefix, restore.step, lambda adoption: True).gained)
+
+    def payloads(self, seq: Sequence, slot: int) -> StandInPayloads:
+        """What a publish reads: the one-byte stand-in every replay object carries."""
+        return STAND_INS
 
     def admit(self, turn: Turn, chunk_tokens: int, stop_at=None) -> int | None:
         """Admit the turn for a first chunk of at most ``chunk_tokens``, ended earlier where

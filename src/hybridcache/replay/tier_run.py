@@ -5,8 +5,8 @@ Owns, per run: the replicas' tiers and the names of the objects it put into the 
 (removed at its end, so a sweep's runs each start from an empty store; the shared store itself
 is the caller's). Per replica (``ReplicaTiers``): its ``TieredStore`` with its own host and disk
 stores (the shared one is only borrowed), its ``TierClient`` (which owns the restore and
-publish statistics), and what its lookups moved and would cost. The device cache is changed
-only through ``CacheAdapter.adopt``. What the run's tiers are and what they stand for (setup,
+publish statistics; the replica's ``CacheAdapter`` is its device side), and what its lookups
+moved and would cost. The device cache is changed only through ``CacheAdapter.adopt``. What the run's tiers are and what they stand for (setup,
 namespace, nominal sizes, recompute rate) are values of ``tiering``.
 
 One request's tier work goes through here, downward only: its keys are made once
@@ -29,15 +29,14 @@ from hybridcache.errors import StoreError
 from hybridcache.profiles import ModelProfile
 from hybridcache.replay.adapter import CacheAdapter
 from hybridcache.replay.serving import ServedTurn
-from hybridcache.replay.tiering import STAND_INS, RecomputeRate, RunTiers, TierSetup, replay_fingerprint
+from hybridcache.replay.tiering import RecomputeRate, RunTiers, TierSetup, replay_fingerprint
 from hybridcache.router.replica_index import Depths
 from hybridcache.sequence import Sequence
 from hybridcache.tiers.backends.base import ObjectStore
 from hybridcache.tiers.backends.disk import DiskStore
 from hybridcache.tiers.backends.host import HostMemoryStore
-from hybridcache.tiers.client import DeviceAdoption, TierClient
+from hybridcache.tiers.client import TierClient
 from hybridcache.tiers.keys import KeyChain
-from hybridcache.tiers.payload import StandInPayloads
 from hybridcache.tiers.restore_cost import RestoreCost, StandInSizes
 from hybridcache.tiers.restore import Restore
 from hybridcache.tiers.tier_calls import TIER_NAMES
@@ -53,23 +52,6 @@ class TurnKeys(NamedTuple):
 
     prompt: Sequence
     chain: KeyChain
-
-
-class ReplayDevice:
-    """A replica's device cache (its ``CacheAdapter``) as a ``TierDevice``: publishes read
-    stand-ins, adoptions write nothing."""
-
-    def __init__(self, adapter: CacheAdapter) -> None:
-        self.adapter = adapter
-
-    def cached_prefix(self, seq: Sequence) -> tuple[int, int]:
-        return self.adapter.probe(seq)
-
-    def adopt(self, prefix: Sequence, restore: Restore) -> DeviceAdoption:
-        return DeviceAdoption(self.adapter.adopt(prefix.tokens, restore.step))
-
-    def payloads(self, seq: Sequence, slot: int) -> StandInPayloads:
-        return STAND_INS
 
 
 @dataclass
@@ -97,7 +79,7 @@ class ReplicaTiers:
             stand_in=sizes,
         )
         self.store = TieredStore(host=host, disk=disk, shared=setup.shared, cost=cost)
-        self.client = TierClient(self.store, run.fingerprint, ReplayDevice(adapter))
+        self.client = TierClient(self.store, run.fingerprint, adapter)
         self.moved = MovedBytes()
         self.restore_s = 0.0  # nominal seconds the adopted restores' reads take at the stated rates
         self.recompute_s = 0.0  # seconds recomputing the tokens they gained takes at the device's FLOP/s

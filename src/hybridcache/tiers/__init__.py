@@ -7,12 +7,13 @@ Owns no state itself. The object model (:mod:`~hybridcache.tiers.fingerprint`,
 verified ones back, each tier behind a :class:`CircuitBreaker`, its phases in their own modules
 (``tier_calls``, ``publish`` for the write phase, ``restore`` for the read phase, ``restore_cost``);
 :class:`TierClient` is what the engine and the replay call (adopt a prefix, store the computed
-steps, :class:`TierStats`), each lending it a device side.
+steps, :class:`TierStats`), each lending it a device side (``device``: :class:`TierDevice`).
 The format and the failure rules are in ``docs/tiers.md``.
 """
 
 from hybridcache.tiers.breaker import CircuitBreaker
-from hybridcache.tiers.client import TierClient, TierDevice, TierStats
+from hybridcache.tiers.client import TierClient, TierStats
+from hybridcache.tiers.device import TierDevice
 from hybridcache.tiers.fingerprint import DEFAULT_CHUNK_SIZE, FORMAT_VERSION, NamespaceFingerprint
 from hybridcache.tiers.keys import Expectation, KeyChain, ObjectKey, ObjectKind
 from hybridcache.tiers.objects import (

@@ -4,7 +4,7 @@ of that gained, cost or missed (:class:`TierStats`).
 
 Owns: its base namespace fingerprint (each sequence's adapter and cache salt are added to it)
 and its :class:`TierStats`. Borrows the caller's ``TieredStore`` (the tiers and their contents)
-and a :class:`TierDevice`, the side that holds the device cache: the engine's tensors, the
+and a ``TierDevice`` (``tiers.device``), the side that holds the device cache: the engine's tensors, the
 replay's stand-ins. The device cache changes only through ``TierDevice.adopt``. A client serves
 one engine or one replica, on one thread (its statistics are not locked; the store's are, so
 several clients may share one ``TieredStore``).
@@ -18,14 +18,13 @@ a bug behind this seam.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
-from typing import NamedTuple, Protocol
-
-import numpy as np
+from typing import NamedTuple
 
 from hybridcache.errors import InvalidArgumentError, InvalidTypeError, LifecycleError
 from hybridcache.sequence import Sequence
+from hybridcache.tiers.device import TierDevice
 from hybridcache.tiers.fingerprint import NamespaceFingerprint
 from hybridcache.tiers.keys import KeyChain
 from hybridcache.tiers.publish import PublishReport
@@ -53,36 +52,6 @@ class TierRestore(NamedTuple):
     gained: int = 0
     miss_reason: str | None = None
     restore: Restore | None = None
-
-
-class DeviceAdoption(NamedTuple):
-    """What ``TierDevice.adopt`` made of a restore: the tokens gained (0: refused), and why a
-    refused write was refused (None: the device cache itself declined, or nothing was refused)."""
-
-    gained: int
-    refused: str | None = None
-
-
-class Payloads(Protocol):
-    """The arrays of one publish: KV chunk ``index`` of the sequence, and its state at the step."""
-
-    def chunk(self, index: int) -> Mapping[str, np.ndarray]: ...
-
-    def state(self) -> Mapping[str, np.ndarray]: ...
-
-
-class TierDevice(Protocol):
-    """What the side holding the device cache lends a tier client."""
-
-    def cached_prefix(self, seq: Sequence) -> tuple[int, int] | None:
-        """The device cache's checkpoint step and whole-block KV tokens for ``seq``; None when
-        it caches nothing (no restore can be adopted)."""
-
-    def adopt(self, prefix: Sequence, restore: Restore) -> DeviceAdoption:
-        """Cache ``prefix`` (exactly ``restore.step`` tokens) from the verified ``restore``."""
-
-    def payloads(self, seq: Sequence, slot: int) -> Payloads:
-        """What a publish of ``seq`` reads: its KV blocks, and its state in ``slot``."""
 
 
 PublishListener = Callable[[Sequence, int, KeyChain, PublishReport], None]
