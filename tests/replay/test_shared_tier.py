@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 CHILD = """
-import sys, time
+import signal, sys, time
 from pathlib import Path
 from hybridcache.tiers import local_servers
 from hybridcache.replay.shared_tier import open_shared_tier
@@ -27,6 +27,11 @@ def recording(*args, **kwargs):
     return server
 
 local_servers.start_redis = recording
+# A runner started under nohup, or in the background by a shell, hands its children SIGHUP or
+# SIGINT ignored, which the command rightly keeps ignoring; the command under test is one a
+# terminal started.
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 with open_shared_tier("redis", None, workdir):
     print("ready", flush=True)
     time.sleep(600)
