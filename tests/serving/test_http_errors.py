@@ -138,8 +138,9 @@ def test_unknown_routes_and_methods_get_error_objects(server):
     assert status == 405 and "error" in json.loads(raw)
 
 
-def _open_stream(base: str, max_tokens: int) -> socket.socket:
-    """A streaming completion on a raw socket, read until its first chunk arrived."""
+def _open_stream(base: str, max_tokens: int) -> tuple[socket.socket, bytes]:
+    """A streaming completion on a raw socket, read until its first chunk arrived: the socket
+    and everything read so far (a short stream may already hold more chunks, or all of them)."""
     host, port = base.removeprefix("http://").split(":")
     body = json.dumps({"model": "tiny", "prompt": "a long generation", "max_tokens": max_tokens, "stream": True,
                        "ignore_eos": True}).encode()
@@ -148,8 +149,10 @@ def _open_stream(base: str, max_tokens: int) -> socket.socket:
                  + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
     received = b""
     while b"data: " not in received:
-        received += sock.recv(4096)
-    return sock
+        chunk = sock.recv(4096)
+        assert chunk, f"the server closed the stream before its first chunk: {received!r}"
+        received += chunk
+    return sock, received
 
 
 def _wait_until_idle(base: str) -> None:
@@ -161,7 +164,7 @@ def _wait_until_idle(base: str) -> None:
 
 def test_a_client_that_leaves_cancels_its_request(server):
     generated = metric(server, "vllm:generation_tokens_total")
-    _open_stream(server, 3000).close()
+    _open_stream(server, 3000)[0].close()
     _wait_until_idle(server)
     assert metric(server, "vllm:generation_tokens_total") == generated  # a cancelled request is not a served one
     status, _, _ = request(server, "POST", COMPLETIONS, {"model": "tiny", "prompt": "still serving", "max_tokens": 2})
@@ -169,7 +172,7 @@ def test_a_client_that_leaves_cancels_its_request(server):
 
 
 def test_overload_gets_503_with_retry_after(server_uncached):
-    busy = _open_stream(server_uncached, 3000)  # this server holds one request at a time
+    busy, _ = _open_stream(server_uncached, 3000)  # this server holds one request at a time
     try:
         status, headers, raw = request(server_uncached, "POST", COMPLETIONS, {"model": "tiny", "prompt": "me too"})
         assert status == 503 and int(headers["retry-after"]) >= 1
@@ -194,9 +197,8 @@ def test_a_stream_ends_with_done_exactly_as_openai(server):
 
 def test_sigterm_lets_a_stream_in_flight_finish_then_the_server_exits():
     with running_server(*ENGINE_ARGS) as (base, process):
-        sock = _open_stream(base, 12)
+        sock, received = _open_stream(base, 12)
         os.kill(process.pid, signal.SIGTERM)
-        received = b""
         while b"data: [DONE]" not in received:
             chunk = sock.recv(65536)
             assert chunk, "the stream was cut before [DONE]"
