@@ -6,8 +6,9 @@ Owns, per run: the replicas' tiers and the names of the objects it put into the 
 is the caller's). Per replica (``ReplicaTiers``): its ``TieredStore`` with its own host and disk
 stores (the shared one is only borrowed), its ``TierClient`` (which owns the restore and
 publish statistics; the replica's ``CacheAdapter`` is its device side), and what its lookups
-moved and would cost. The device cache is changed only through ``CacheAdapter.adopt``. What the run's tiers are and what they stand for (setup,
-namespace, nominal sizes, recompute rate) are values of ``tiering``.
+moved and would cost. The device cache is changed only through ``CacheAdapter.adopt``. What
+the run's tiers are and what they stand for (setup, namespace, nominal sizes, recompute rate)
+are values of ``tiering``.
 
 One request's tier work goes through here, downward only: its keys are made once
 (``turn_keys``: the prompt as a sequence, the key chain of prompt and output) and carried into
