@@ -13,9 +13,6 @@ are dealt to the clients in turn.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -24,7 +21,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from hybridcache.bench.serve import _get, _Tally, _wait_healthy, server_process, stream_completion
+from hybridcache.bench.serve import _get, _Tally, server_process, serving_process, stream_completion
 from hybridcache.errors import BenchmarkSetupError
 from hybridcache.tiers.local_servers import free_port
 
@@ -74,19 +71,8 @@ def router_process(urls: list[str], policy: str, load_tokens: float | None):
                "--health-interval", "0.2", *(a for url in urls for a in ("--replica", url))]
     if load_tokens is not None:
         command += ["--load-tokens", str(load_tokens)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(base, process, 60)
+    with serving_process(command, port, 60) as (base, _):
         yield base
-    finally:
-        if process.poll() is None:
-            os.kill(process.pid, signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.kill(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 def _conversations(bench: RoutingBench) -> list[list[int]]:

@@ -65,16 +65,27 @@ class _Tally:
 
 
 @contextmanager
-def server_process(*args: str, env: dict | None = None, startup_s: float = STARTUP_S):
+def server_process(*args: str, env: dict | None = None, startup_s: float = STARTUP_S, output=None):
     """``hybridcache serve ARGS`` on a free loopback port: yields ``(base URL, process)`` once
     ``/health`` answers; SIGTERM by pid at the end unless it already exited (SIGKILL if it
-    does not stop)."""
+    does not stop). ``output``: a binary file taking what it prints (None: a temporary one)."""
     port = free_port()
     command = [sys.executable, "-m", "hybridcache.cli", "serve", "--port", str(port), "--log-level", "warning", *args]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    with serving_process(command, port, startup_s, output, env) as running:
+        yield running
+
+
+@contextmanager
+def serving_process(command: list[str], port: int, startup_s: float, output=None, env: dict | None = None):
+    """``command``, which serves HTTP on ``port`` of the loopback: yields ``(base URL,
+    process)`` once ``/health`` answers, and stops it by its pid at the end. Its output goes
+    to ``output`` (None: a temporary file), never to a pipe: nobody reads one while it serves,
+    and a full pipe would block the process at its next log line."""
+    output = tempfile.TemporaryFile() if output is None else output
+    process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(base, process, startup_s)
+        _wait_healthy(base, process, startup_s, output)
         yield base, process
     finally:
         if process.poll() is None:
@@ -86,11 +97,12 @@ def server_process(*args: str, env: dict | None = None, startup_s: float = START
             process.wait()
 
 
-def _wait_healthy(base: str, process: subprocess.Popen, startup_s: float) -> None:
+def _wait_healthy(base: str, process: subprocess.Popen, startup_s: float, output) -> None:
     deadline = time.monotonic() + startup_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise BenchmarkSetupError(f"the server exited: {process.stdout.read().decode(errors='replace')}")
+            output.seek(0)
+            raise BenchmarkSetupError(f"the server exited: {output.read().decode(errors='replace')}")
         try:
             if _get(base, "/health")[0] == 200:
                 return
@@ -198,7 +210,8 @@ def _percentile(values: list[float], q: float) -> float:
 def run_setting(bench: ServeBench, model_args: tuple[str, ...], model: str, caching: bool) -> dict:
     """Serve one setting (caching on or off) and drive the clients against it."""
     args = (*model_args, *bench.server_args, *(() if caching else ("--no-prefix-caching",)))
-    with server_process(*args) as (base, process):
+    output = tempfile.TemporaryFile()
+    with server_process(*args, output=output) as (base, process):
         pid = process.pid
         system = np.random.default_rng(7).integers(2, _vocab(bench), bench.system_tokens).tolist()
         stream_completion(base, model, system, 1)  # the deployment's first request: the system prompt
@@ -211,12 +224,14 @@ def run_setting(bench: ServeBench, model_args: tuple[str, ...], model: str, cach
             thread.join()
         wall = time.perf_counter() - began
         rss_after = _rss_bytes(pid)
-    return {**_summary(caching, tally, wall, rss_before, rss_after), "server_audit": _audit_line(process)}
+    return {**_summary(caching, tally, wall, rss_before, rss_after), "server_audit": _audit_line(output)}
 
 
-def _audit_line(process: subprocess.Popen) -> str:
-    """The stopped server's last word on its cache accounting (``serving.runtime.audit``)."""
-    said = process.stdout.read().decode(errors="replace").splitlines()
+def _audit_line(output) -> str:
+    """The stopped server's last word on its cache accounting (``serving.runtime.audit``), from
+    what it printed into ``output``."""
+    output.seek(0)
+    said = output.read().decode(errors="replace").splitlines()
     return next((line for line in reversed(said) if "cache accounting" in line), "no accounting line")
 
 
