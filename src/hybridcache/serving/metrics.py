@@ -51,7 +51,7 @@ TIER_MISS_ADVICE = {
 class EngineSnapshot:
     """The engine's counters and occupancy at one moment (all token counts cumulative)."""
 
-    taken_at: float = 0.0
+    taken_at: float = -float("inf")  # time.monotonic(): only ever compared with another snapshot's
     query_tokens: int = 0
     hit_tokens: int = 0
     hits: int = 0
@@ -79,7 +79,7 @@ class EngineSnapshot:
         tiers = stats.get("tiers", {})
         stored = tiers.get("store", {}).get("counters", {})
         return cls(
-            taken_at=time.time(),
+            taken_at=time.monotonic(),
             query_tokens=stats["query_tokens"], hit_tokens=stats["hit_tokens"], hits=stats["hits"],
             matches=stats["matches"], misses=dict(stats["misses"]),
             running=len(engine.scheduler.running), waiting=len(engine.scheduler.waiting),
@@ -135,7 +135,7 @@ class ServingMetrics:
     # --- the engine loop thread -----------------------------------------------------------------
 
     def observe_engine(self, engine: Engine) -> None:
-        now = time.time()
+        now = time.monotonic()  # a wall clock stepped back would freeze the snapshot for as long
         if now - self.snapshot.taken_at < SNAPSHOT_EVERY_S:
             return
         self.snapshot = snapshot = EngineSnapshot.of(engine)
