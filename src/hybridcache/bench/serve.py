@@ -21,7 +21,7 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -81,20 +81,21 @@ def serving_process(command: list[str], port: int, startup_s: float, output=None
     process)`` once ``/health`` answers, and stops it by its pid at the end. Its output goes
     to ``output`` (None: a temporary file), never to a pipe: nobody reads one while it serves,
     and a full pipe would block the process at its next log line."""
-    output = tempfile.TemporaryFile() if output is None else output
-    process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(base, process, startup_s, output)
-        yield base, process
-    finally:
-        if process.poll() is None:
-            os.kill(process.pid, signal.SIGTERM)
+    with ExitStack() as owned:
+        output = owned.enter_context(tempfile.TemporaryFile()) if output is None else output
+        process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
+        base = f"http://127.0.0.1:{port}"
         try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            os.kill(process.pid, signal.SIGKILL)
-            process.wait()
+            _wait_healthy(base, process, startup_s, output)
+            yield base, process
+        finally:
+            if process.poll() is None:
+                os.kill(process.pid, signal.SIGTERM)
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                os.kill(process.pid, signal.SIGKILL)
+                process.wait()
 
 
 def _wait_healthy(base: str, process: subprocess.Popen, startup_s: float, output) -> None:
@@ -210,21 +211,25 @@ def _percentile(values: list[float], q: float) -> float:
 def run_setting(bench: ServeBench, model_args: tuple[str, ...], model: str, caching: bool) -> dict:
     """Serve one setting (caching on or off) and drive the clients against it."""
     args = (*model_args, *bench.server_args, *(() if caching else ("--no-prefix-caching",)))
-    output = tempfile.TemporaryFile()
-    with server_process(*args, output=output) as (base, process):
-        pid = process.pid
-        system = np.random.default_rng(7).integers(2, _vocab(bench), bench.system_tokens).tolist()
-        stream_completion(base, model, system, 1)  # the deployment's first request: the system prompt
-        tally, rss_before, began = _Tally(), _rss_bytes(pid), time.perf_counter()
-        job = _Job(base, model, bench, system, time.monotonic() + (bench.duration_s or float("inf")))
-        threads = [threading.Thread(target=_client, args=(job, i, tally)) for i in range(bench.clients)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        wall = time.perf_counter() - began
-        rss_after = _rss_bytes(pid)
-    return {**_summary(caching, tally, wall, rss_before, rss_after), "server_audit": _audit_line(output)}
+    with tempfile.TemporaryFile() as output:
+        with server_process(*args, output=output) as (base, process):
+            measured = _drive(bench, base, model, process.pid, caching)
+        return {**measured, "server_audit": _audit_line(output)}
+
+
+def _drive(bench: ServeBench, base: str, model: str, pid: int, caching: bool) -> dict:
+    """The clients' run against the server at ``base`` (process ``pid``), summarized."""
+    system = np.random.default_rng(7).integers(2, _vocab(bench), bench.system_tokens).tolist()
+    stream_completion(base, model, system, 1)  # the deployment's first request: the system prompt
+    tally, rss_before, began = _Tally(), _rss_bytes(pid), time.perf_counter()
+    job = _Job(base, model, bench, system, time.monotonic() + (bench.duration_s or float("inf")))
+    threads = [threading.Thread(target=_client, args=(job, i, tally)) for i in range(bench.clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - began
+    return _summary(caching, tally, wall, rss_before, _rss_bytes(pid))
 
 
 def _audit_line(output) -> str:
