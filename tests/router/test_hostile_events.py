@@ -16,7 +16,9 @@ from hybridcache.events.schema import (
     BlockStored,
     CheckpointRemoved,
     CheckpointStored,
+    KVCacheEvent,
     KVEventBatch,
+    StateEvent,
     StateEventBatch,
     decode_kv_batch,
     decode_state_batch,
@@ -81,9 +83,9 @@ def hostile_batches(draw, requests: list[RequestKey]) -> list:
     batches, at = [], 0
     while at < len(events):  # each stream keeps its own events in order, batched as they come
         size = draw(st.integers(1, 4))
-        kv = [e for e in events[at : at + size] if isinstance(e, (BlockStored, BlockRemoved, AllBlocksCleared))]
-        state = [e for e in events[at : at + size] if e not in kv]
-        batches += [KVEventBatch(0.0, kv), StateEventBatch(0.0, state)]
+        group = events[at : at + size]
+        batches += [KVEventBatch(0.0, [e for e in group if isinstance(e, KVCacheEvent)]),
+                    StateEventBatch(0.0, [e for e in group if isinstance(e, StateEvent)])]
         at += size
     return batches
 

@@ -4,10 +4,10 @@ of that gained, cost or missed (:class:`TierStats`).
 
 Owns: its base namespace fingerprint (each sequence's adapter and cache salt are added to it)
 and its :class:`TierStats`. Borrows the caller's ``TieredStore`` (the tiers and their contents)
-and a ``TierDevice`` (``tiers.device``), the side that holds the device cache: the engine's tensors, the
-replay's stand-ins. The device cache changes only through ``TierDevice.adopt``. A client serves
-one engine or one replica, on one thread (its statistics are not locked; the store's are, so
-several clients may share one ``TieredStore``).
+and a ``TierDevice`` (``tiers.device``), the side that holds the device cache: the engine's
+tensors, the replay's stand-ins. The device cache changes only through ``TierDevice.adopt``. A
+client serves one engine or one replica, on one thread (its statistics are not locked; the
+store's are, so several clients may share one ``TieredStore``).
 
 Nothing on the tier side raises into the caller: a restore can only cost a miss (the request
 goes on with what the device cache holds, its reason counted), a publish only a failed publish
