@@ -131,7 +131,8 @@ def _router(args: argparse.Namespace, _: list[str]) -> int:
     try:
         fleet = Fleet(args.replica, check_policy(args.policy), health_interval_s=args.health_interval,
                       load_tokens=args.load_tokens)
-        server = RouterServer(fleet, args.host, args.port)
+        timeouts = {"timeout_s": args.upstream_timeout, "client_timeout_s": args.client_timeout}
+        server = RouterServer(fleet, args.host, args.port, **{k: v for k, v in timeouts.items() if v is not None})
     except (HybridCacheError, OSError) as error:  # a bad policy, a port taken: say why, no traceback
         return _failed("router", error)
     errors.print(f"hybridcache router on {server.url} ({args.policy}) over {', '.join(args.replica)}", highlight=False)
@@ -285,6 +286,12 @@ def build_parser() -> argparse.ArgumentParser:
     router.add_argument("--load-tokens", type=cli_args.positive_float,
                         help="tokens one request sent by other routers counts for (default: the mean tokens to compute "
                              "of the requests this router routed; its own count as predicted)")
+    router.add_argument("--upstream-timeout", type=cli_args.positive_float, metavar="S",
+                        help="seconds a replica may stay silent within one answer before it counts as failed "
+                             "(default: the router's UPSTREAM_TIMEOUT_S, 600)")
+    router.add_argument("--client-timeout", type=cli_args.positive_float, metavar="S",
+                        help="seconds a client may stay silent on one read or write before its connection is closed "
+                             "(default: the router's CLIENT_TIMEOUT_S, 60)")
     router.set_defaults(handler=_router)
     return parser
 

@@ -65,10 +65,11 @@ def replica(name: str, port: int | None = None, extra: tuple[str, ...] = ()) -> 
     return Process(command, port)
 
 
-def router(urls: list[str], policy: str = "restorable", health_interval_s: float = 0.2) -> Process:
+def router(urls: list[str], policy: str = "restorable", health_interval_s: float = 0.2,
+           extra: tuple[str, ...] = ()) -> Process:
     port = free_port()
     command = [sys.executable, "-m", "hybridcache.cli", "router", "--port", str(port), "--policy", policy,
-               "--health-interval", str(health_interval_s), *(arg for url in urls for arg in ("--replica", url))]
+               "--health-interval", str(health_interval_s), *(arg for url in urls for arg in ("--replica", url)), *extra]
     return Process(command, port)
 
 

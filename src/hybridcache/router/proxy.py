@@ -17,6 +17,14 @@ carries it (``x-hybridcache-next-seq``, ``hybridcache.next_seq`` in the body or 
 event); only an answer without it costs a ``GET /kv_events``.
 ``GET /metrics`` gives the router's own counters, ``GET /health`` its liveness, and other
 ``GET``s (``/v1/models``) go to any healthy replica.
+
+Exposed to any client: a request the router cannot read (a ``Content-Length`` that is not a
+count, a body past 64 MiB, a chunked upload it does not decode, a body that is not a JSON
+object) is refused with an OpenAI-style error object and, when its body was left unread, the
+connection closed; a client silent for ``client_timeout_s`` on one read or write (an idle
+keep-alive, a stalled upload, a reader that stopped reading) loses its connection, so no
+client holds a thread for longer. A replica silent for ``timeout_s`` between two reads of one
+answer is given up as a failed connection.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
+from hybridcache.errors import InvalidArgumentError
 from hybridcache.router.discovery import answer_next_seqs
 from hybridcache.router.fleet import PREFILL_WAIT_S, Fleet, Relay, Replica
 from hybridcache.router.metrics import RouterMetrics
@@ -40,14 +49,22 @@ _MAX_BODY = 64 * 1024 * 1024
 _CHUNK = 64 * 1024
 _STREAM_END = b"data: [DONE]"
 NEXT_SEQ_HEADER = "x-hybridcache-next-seq"  # the replica's event next_seq as its answer ended (JSON)
+UPSTREAM_TIMEOUT_S = 600.0  # a replica may think this long before its next byte (a long prefill)
+CLIENT_TIMEOUT_S = 60.0  # a client may stay silent this long on one read or write
 
 
 class RouterServer:
-    def __init__(self, fleet: Fleet, host: str = "127.0.0.1", port: int = 0, *, timeout_s: float = 600.0) -> None:
+    def __init__(self, fleet: Fleet, host: str = "127.0.0.1", port: int = 0, *, timeout_s: float = UPSTREAM_TIMEOUT_S,
+                 client_timeout_s: float = CLIENT_TIMEOUT_S) -> None:
+        """``timeout_s``: the most a replica may stay silent within one answer;
+        ``client_timeout_s``: the most a client may stay silent on one read or write."""
+        for name, value in (("timeout_s", timeout_s), ("client_timeout_s", client_timeout_s)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise InvalidArgumentError(f"{name} must be a positive number of seconds, got {value!r}")
         self.fleet = fleet
         self.metrics = RouterMetrics()
-        self.timeout_s = timeout_s
-        handler = type("RouterHandler", (_Handler,), {"router": self})
+        self.timeout_s = float(timeout_s)
+        handler = type("RouterHandler", (_Handler,), {"router": self, "timeout": float(client_timeout_s)})
         self._server = ThreadingHTTPServer((host, port), handler)
         self._server.daemon_threads = True
         self.host, self.port = self._server.server_address[:2]
@@ -147,20 +164,40 @@ class _Handler(BaseHTTPRequestHandler):
         self._forward(None, None, 0)
 
     def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        if not 0 <= length <= _MAX_BODY:
-            return self._reply(413, b'{"error": "request body too large"}')
+        length = self._body_length()
+        if length is None:
+            return
         raw = self.rfile.read(length)
+        if len(raw) < length:  # the client closed its side before the whole body came
+            self.close_connection = True
+            return
         body = None
         if self.path in ROUTED_PATHS:
             try:
                 body = json.loads(raw)
-            except ValueError:
-                return self._reply(400, b'{"error": "the body is not JSON"}')
+            except (ValueError, RecursionError):
+                return self._refuse(400, "malformed_body", "the body is not JSON")
             if not isinstance(body, dict):
-                return self._reply(400, b'{"error": "the body is not a JSON object"}')
+                return self._refuse(400, "malformed_body", "the body is not a JSON object")
         key = self.router.key_for(self.path, body) if body is not None else None
         self._forward(raw, key, 0 if key is None else len(key.token_ids))
+
+    def _body_length(self) -> int | None:
+        """The body's length as the request declares it; None once a refusal was sent (and the
+        connection marked to close: the unread body cannot be told from a next request)."""
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            refusal = (411, "length_required", "a request body needs a Content-Length (chunked uploads are not read)")
+        else:
+            declared = self.headers.get("Content-Length", "0").strip()
+            if not declared.isdigit() or not declared.isascii():
+                refusal = (400, "malformed_body", "Content-Length is not a count of bytes")
+            elif int(declared) > _MAX_BODY:
+                refusal = (413, "body_too_large", f"the body is over {_MAX_BODY:,} bytes")
+            else:
+                return int(declared)
+        self.close_connection = True
+        self._refuse(*refusal)
+        return None
 
     def _forward(self, raw: bytes | None, key: RequestKey | None, prompt_tokens: int) -> None:
         router = self.router
@@ -190,7 +227,7 @@ class _Handler(BaseHTTPRequestHandler):
                 router.fleet.ended(relay)
             return
         router.metrics.count("no_replica")
-        self._reply(503, b'{"error": "no replica could take the request"}')
+        self._refuse(503, "no_replica", "no replica could take the request")
 
     def _open(self, replica: Replica, raw: bytes | None):
         """Send the request; (response, connection) once the answer's head arrived, else (None, None)."""
@@ -258,6 +295,12 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if isinstance(cached, int):
             self.router.metrics.reported(predicted, cached)
+
+    def _refuse(self, status: int, code: str, message: str) -> None:
+        """An OpenAI-style error object, as the replicas send theirs."""
+        kind = "invalid_request_error" if status < 500 else "server_overloaded"
+        body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+        self._reply(status, json.dumps(body).encode())
 
     def _reply(self, status: int, data: bytes, content_type: str = "application/json") -> None:
         self.send_response(status)
