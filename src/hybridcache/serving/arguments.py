@@ -13,6 +13,7 @@ from hybridcache.policies import DEFAULT_POLICY
 from hybridcache.tiers.shared_setup import SHARED_TIERS
 
 TINY_MODEL = "tiny"
+CLIENT_TIMEOUT_S = 60.0  # how long a connection may wait on a silent client (serving.connection)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,4 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "mooncake://HOST:PORT?metadata=URL (default: a local server serve starts and stops)")
     parser.add_argument("--kv-events-config", metavar="JSON",
                         help="vLLM's KVEventsConfig as JSON, plus state_endpoint / state_replay_endpoint (docs/events.md)")
+    parser.add_argument("--client-timeout", type=cli_args.positive_float, default=CLIENT_TIMEOUT_S, metavar="S",
+                        help="seconds a connection may wait on a silent client (a request never finished, a stream "
+                             "no longer read) before it is closed")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])

@@ -18,7 +18,7 @@ from hybridcache.engine import EngineConfig, TinyHybridConfig
 from hybridcache.engine.hf.config import HFModelConfig
 from hybridcache.errors import InvalidConfigError
 from hybridcache.events.config import KVEventsConfig
-from hybridcache.serving.arguments import TINY_MODEL
+from hybridcache.serving.arguments import CLIENT_TIMEOUT_S, TINY_MODEL
 from hybridcache.serving.capacity import check_tier_sizes
 from hybridcache.tiers.shared_setup import check_shared_tier
 from hybridcache.types import as_int, as_name
@@ -32,7 +32,8 @@ class ServeConfig:
     name). At most ``max_running + max_waiting`` requests are in the server at once; one more
     gets 503. ``default_max_tokens`` applies when a request names none. ``shared_tier``
 (``none``, ``redis``, ``mooncake``): a store at ``store_url``, or (None) a local server the
-runtime starts and stops."""
+runtime starts and stops. ``client_timeout_s``: how long a connection may wait on its client
+(``serving.connection``)."""
 
     engine: EngineConfig = field(default_factory=EngineConfig)
     model_dir: str | os.PathLike | None = None
@@ -48,6 +49,7 @@ runtime starts and stops."""
     disk_root: str | os.PathLike | None = None
     shared_tier: str = "none"
     store_url: str | None = None
+    client_timeout_s: float = CLIENT_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if not isinstance(self.engine, EngineConfig):
@@ -57,9 +59,10 @@ runtime starts and stops."""
             object.__setattr__(self, name, as_int(name, getattr(self, name), minimum, error=InvalidConfigError))
         if self.port > 65535:
             raise InvalidConfigError(f"port must be <= 65535, got {self.port}")
-        if isinstance(self.miss_log_interval_s, bool) or not isinstance(self.miss_log_interval_s, (int, float)) \
-                or not self.miss_log_interval_s > 0:
-            raise InvalidConfigError("miss_log_interval_s must be a number > 0")
+        for name in ("miss_log_interval_s", "client_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise InvalidConfigError(f"{name} must be a finite number > 0, got {value!r}")
         if self.disk_bytes and self.disk_root is None:
             raise InvalidConfigError("disk_bytes needs a disk_root directory")
         check_shared_tier(self.shared_tier, self.store_url)
@@ -98,5 +101,6 @@ runtime starts and stops."""
             engine=engine, model_dir=None if tiny else args.model, served_name=args.served_name, host=args.host,
             port=args.port, max_waiting=args.max_waiting, host_bytes=args.host_bytes or 0, disk_bytes=disk_bytes,
             disk_root=disk_root, shared_tier=args.shared_tier, store_url=args.store_url,
+            client_timeout_s=args.client_timeout,
         )
 

@@ -1,0 +1,94 @@
+"""``hybridcache serve``'s HTTP connections: uvicorn's h11 protocol with a bound on how long a
+client may keep the server waiting.
+
+Owns, per connection, since when it has waited on its client (reset whenever the client makes
+progress: sends bytes, takes bytes the server had queued, has an answer completed) and the
+timer that checks it once a period. uvicorn alone waits forever for a client that connects and
+sends nothing, leaves its headers or body unfinished, or stops reading a stream (the answer's
+``send`` then blocks on a full buffer and holds its request in the engine); here such a
+connection is aborted once it has waited on its client, with no progress, for between one and
+two ``client_timeout_s`` periods, which for a request in the engine reads as the client going
+away (the request is cancelled). A connection the server is busy on (a prefill before the
+first token, a long answer the client is reading) is never timed out. Built on the internals of
+``uvicorn==0.54.0`` (the version the ``serve`` extra pins): ``conn``, ``flow``, ``transport``,
+``loop``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from hybridcache.errors import InvalidConfigError
+
+
+class ClientTimeoutProtocol(H11Protocol):
+    client_timeout_s = 60.0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._waited_from: float | None = self.loop.time()  # None: not waiting on the client at the last check
+        self._watch: asyncio.TimerHandle | None = self.loop.call_later(self.client_timeout_s, self._check)
+
+    def data_received(self, data: bytes) -> None:
+        self._progressed()
+        super().data_received(data)
+
+    def pause_writing(self) -> None:
+        self._progressed()  # a stalled reader's period starts when its buffer fills
+        super().pause_writing()
+
+    def resume_writing(self) -> None:
+        self._progressed()
+        super().resume_writing()
+
+    def on_response_complete(self) -> None:
+        self._progressed()  # the client's next request gets a whole period
+        super().on_response_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+        super().connection_lost(exc)
+
+    def _progressed(self) -> None:
+        if self._waited_from is not None:
+            self._waited_from = self.loop.time()
+
+    def _waiting_on_client(self) -> bool:
+        """Whether the connection can only go on when its client acts: it owes the server a
+        request or the rest of one (and the server is not holding its reads back), or it has
+        stopped reading what the server wrote."""
+        if self.flow.write_paused:
+            return True
+        return self.conn.their_state in (h11.IDLE, h11.SEND_BODY) and not self.flow.read_paused
+
+    def _check(self) -> None:
+        """Every period: abort a connection that has waited on its client, without progress,
+        since before the last check (so between one and two periods); a wait first seen now
+        starts its period now."""
+        self._watch = None
+        if self.transport.is_closing():
+            return
+        now = self.loop.time()
+        if not self._waiting_on_client():
+            self._waited_from = None
+        elif self._waited_from is None:
+            self._waited_from = now
+        elif now - self._waited_from >= self.client_timeout_s:
+            self.transport.abort()  # not close(): a client that stopped reading would never let it flush
+            return
+        due = now if self._waited_from is None else self._waited_from
+        self._watch = self.loop.call_later(max(0.0, due + self.client_timeout_s - now), self._check)
+
+
+def client_timeout_protocol(client_timeout_s: float) -> type[ClientTimeoutProtocol]:
+    """The protocol class uvicorn builds each connection with, waiting at most
+    ``client_timeout_s`` seconds on a client."""
+    if isinstance(client_timeout_s, bool) or not isinstance(client_timeout_s, (int, float)) \
+            or not 0 < client_timeout_s < float("inf"):
+        raise InvalidConfigError(f"client_timeout_s must be a positive number of seconds, got {client_timeout_s!r}")
+    return type("ClientTimeoutProtocol", (ClientTimeoutProtocol,), {"client_timeout_s": float(client_timeout_s)})
