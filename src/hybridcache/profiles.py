@@ -250,15 +250,186 @@ def _ssm_bytes(cfg: _Fields) -> int:
 
 
 def _qwen3_next(cfg: _Fields) -> _Totals:
+    """Qwen3-Next and Qwen3.5 (``qwen3_5_text`` dense, ``qwen3_5_moe_text`` with experts):
+    gated attention and Gated DeltaNet layers."""
     totals, hidden = _Totals(), cfg.int("hidden_size")
-    experts = (cfg.int("num_experts"), cfg.int("num_experts_per_tok"), cfg.int("moe_intermediate_size"))
-    shared = cfg.int("shared_expert_intermediate_size", 0)
-    for kind in cfg.kinds("layer_types", {"full_attention": "attention", "linear_attention": "linear"}):
+    dense = cfg.model_type == "qwen3_5_text"
+    if not dense:
+        experts = (cfg.int("num_experts"), cfg.int("num_experts_per_tok"), cfg.int("moe_intermediate_size"))
+        shared = cfg.int("shared_expert_intermediate_size", 0)
+    for kind in _qwen_layer_kinds(cfg):
         if kind == "attention":
             _attention(totals, cfg, q_gate=True)
         else:
             _gated_delta(totals, cfg)
-        _moe(totals, hidden, experts, shared)
+        if dense:
+            _mlp(totals, hidden, cfg.int("intermediate_size"))
+        else:
+            _moe(totals, hidden, experts, shared)
+    return totals
+
+
+def _qwen_layer_kinds(cfg: _Fields) -> list[str]:
+    """``layer_types``, or without it every ``full_attention_interval``-th layer attention (as
+    transformers fills them in)."""
+    if "layer_types" in cfg.config or "full_attention_interval" not in cfg.config:
+        return cfg.kinds("layer_types", {"full_attention": "attention", "linear_attention": "linear"})
+    interval = cfg.int("full_attention_interval", 1, _MAX_LAYERS)
+    layers = cfg.int("num_hidden_layers", 1, _MAX_LAYERS)
+    return ["attention" if (layer + 1) % interval == 0 else "linear" for layer in range(layers)]
+
+
+def _layers_at(cfg: _Fields, name: str, indices: object, base: int = 0) -> set[int]:
+    """The 0-based layers a config lists by index (``base``: the first index it uses)."""
+    layers = cfg.int("num_hidden_layers", 1, _MAX_LAYERS)
+    if not isinstance(indices, list) or any(isinstance(i, bool) or not isinstance(i, int) for i in indices) \
+            or not all(base <= i < layers + base for i in indices):
+        raise InvalidConfigError(
+            f"{cfg.model_type} config: {name} must list layer indices in [{base}, {layers + base}), got {_shown(indices)}"
+        )
+    return {i - base for i in indices}
+
+
+def _short_conv(totals: _Totals, cfg: _Fields) -> None:
+    """LFM2's gated short convolution: in projection to B, C, x; a depthwise causal
+    convolution of ``conv_L_cache`` taps; out projection. Its state is the window alone."""
+    hidden, kernel = cfg.int("hidden_size"), cfg.int("conv_L_cache")
+    totals.state_bytes += hidden * (kernel - 1) * _bytes(cfg)
+    totals.linear_params += 3 * hidden * hidden + hidden * hidden
+    totals.conv_flops += 2 * hidden * kernel + 2 * hidden  # the taps, and the two gates
+    totals.recurrent_layers += 1
+
+
+def _lfm2_ffn(cfg: _Fields) -> int:
+    """The feed-forward width LFM2 builds from ``intermediate_size`` (its auto-adjust rule)."""
+    width = cfg.int("intermediate_size")
+    if cfg.config.get("block_auto_adjust_ff_dim", True):
+        width = int(2 * width / 3)
+        multiplier = cfg.config.get("block_ffn_dim_multiplier", 1.0)
+        if multiplier is not None:
+            if isinstance(multiplier, bool) or not isinstance(multiplier, (int, float)) or not 0 < multiplier <= 64:
+                raise InvalidConfigError(f"{cfg.model_type} config: block_ffn_dim_multiplier must be in (0, 64], got {multiplier!r}")
+            multiple = cfg.int("block_multiple_of") if "block_multiple_of" in cfg.config else 256
+            width = multiple * -(-int(multiplier * width) // multiple)
+    return max(1, width)
+
+
+def _lfm2(cfg: _Fields) -> _Totals:
+    """LFM2 (``lfm2``) and LFM2-MoE (``lfm2_moe``: its first ``num_dense_layers`` dense)."""
+    totals, hidden = _Totals(), cfg.int("hidden_size")
+    if "layer_types" in cfg.config:
+        kinds = cfg.kinds("layer_types", {"conv": "conv", "full_attention": "attention"})
+    else:
+        attention = _layers_at(cfg, "full_attn_idxs", cfg.config.get("full_attn_idxs"))
+        kinds = ["attention" if layer in attention else "conv" for layer in range(cfg.int("num_hidden_layers", 1, _MAX_LAYERS))]
+    moe = cfg.model_type == "lfm2_moe"
+    dense_layers = cfg.int("num_dense_layers", 0, _MAX_LAYERS) if moe else len(kinds)
+    for layer, kind in enumerate(kinds):
+        if kind == "attention":
+            _attention(totals, cfg)
+        else:
+            _short_conv(totals, cfg)
+        if layer < dense_layers:
+            _mlp(totals, hidden, cfg.int("intermediate_size") if moe else _lfm2_ffn(cfg))
+        else:
+            _moe(totals, hidden, (cfg.int("num_experts"), cfg.int("num_experts_per_tok"), cfg.int("moe_intermediate_size")), 0)
+    return totals
+
+
+def _first_int(cfg: _Fields, names: tuple[str, ...], minimum: int = 1) -> int:
+    """The first of ``names`` the config holds (published checkpoints and transformers name
+    some fields differently)."""
+    for name in names:
+        if name in cfg.config:
+            return cfg.int(name, minimum)
+    raise InvalidConfigError(f"{cfg.model_type} config lacks {' or '.join(repr(name) for name in names)}")
+
+
+def _latent_attention(totals: _Totals, cfg: _Fields) -> None:
+    """Multi-head latent attention (Kimi-Linear, DeepSeek-V3): a serving engine caches the
+    compressed latent and the rotary key per token, ``kv_lora_rank + qk_rope_head_dim``."""
+    hidden, heads = cfg.int("hidden_size"), cfg.int("num_attention_heads")
+    rank, rope, nope, value = (cfg.int(name) for name in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"))
+    q_rank = cfg.optional_int("q_lora_rank")
+    query = heads * (nope + rope)
+    totals.kv_bytes += (rank + rope) * _bytes(cfg)
+    totals.linear_params += (hidden * query if q_rank is None else hidden * q_rank + q_rank * query)
+    totals.linear_params += hidden * (rank + rope) + rank * heads * (nope + value) + heads * value * hidden
+    totals.attention_coefficient += 2 * heads * (nope + rope) + 2 * heads * value
+    totals.attention_layers += 1
+
+
+def _delta_attention(totals: _Totals, cfg: _Fields, heads: int, dim: int, kernel: int) -> None:
+    """Kimi Delta Attention: q, k, v with short convolutions, low-rank forget and output gates,
+    a per-head ``dim x dim`` state."""
+    hidden, width = cfg.int("hidden_size"), heads * dim
+    totals.state_bytes += heads * dim * dim * _ssm_bytes(cfg) + 3 * width * (kernel - 1) * _bytes(cfg)
+    totals.linear_params += 3 * hidden * width + 2 * (hidden * dim + dim * width) + hidden * heads + width * hidden
+    totals.conv_flops += 2 * 3 * width * kernel
+    totals.recurrent_flops += 7 * heads * dim * dim
+    totals.recurrent_layers += 1
+
+
+def _kimi_linear(cfg: _Fields) -> _Totals:
+    """Kimi-Linear: MLA and KDA layers, its checkpoint's ``linear_attn_config`` (1-based layer
+    lists) or transformers' ``layer_types``; a dense MLP where ``mlp_layer_types`` says
+    ``dense`` (without it, the first ``first_k_dense_replace`` layers, default 1), experts
+    elsewhere."""
+    totals, hidden = _Totals(), cfg.int("hidden_size")
+    linear = cfg.config.get("linear_attn_config") or {}
+    if not isinstance(linear, dict):
+        raise InvalidConfigError(f"{cfg.model_type} config: linear_attn_config must be an object")
+    inner = _Fields({**cfg.config, **linear}, cfg.model_type)
+    heads = _first_int(inner, ("num_heads", "linear_num_heads"))
+    dim = _first_int(inner, ("head_dim", "linear_head_dim")) if "head_dim" in linear else _first_int(cfg, ("linear_head_dim",))
+    kernel = _first_int(inner, ("short_conv_kernel_size", "linear_conv_kernel_dim"))
+    layers = cfg.int("num_hidden_layers", 1, _MAX_LAYERS)
+    if "layer_types" in cfg.config:
+        kinds = cfg.kinds("layer_types", {"full_attention": "attention", "linear_attention": "linear"})
+    else:
+        attention = _layers_at(cfg, "linear_attn_config.full_attn_layers", linear.get("full_attn_layers"), base=1)
+        linears = _layers_at(cfg, "linear_attn_config.kda_layers", linear.get("kda_layers"), base=1)
+        if attention & linears or len(attention | linears) != layers:
+            raise InvalidConfigError(f"{cfg.model_type} config: full_attn_layers and kda_layers must split the {layers} layers")
+        kinds = ["attention" if layer in attention else "linear" for layer in range(layers)]
+    if "mlp_layer_types" in cfg.config:
+        dense_at = [kind == "dense" for kind in cfg.kinds("mlp_layer_types", {"dense": "dense", "sparse": "sparse"})]
+    else:
+        first = cfg.int("first_k_dense_replace", 0, _MAX_LAYERS) if "first_k_dense_replace" in cfg.config else 1
+        dense_at = [layer < first for layer in range(layers)]
+    experts = (_first_int(cfg, ("num_experts", "num_local_experts")),
+               _first_int(cfg, ("num_experts_per_token", "num_experts_per_tok")), cfg.int("moe_intermediate_size"))
+    shared = _first_int(cfg, ("num_shared_experts", "n_shared_experts"), 0) if any(
+        name in cfg.config for name in ("num_shared_experts", "n_shared_experts")) else 0
+    for layer, kind in enumerate(kinds):
+        if kind == "attention":
+            _latent_attention(totals, cfg)
+        else:
+            _delta_attention(totals, cfg, heads, dim, kernel)
+        if dense_at[layer]:
+            _mlp(totals, hidden, cfg.int("intermediate_size"))
+        else:
+            _moe(totals, hidden, experts, shared * experts[2])
+    return totals
+
+
+def _bamba(cfg: _Fields) -> _Totals:
+    """Bamba: Mamba2 layers with attention at ``attn_layer_indices``; ``mamba_d_head`` may be
+    ``"auto"`` (the inner width over the heads)."""
+    totals, hidden = _Totals(), cfg.int("hidden_size")
+    heads = cfg.int("mamba_n_heads")
+    if cfg.config.get("mamba_d_head", "auto") == "auto":
+        head_dim = cfg.int("mamba_expand") * hidden // heads
+    else:
+        head_dim = cfg.int("mamba_d_head")
+    mamba = (heads, max(1, head_dim), cfg.int("mamba_d_state"), cfg.int("mamba_n_groups"), cfg.int("mamba_d_conv"))
+    attention = _layers_at(cfg, "attn_layer_indices", cfg.config.get("attn_layer_indices") or [])
+    for layer in range(cfg.int("num_hidden_layers", 1, _MAX_LAYERS)):
+        if layer in attention:
+            _attention(totals, cfg)
+        else:
+            _mamba2(totals, cfg, mamba)
+        _mlp(totals, hidden, cfg.int("intermediate_size"))
     return totals
 
 
@@ -271,7 +442,8 @@ def _mamba2_geometry(cfg: _Fields) -> tuple[int, int, int, int, int]:
 def _granite_hybrid(cfg: _Fields) -> _Totals:
     totals, hidden = _Totals(), cfg.int("hidden_size")
     mamba = _mamba2_geometry(cfg)
-    kinds = cfg.kinds("layer_types", {"attention": "attention", "full_attention": "attention", "mamba": "mamba"})
+    kinds = cfg.kinds("layer_types", {"attention": "attention", "full_attention": "attention", "mamba": "mamba",
+                                      "linear_attention": "mamba"})  # transformers 5 saves the last spelling
     experts = cfg.int("num_local_experts", 0)
     for kind in kinds:
         if kind == "attention":
@@ -359,6 +531,12 @@ def _marconi_7b(cfg: _Fields) -> _Totals:
 
 _ARCHITECTURES = {
     "qwen3_next": _qwen3_next,
+    "qwen3_5_text": _qwen3_next,
+    "qwen3_5_moe_text": _qwen3_next,
+    "lfm2": _lfm2,
+    "lfm2_moe": _lfm2,
+    "kimi_linear": _kimi_linear,
+    "bamba": _bamba,
     "granitemoehybrid": _granite_hybrid,
     "nemotron_h": _nemotron_h,
     "falcon_h1": _falcon_h1,
@@ -376,6 +554,11 @@ def profile_from_config(config: dict, name: str | None = None) -> ModelProfile:
     layers, since the cache's budgets divide by both the KV per token and the state size."""
     if not isinstance(config, Mapping):
         raise InvalidConfigError("a model config must be a mapping")
+    text = config.get("text_config")
+    if config.get("model_type") not in _ARCHITECTURES and isinstance(text, Mapping):
+        # a multimodal checkpoint (Qwen3.5, Kimi-K3): its language model, in the outer dtype unless it names one
+        outer = {key: config[key] for key in ("dtype", "torch_dtype", "_name_or_path") if key in config}
+        config = {**outer, **text}
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or model_type not in _ARCHITECTURES:
         raise InvalidConfigError(f"unsupported model_type {_shown(model_type)}; supported: {', '.join(_ARCHITECTURES)}")
