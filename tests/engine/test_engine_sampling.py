@@ -9,7 +9,7 @@ import torch
 
 from hybridcache.engine import Engine, EngineConfig, Request, TinyHybridConfig
 from hybridcache.engine.sampling import sample_token
-from hybridcache.errors import InvalidArgumentError, InvalidTypeError
+from hybridcache.errors import InvalidArgumentError, InvalidTypeError, RequestFailedError
 
 VOCAB = TinyHybridConfig().vocab_size
 
@@ -83,3 +83,42 @@ def test_a_result_names_why_a_cached_prefix_was_not_restored():
     second = served.generate([Request(shared + prompt(8, 6), max_new_tokens=2)])[0]
     assert first.miss_reason in ("no_cached_prefix", "nothing_to_match")
     assert second.cached_tokens == 0 and second.miss_reason == "no_checkpoint"
+
+
+@pytest.mark.parametrize("temperature", [5e-324, 1e-300, 1e-12])
+def test_a_temperature_as_small_as_a_float_allows_draws_the_greedy_token(temperature):
+    built = engine()
+    request = Request(prompt(20, 3), max_new_tokens=6, temperature=temperature, seed=1)
+    greedy = built.generate([Request(request.prompt, max_new_tokens=6)])[0]
+    drawn = built.generate([request])[0]
+    assert drawn.error is None and drawn.tokens == greedy.tokens
+    built.check_invariants()
+
+
+def test_sample_token_never_sees_inf_over_inf():
+    logits = np.array([3.0, -1.0, 3.0 - 1e-9, -np.inf])
+    generator = torch.Generator().manual_seed(0)
+    assert {sample_token(logits, 5e-324, 1.0, generator) for _ in range(20)} == {0}
+
+
+def test_a_draw_that_fails_ends_its_request_alone_and_strands_nothing(monkeypatch):
+    built = engine()
+    failing = built.add_request(Request(prompt(30, 4), max_new_tokens=5, temperature=0.7, seed=2))
+    healthy = built.add_request(Request(prompt(30, 5), max_new_tokens=5))
+    draw = built._sampler.choose
+
+    def broken(request_id, *args):
+        if request_id == failing:
+            raise RuntimeError("probability tensor contains inf or nan")
+        return draw(request_id, *args)
+
+    monkeypatch.setattr(built._sampler, "choose", broken)
+    results = {}
+    while len(results) < 2:
+        for result in built.step():
+            results[result.request_id] = result
+        built.check_invariants()
+    assert isinstance(results[failing].error, RequestFailedError)
+    assert results[healthy].error is None and len(results[healthy].tokens) == 5
+    assert not built.scheduler.running and not built.scheduler.waiting
+    assert built.generate([Request(prompt(30, 4), max_new_tokens=3)])[0].error is None  # the engine serves on

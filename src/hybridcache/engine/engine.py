@@ -269,9 +269,14 @@ class Engine:
             self.tiers.after_forward(ends, queued.batch.num_tokens, forward_s)
         finished = []
         for chunk, output in zip(queued.batch.chunks, outputs):
+            try:
+                token = self._next_token(chunk, output)
+            except Exception as error:  # this request's own draw failed: end it, not its batch or the engine
+                finished.extend(self._fail_draw(chunk, error))
+                continue
             rows = output.routed_experts if chunk.entry.seq.want_routed_experts else None
             generated = chunk.entry.generated
-            done = self.scheduler.complete(chunk, self._next_token(chunk, output), rows)
+            done = self.scheduler.complete(chunk, token, rows)
             if chunk.entry.generated > generated:
                 self._outcomes.keep_logits(chunk.entry, output)
             if done:
@@ -285,6 +290,16 @@ class Engine:
         if request.temperature == 0.0 or not chunk.produces_token:
             return output.next_token
         return self._sampler.choose(chunk.entry.request_id, output.logits, request.temperature, request.top_p, request.seed)
+
+    def _fail_draw(self, chunk: ScheduledChunk, error: Exception) -> list[Result]:
+        """Its forward ran but its next token could not be drawn: the chunk is dropped as a
+        failed forward's would be and the request ended (a retry would draw the same way)."""
+        self.scheduler.abort(chunk, retry=False)
+        if self._entries.pop(chunk.entry.request_id, None) is None:  # cancelled while in flight
+            return []
+        failure = RequestFailedError(f"drawing request {chunk.entry.request_id}'s next token failed: {type(error).__name__}")
+        failure.__cause__ = error
+        return [self._result(chunk.entry, failure)]
 
     def _fail_forward(self, batch: ScheduledBatch, error: Exception) -> list[Result]:
         """Send each request of a failed forward back to recompute, alone from now on (so a

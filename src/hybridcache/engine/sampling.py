@@ -53,8 +53,11 @@ def _as_float(name: str, value: object) -> float:
 
 def sample_token(logits: np.ndarray, temperature: float, top_p: float, generator: torch.Generator) -> int:
     """One token drawn from ``softmax(logits / temperature)`` restricted to the smallest set of
-    most likely tokens whose mass reaches ``top_p`` (computed in float64)."""
-    scores = torch.from_numpy(np.asarray(logits, dtype=np.float64)) / temperature
+    most likely tokens whose mass reaches ``top_p`` (computed in float64). The largest logit is
+    taken off before dividing, so that a temperature as small as a float allows (``5e-324``)
+    makes the largest score 0 and the others -inf, the greedy choice, instead of inf / inf."""
+    scores = torch.from_numpy(np.asarray(logits, dtype=np.float64))
+    scores = (scores - scores.max()) / temperature
     probs = torch.softmax(scores, dim=-1)
     if top_p < 1.0:
         ordered, order = torch.sort(probs, descending=True)
