@@ -548,6 +548,10 @@ _ARCHITECTURES = {
 PROFILE_NAMES = tuple(BUILTIN_CONFIGS)
 
 
+def _supported(model_type: object) -> bool:
+    return isinstance(model_type, str) and model_type in _ARCHITECTURES
+
+
 def profile_from_config(config: dict, name: str | None = None) -> ModelProfile:
     """A profile from a config mapping in the transformers ``config.json`` schema. Every field
     a formula reads is checked (``_Fields``); the model must have attention and recurrent
@@ -555,12 +559,12 @@ def profile_from_config(config: dict, name: str | None = None) -> ModelProfile:
     if not isinstance(config, Mapping):
         raise InvalidConfigError("a model config must be a mapping")
     text = config.get("text_config")
-    if config.get("model_type") not in _ARCHITECTURES and isinstance(text, Mapping):
+    if not _supported(config.get("model_type")) and isinstance(text, Mapping):
         # a multimodal checkpoint (Qwen3.5, Kimi-K3): its language model, in the outer dtype unless it names one
         outer = {key: config[key] for key in ("dtype", "torch_dtype", "_name_or_path") if key in config}
         config = {**outer, **text}
     model_type = config.get("model_type")
-    if not isinstance(model_type, str) or model_type not in _ARCHITECTURES:
+    if not _supported(model_type):
         raise InvalidConfigError(f"unsupported model_type {_shown(model_type)}; supported: {', '.join(_ARCHITECTURES)}")
     totals = _ARCHITECTURES[model_type](_Fields(dict(config), model_type))
     if totals.kv_bytes < 1 or totals.state_bytes < 1:
