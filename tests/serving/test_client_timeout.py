@@ -13,15 +13,21 @@ import pytest
 from hybridcache.errors import InvalidConfigError
 from hybridcache.serving.config import ServeConfig
 from hybridcache.serving.connection import client_timeout_protocol
-from tests.serving.conftest import ENGINE_ARGS, metric, request, running_server
+from tests.serving.conftest import metric, request, running_server
 
 CLIENT_TIMEOUT_S = 0.5
 DEADLINE_S = 60  # our side's bound on waiting for the server: a deadline, not a measurement
 
 
+# A KV pool holding a stream far longer than the sockets buffer (about 150 bytes a token).
+LONG_STREAM = ("--num-kv-blocks", "4096", "--num-state-slots", "24", "--checkpoint-budget", "12",
+               "--max-batch-tokens", "512", "--prefill-chunk", "256")
+LONG_ANSWER_TOKENS = 60_000
+
+
 @pytest.fixture(scope="module")
 def server():
-    with running_server(*ENGINE_ARGS, "--client-timeout", str(CLIENT_TIMEOUT_S)) as (base, _):
+    with running_server(*LONG_STREAM, "--client-timeout", str(CLIENT_TIMEOUT_S)) as (base, _):
         yield base
 
 
@@ -79,9 +85,15 @@ def test_a_client_that_never_finishes_its_request_loses_its_connection(server, s
 def test_a_client_that_stops_reading_its_stream_is_cut_off_and_its_request_cancelled(server):
     generated = metric(server, "vllm:generation_tokens_total")
     with _connect(server, receive_buffer=1024) as sock:
-        sock.sendall(_stream_request(100_000))  # far more than the socket buffers hold; never read
-        _wait_until_idle(server)
-        answer = _read_until_closed(sock)
+        sock.sendall(_stream_request(LONG_ANSWER_TOKENS))  # megabytes no buffer holds
+        begun = b""
+        while b"data: {" not in begun:  # the stream has begun (so the request is in the engine) ...
+            chunk = sock.recv(4096)
+            assert chunk, f"the server closed the connection before the stream began: {begun!r}"
+            begun += chunk
+        _wait_until_idle(server)  # ... and, no longer read, is cancelled
+        answer = begun + _read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 200")
     assert b"data: [DONE]" not in answer
     assert metric(server, "vllm:generation_tokens_total") == generated  # cancelled, not served
     status, _, _ = request(server, "POST", "/v1/completions", {"model": "tiny", "prompt": "still serving", "max_tokens": 2})

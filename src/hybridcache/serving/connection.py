@@ -17,6 +17,8 @@ first token, a long answer the client is reading) is never timed out. Built on t
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -24,11 +26,15 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from hybridcache.errors import InvalidConfigError
 
 
+UNSENT_BYTES = 128 * 1024  # what the kernel may queue for a client beyond what is in flight
+
+
 class ClientTimeoutProtocol(H11Protocol):
     client_timeout_s = 60.0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        _bound_unsent(transport)
         self._waited_from: float | None = self.loop.time()  # None: not waiting on the client at the last check
         self._watch: asyncio.TimerHandle | None = self.loop.call_later(self.client_timeout_s, self._check)
 
@@ -83,6 +89,20 @@ class ClientTimeoutProtocol(H11Protocol):
             return
         due = now if self._waited_from is None else self._waited_from
         self._watch = self.loop.call_later(max(0.0, due + self.client_timeout_s - now), self._check)
+
+
+def _bound_unsent(transport: asyncio.Transport) -> None:
+    """Let the kernel hold at most ``UNSENT_BYTES`` the client has not taken (``TCP_NOTSENT_LOWAT``,
+    where the platform has it): past that, writes wait in the transport, which pauses the
+    answer, so a client that stops reading is seen as one within a period, where Linux would
+    otherwise grow the socket's buffer to megabytes first. Bytes in flight are not bounded,
+    so a distant client's throughput is not either."""
+    sock = transport.get_extra_info("socket")
+    option = getattr(socket, "TCP_NOTSENT_LOWAT", None)
+    if sock is None or option is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.IPPROTO_TCP, option, UNSENT_BYTES)
 
 
 def client_timeout_protocol(client_timeout_s: float) -> type[ClientTimeoutProtocol]:
