@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -98,3 +100,28 @@ def test_a_published_spelling_with_a_bad_field_is_refused_by_name(family, change
     change(values)
     with pytest.raises(InvalidConfigError, match=named):
         profile_from_config(values)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=True) | st.text(max_size=8)
+    | st.sampled_from(["auto", "full_attention", "linear_attention", "conv", "mamba", "dense", "sparse", "float32"]),
+    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(family=st.sampled_from(FAMILIES), data=st.data())
+def test_any_corrupted_field_gives_a_profile_or_an_invalid_config_error(family, data):
+    values = _float32(tiny_config(family))
+    if family == "kimi_linear" and data.draw(st.booleans()):
+        values = _kimi_published(values)
+    for _ in range(data.draw(st.integers(1, 3))):
+        nested = values.get("linear_attn_config") if data.draw(st.booleans()) else None
+        target = nested if isinstance(nested, dict) else values
+        target[data.draw(st.sampled_from(sorted(target)))] = data.draw(JSON_VALUES)
+    try:
+        profile = profile_from_config(values)
+    except InvalidConfigError:
+        return
+    assert profile.kv_bytes_per_token >= 1 and profile.state_bytes >= 1
