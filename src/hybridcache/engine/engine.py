@@ -48,12 +48,7 @@ from hybridcache.engine.outcomes import Outcomes
 from hybridcache.engine.request_checks import validated_sequence
 from hybridcache.engine.sampling import Sampler
 from hybridcache.engine.tiering import engine_tier_client
-from hybridcache.errors import (
-    HybridCacheError,
-    InvalidTypeError,
-    RequestFailedError,
-    RequestTooLargeError,
-)
+from hybridcache.errors import HybridCacheError, InvalidTypeError, RequestFailedError, RequestTooLargeError
 from hybridcache.policies import resolve_policy
 from hybridcache.protocol import CacheProtocol
 from hybridcache.scheduler.scheduler import ScheduledBatch, ScheduledChunk, Scheduler, ServingSequence
@@ -292,9 +287,8 @@ class Engine:
         return self._sampler.choose(chunk.entry.request_id, output.logits, request.temperature, request.top_p, request.seed)
 
     def _fail_draw(self, chunk: ScheduledChunk, error: Exception) -> list[Result]:
-        """Its forward ran but its next token could not be drawn: the chunk is dropped as a
-        failed forward's would be and the request ended (a retry would draw the same way)."""
-        self.scheduler.abort(chunk, retry=False)
+        """The forward ran, the draw failed: the chunk dropped as a failed forward's, the request ended."""
+        self.scheduler.abort(chunk, retry=False)  # a retry would draw the same way
         if self._entries.pop(chunk.entry.request_id, None) is None:  # cancelled while in flight
             return []
         failure = RequestFailedError(f"drawing request {chunk.entry.request_id}'s next token failed: {type(error).__name__}")
