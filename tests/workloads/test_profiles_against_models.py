@@ -118,7 +118,7 @@ def test_any_corrupted_field_gives_a_profile_or_an_invalid_config_error(family, 
         values = _kimi_published(values)
     for _ in range(data.draw(st.integers(1, 3))):
         nested = values.get("linear_attn_config") if data.draw(st.booleans()) else None
-        target = nested if isinstance(nested, dict) else values
+        target = nested if isinstance(nested, dict) and nested else values  # a corrupted one may be empty
         target[data.draw(st.sampled_from(sorted(target)))] = data.draw(JSON_VALUES)
     try:
         profile = profile_from_config(values)
