@@ -1,5 +1,6 @@
 """Model architectures as sums of layers: one function per ``model_type`` a profile can be
-computed for (``ARCHITECTURES``), each reading the published ``config.json`` fields (and their
+computed for (``ARCHITECTURES``: the families here, ``profile_hybrids``' and
+``profile_recurrent``'), each reading the published ``config.json`` fields (and their
 transformers spellings) through ``profile_layers.Fields``.
 
 Owns nothing mutable: functions and a read-only table.
@@ -10,6 +11,8 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from hybridcache.errors import InvalidConfigError
+from hybridcache.profile_hybrids import HYBRIDS
+from hybridcache.profile_recurrent import RECURRENT
 from hybridcache.profile_layers import (
     MAX_LAYERS,
     Fields,
@@ -21,6 +24,7 @@ from hybridcache.profile_layers import (
     latent_attention,
     layers_at,
     mamba1,
+    mamba1_geometry,
     mamba2,
     mamba2_geometry,
     mlp,
@@ -214,13 +218,14 @@ def _falcon_h1(cfg: Fields) -> Totals:
 
 def _jamba(cfg: Fields) -> Totals:
     totals, hidden = Totals(), cfg.int("hidden_size")
+    mamba = mamba1_geometry(cfg, ("hidden_size", "mamba_expand", "mamba_d_state", "mamba_d_conv", "mamba_dt_rank"))
     attention_period, expert_period = cfg.int("attn_layer_period"), cfg.int("expert_layer_period")
     attention_offset, expert_offset = cfg.int("attn_layer_offset", 0), cfg.int("expert_layer_offset", 0)
     for layer in range(cfg.int("num_hidden_layers", 1, MAX_LAYERS)):
         if layer % attention_period == attention_offset:
             attention(totals, cfg)
         else:
-            mamba1(totals, cfg)
+            mamba1(totals, cfg, mamba)
         if layer % expert_period == expert_offset:
             experts = (cfg.int("num_experts"), cfg.int("num_experts_per_tok"), cfg.int("intermediate_size"))
             moe(totals, hidden, experts, 0)
@@ -260,4 +265,6 @@ ARCHITECTURES = MappingProxyType({
     "falcon_h1": _falcon_h1,
     "jamba": _jamba,
     "marconi_hybrid": _marconi_7b,
+    **HYBRIDS,
+    **RECURRENT,
 })

@@ -107,14 +107,18 @@ def shown(value: object) -> str:
 # --- layer formulas ------------------------------------------------------------------------
 
 
-def attention(totals: Totals, cfg: Fields, q_gate: bool = False) -> None:
+def attention(totals: Totals, cfg: Fields, q_gate: bool = False, width: int | None = None,
+              head_dim: int | None = None) -> None:
+    """Softmax attention over the whole prefix. ``width``: the projections' input when it is not
+    the hidden size (Zamba's shared block reads the hidden state and the embeddings together);
+    ``head_dim`` when the config's own field is not the one the model uses."""
     hidden, heads, kv_heads = cfg.int("hidden_size"), cfg.int("num_attention_heads"), cfg.int("num_key_value_heads")
-    head_dim = cfg.optional_int("head_dim") or hidden // heads
+    head_dim = head_dim or cfg.optional_int("head_dim") or hidden // heads
     if head_dim < 1:
         raise InvalidConfigError(f"{cfg.model_type} config: hidden_size {hidden} < num_attention_heads {heads}")
     totals.kv_bytes += 2 * kv_heads * head_dim * cache_bytes(cfg)
     q_out = heads * head_dim * (2 if q_gate else 1)  # Qwen3-Next's gated attention doubles q_proj
-    totals.linear_params += hidden * (q_out + 2 * kv_heads * head_dim) + heads * head_dim * hidden
+    totals.linear_params += (width or hidden) * (q_out + 2 * kv_heads * head_dim) + heads * head_dim * hidden
     totals.attention_coefficient += 4 * heads * head_dim
     totals.attention_layers += 1
 
@@ -130,14 +134,25 @@ def mamba2(totals: Totals, cfg: Fields, geometry: tuple[int, int, int, int, int]
     totals.recurrent_layers += 1
 
 
-def mamba1(totals: Totals, cfg: Fields) -> None:
-    hidden, d_state, d_conv = cfg.int("hidden_size"), cfg.int("mamba_d_state"), cfg.int("mamba_d_conv")
-    d_inner, dt_rank = cfg.int("mamba_expand") * hidden, cfg.int("mamba_dt_rank")
+def mamba1(totals: Totals, cfg: Fields, geometry: tuple[int, int, int, int]) -> None:
+    d_inner, d_state, d_conv, dt_rank = geometry
+    hidden = cfg.int("hidden_size")
     totals.state_bytes += d_inner * d_state * ssm_bytes(cfg) + d_inner * (d_conv - 1) * cache_bytes(cfg)
     totals.linear_params += hidden * 2 * d_inner + d_inner * (dt_rank + 2 * d_state) + dt_rank * d_inner + d_inner * hidden
     totals.conv_flops += 2 * d_inner * d_conv
     totals.recurrent_flops += 5 * d_inner * d_state
     totals.recurrent_layers += 1
+
+
+def mamba1_geometry(cfg: Fields, names: tuple[str, str, str, str, str]) -> tuple[int, int, int, int]:
+    """(d_inner, d_state, d_conv, dt_rank) from the fields ``names`` (hidden size, expand,
+    d_state, d_conv, dt rank); a dt rank of ``"auto"`` or absent is ceil(hidden / 16), as
+    transformers fills it in."""
+    hidden_name, expand, d_state, d_conv, dt_rank = names
+    hidden = cfg.int(hidden_name)
+    rank = cfg.config.get(dt_rank, "auto")
+    rank = -(-hidden // 16) if rank in ("auto", None) else cfg.int(dt_rank)
+    return cfg.int(expand) * hidden, cfg.int(d_state), cfg.int(d_conv), rank
 
 
 def gated_delta(totals: Totals, cfg: Fields) -> None:
@@ -201,6 +216,12 @@ def first_int(cfg: Fields, names: tuple[str, ...], minimum: int = 1, default: in
     raise InvalidConfigError(f"{cfg.model_type} config lacks {' or '.join(repr(name) for name in names)}")
 
 
+def defaulted(cfg: Fields, name: str, default: int, minimum: int = 1) -> int:
+    """``name``, or ``default`` where the config leaves it out or null (transformers fills in
+    the same)."""
+    return default if cfg.config.get(name) is None else cfg.int(name, minimum)
+
+
 def latent_attention(totals: Totals, cfg: Fields) -> None:
     """Multi-head latent attention (Kimi-Linear, DeepSeek-V3): a serving engine caches the
     compressed latent and the rotary key per token, ``kv_lora_rank + qk_rope_head_dim``."""
@@ -223,6 +244,28 @@ def delta_attention(totals: Totals, cfg: Fields, heads: int, dim: int, kernel: i
     totals.conv_flops += 2 * 3 * width * kernel
     totals.recurrent_flops += 7 * heads * dim * dim
     totals.recurrent_layers += 1
+
+def lightning_attention(totals: Totals, cfg: Fields, heads: int, head_dim: int) -> None:
+    """MiniMax's lightning (linear) attention: fused q, k, v, an output gate, and a decayed
+    ``head_dim x head_dim`` key-value state per head; no convolution."""
+    hidden, width = cfg.int("hidden_size"), heads * head_dim
+    totals.state_bytes += heads * head_dim * head_dim * ssm_bytes(cfg)
+    totals.linear_params += 3 * hidden * width + 2 * width * hidden  # qkv, output gate, out projection
+    totals.recurrent_flops += 6 * heads * head_dim * head_dim  # decay, k v^T update, q readout
+    totals.recurrent_layers += 1
+
+
+def rejected_windowed(cfg: Fields, kinds: list[str], window_field: str = "sliding_window") -> None:
+    """Refuse layers that attend over a window: their cache drops the keys that slid out, so
+    an exact prefix cache cannot hold or restore them as it does whole-prefix KV."""
+    windowed = [layer for layer, kind in enumerate(kinds) if kind == "windowed"]
+    if windowed:
+        raise InvalidConfigError(
+            f"{cfg.model_type} config: layers {shown(windowed)} attend over a sliding window "
+            f"({window_field} {shown(cfg.config.get(window_field))}), not the whole prefix; a windowed "
+            "attention cache is not profiled (its keys slide out, so a prefix's KV cannot be kept exactly)"
+        )
+
 
 def mamba2_geometry(cfg: Fields) -> tuple[int, int, int, int, int]:
     """(heads, head dim, d_state, groups, d_conv) under the granite / falcon field names."""

@@ -7,7 +7,8 @@ A profile is computed from a model config in the transformers ``config.json`` sc
 or one of the built-in configs below, which are the published models' values). Formulas (per
 token unless noted; ``b`` = bytes of the cache dtype; FLOPs count a multiply-add as 2):
 
-* KV bytes per token = sum over attention layers of ``2 * kv_heads * head_dim * b``.
+* KV bytes per token = sum over attention layers of ``2 * kv_heads * head_dim * b``; zero for a
+  model without attention (Mamba, Mamba2, RWKV).
 * State bytes per checkpoint = sum over recurrent layers of the recurrent state plus the
   convolution window the next token needs (``d_conv - 1`` columns):
   Mamba2 ``heads * head_dim * d_state * b_ssm + (d_inner + 2 * groups * d_state) * (d_conv - 1) * b``;
@@ -57,15 +58,27 @@ class ModelProfile:
     recurrent_layers: int
 
     def __post_init__(self) -> None:
-        """Budgets divide by both sizes; FLOPs must be finite and non-negative."""
+        """A checkpoint costs at least a byte; KV costs nothing exactly when no layer attends
+        (a pure recurrent model: the replay then gives the whole budget to checkpoints). FLOPs
+        must be finite and non-negative."""
         for field in ("kv_bytes_per_token", "state_bytes", "attention_layers", "recurrent_layers"):
-            value, minimum = getattr(self, field), 0 if field.endswith("layers") else 1
+            value, minimum = getattr(self, field), 1 if field == "state_bytes" else 0
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise InvalidConfigError(f"ModelProfile.{field} must be an int >= {minimum}, got {value!r}")
+        if (self.kv_bytes_per_token == 0) != (self.attention_layers == 0):
+            raise InvalidConfigError(
+                f"ModelProfile: {self.attention_layers} attention layers cannot cost "
+                f"{self.kv_bytes_per_token} KV bytes per token (zero exactly when there are none)"
+            )
         for field in ("linear_flops_per_token", "recurrent_flops_per_token", "attention_flops_coefficient"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
                 raise InvalidConfigError(f"ModelProfile.{field} must be a finite number >= 0, got {value!r}")
+
+    @property
+    def pure_recurrent(self) -> bool:
+        """No attention layer: KV is free, and the prefix's blocks only name it."""
+        return self.attention_layers == 0
 
     def prefill_flops(self, start: int, end: int) -> float:
         """FLOPs to prefill positions ``[start, end)`` with ``[0, start)`` already cached."""
@@ -78,8 +91,8 @@ class ModelProfile:
 
     @property
     def state_tokens_equivalent(self) -> float:
-        """How many tokens of KV one checkpoint weighs."""
-        return self.state_bytes / self.kv_bytes_per_token
+        """How many tokens of KV one checkpoint weighs (infinitely many when KV is free)."""
+        return math.inf if self.pure_recurrent else self.state_bytes / self.kv_bytes_per_token
 
 
 PROFILE_NAMES = tuple(BUILTIN_CONFIGS)
@@ -91,26 +104,39 @@ def _supported(model_type: object) -> bool:
 
 def profile_from_config(config: dict, name: str | None = None) -> ModelProfile:
     """A profile from a config mapping in the transformers ``config.json`` schema. Every field
-    a formula reads is checked (``profile_layers.Fields``); the model must have attention and recurrent
-    layers, since the cache's budgets divide by both the KV per token and the state size."""
+    a formula reads is checked (``profile_layers.Fields``); the model must have recurrent
+    layers (a checkpoint must cost something), and may have no attention (pure recurrent)."""
     if not isinstance(config, Mapping):
         raise InvalidConfigError("a model config must be a mapping")
-    text = config.get("text_config")
-    if not _supported(config.get("model_type")) and isinstance(text, Mapping):
-        # a multimodal checkpoint (Qwen3.5, Kimi-K3): its language model, in the outer dtype unless it names one
-        outer = {key: config[key] for key in ("dtype", "torch_dtype", "_name_or_path") if key in config}
-        config = {**outer, **text}
+    config = _language_model(config)
     model_type = config.get("model_type")
     if not _supported(model_type):
         raise InvalidConfigError(f"unsupported model_type {shown(model_type)}; supported: {', '.join(ARCHITECTURES)}")
     totals = ARCHITECTURES[model_type](Fields(dict(config), model_type))
-    if totals.kv_bytes < 1 or totals.state_bytes < 1:
+    if totals.state_bytes < 1:
         raise InvalidConfigError(
-            f"{model_type} config is not a hybrid model: {totals.attention_layers} attention layers "
-            f"({totals.kv_bytes} KV bytes per token), {totals.recurrent_layers} recurrent layers "
-            f"({totals.state_bytes} state bytes); both must be at least one"
+            f"{model_type} config is not a recurrent model: {totals.recurrent_layers} recurrent layers "
+            f"({totals.state_bytes} state bytes), {totals.attention_layers} attention layers; a prefix cache "
+            "for attention alone needs no checkpoints"
         )
     return _profile_of(totals, name or str(config.get("_name_or_path") or model_type))
+
+
+# Where multimodal checkpoints keep their language model (Nemotron-H Omni's checkpoints: llm_config)
+_TEXT_CONFIG_KEYS = ("text_config", "llm_config")
+
+
+def _language_model(config: Mapping) -> Mapping:
+    """A multimodal checkpoint's language model (Qwen3.5, LFM2-VL, Nemotron-H Omni), in the
+    outer dtype unless it names one; any other config as it is."""
+    if _supported(config.get("model_type")):
+        return config
+    for key in _TEXT_CONFIG_KEYS:
+        text = config.get(key)
+        if isinstance(text, Mapping):
+            outer = {name: config[name] for name in ("dtype", "torch_dtype", "_name_or_path") if name in config}
+            return {**outer, **text}
+    return config
 
 
 def _profile_of(totals: Totals, name: str) -> ModelProfile:
