@@ -82,7 +82,13 @@ REFUSED = MappingProxyType({
         "its attention layers attend over a local window of attention_window_size tokens, not the whole "
         "prefix, so a prefix's KV cannot be cached exactly"
     ),
+    "xlstm": _refused(
+        "its mLSTM cells keep a (C, n, m) state per head in inference_state_dtype, with widths the config rounds "
+        "up to multiples of 64, and no formula here has yet been checked against transformers' xLSTMCache"
+    ),
 })
+
+PURE_RECURRENT = frozenset({"mamba", "falcon_mamba", "mamba2", "rwkv"})  # no attention, by design
 
 RECURRENT = MappingProxyType({
     "mamba": _mamba,

@@ -44,6 +44,7 @@ from hybridcache.files import MAX_CONFIG_BYTES, read_bounded
 from hybridcache.profile_architectures import ARCHITECTURES
 from hybridcache.profile_configs import BUILTIN_CONFIGS
 from hybridcache.profile_layers import Fields, Totals, shown
+from hybridcache.profile_recurrent import PURE_RECURRENT
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,8 @@ def _supported(model_type: object) -> bool:
 def profile_from_config(config: dict, name: str | None = None) -> ModelProfile:
     """A profile from a config mapping in the transformers ``config.json`` schema. Every field
     a formula reads is checked (``profile_layers.Fields``); the model must have recurrent
-    layers (a checkpoint must cost something), and may have no attention (pure recurrent)."""
+    layers (a checkpoint must cost something) and attention layers, unless it is one of the
+    pure recurrent families (``profile_recurrent.PURE_RECURRENT``), whose KV costs nothing."""
     if not isinstance(config, Mapping):
         raise InvalidConfigError("a model config must be a mapping")
     config = _language_model(config)
@@ -113,11 +115,13 @@ def profile_from_config(config: dict, name: str | None = None) -> ModelProfile:
     if not _supported(model_type):
         raise InvalidConfigError(f"unsupported model_type {shown(model_type)}; supported: {', '.join(ARCHITECTURES)}")
     totals = ARCHITECTURES[model_type](Fields(dict(config), model_type))
-    if totals.state_bytes < 1:
+    # a hybrid family's config without attention is more likely a slip than a pure recurrent model
+    if totals.state_bytes < 1 or (totals.kv_bytes < 1 and model_type not in PURE_RECURRENT):
         raise InvalidConfigError(
-            f"{model_type} config is not a recurrent model: {totals.recurrent_layers} recurrent layers "
-            f"({totals.state_bytes} state bytes), {totals.attention_layers} attention layers; a prefix cache "
-            "for attention alone needs no checkpoints"
+            f"{model_type} config is not a hybrid model: {totals.attention_layers} attention layers "
+            f"({totals.kv_bytes} KV bytes per token), {totals.recurrent_layers} recurrent layers "
+            f"({totals.state_bytes} state bytes); both must be at least one (none without attention "
+            f"but the pure recurrent {', '.join(sorted(PURE_RECURRENT))})"
         )
     return _profile_of(totals, name or str(config.get("_name_or_path") or model_type))
 

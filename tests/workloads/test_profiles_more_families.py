@@ -212,15 +212,20 @@ def test_a_bad_field_or_a_windowed_attention_is_refused_by_name(family, change, 
         profile_from_config(values)
 
 
-def test_recurrent_gemma_is_refused_for_its_local_attention():
-    with pytest.raises(InvalidConfigError, match="local window"):
-        profile_from_config(_values(transformers.RecurrentGemmaConfig()))
+@pytest.mark.parametrize(("config_class", "reason"), [("RecurrentGemmaConfig", "local window"),
+                                                     ("xLSTMConfig", "not profiled: its mLSTM cells")])
+def test_recurrent_families_not_profiled_are_refused_with_the_reason(config_class, reason):
+    with pytest.raises(InvalidConfigError, match=reason):
+        profile_from_config(_values(getattr(transformers, config_class)()))
 
 
-def test_a_model_without_recurrent_layers_is_refused():
-    values = _values(tiny_config("lfm3"))
-    values["layer_types"] = ["full_attention"] * 4
-    with pytest.raises(InvalidConfigError, match="not a recurrent model"):
+@pytest.mark.parametrize("kind", ["full_attention", "linear_attention"])
+def test_a_hybrid_family_needs_both_kinds_of_layer(kind):
+    """Only the pure recurrent families may lack attention: a hybrid's config without it is
+    more likely a slip than a model."""
+    values = _values(tiny_config("olmo_hybrid"))
+    values["layer_types"] = [kind] * 4
+    with pytest.raises(InvalidConfigError, match="not a hybrid model"):
         profile_from_config(values)
 
 
