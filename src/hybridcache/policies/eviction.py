@@ -258,6 +258,8 @@ class MarconiState(_Scored):
         if self.profile is None:
             return float(depth)
         flops = self.profile.prefill_flops((depth - 1) * size, depth * size)
+        if self.profile.pure_recurrent:  # a block costs no bytes: weigh it by the FLOPs it saves alone
+            return flops / size
         return flops / (size * self.profile.kv_bytes_per_token)
 
     def kv_score(self, slot: int) -> float:
