@@ -481,3 +481,17 @@ def test_branch_point_gets_a_checkpoint_in_the_engine():
 def test_unknown_checkpoint_policy_is_refused():
     with pytest.raises(InvalidConfigError, match="checkpoint_policy"):
         config(checkpoint_policy="lfu")
+
+
+def test_auto_plans_its_grid_for_what_this_models_state_weighs():
+    """A state of 2,433.5 KV tokens (the bytes of one slot against one token's KV, read back from
+    the cache tensors): ``auto``'s grid is 6,144, the first multiple of 2,048 past twice that."""
+    engine = Engine(config(model=TinyHybridConfig(ssm_state_size=4096), checkpoint_policy="auto"))
+    slot_bytes = sum(array.nbytes for array in engine.cache.read_slot(0).values())
+    token_bytes = sum(array.nbytes for array in engine.cache.read_blocks([0]).values()) / engine.config.block_size
+    layout = engine.model.layout
+    assert (layout.state_bytes, layout.kv_bytes_per_token) == (slot_bytes, token_bytes)
+    assert layout.state_weight_tokens == slot_bytes / token_bytes == 2433.5
+    assert engine.scheduler.admission.grid == 6144
+    light = Engine(config(checkpoint_policy="auto"))  # 6.25 tokens a state: the grid stays
+    assert light.model.layout.state_weight_tokens == 6.25 and light.scheduler.admission.grid == 2048

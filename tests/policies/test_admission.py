@@ -1,8 +1,12 @@
 """Admission policies: where each one checkpoints, as pure plans and through the replay."""
 
+import json
+import math
+
 import numpy as np
 import pytest
 
+from hybridcache.cli import main
 from hybridcache.errors import HybridCacheError, InvalidArgumentError
 from hybridcache.policies import (
     BRANCH,
@@ -18,6 +22,8 @@ from hybridcache.policies import (
     kind_of_step,
     resolve_policy,
 )
+from hybridcache.profiles import load_profile
+from hybridcache.replay import split_budget
 from tests.replay._helpers import budget, request, run
 
 rng = np.random.default_rng(13)
@@ -118,3 +124,59 @@ def test_auto_identical_prompt_hits_up_to_its_last_block_boundary():
     prompt = tokens(3 * 32 + 1)
     _, hits = run([request(0, prompt), request(1, prompt)], "auto", budget(64, 16))
     assert hits == [0, 96]  # = prompt length - 1 here
+
+
+# --- the grid against the weight of a state ------------------------------------------------
+
+
+@pytest.mark.parametrize(("state_tokens", "grid"), [
+    (409.0, 2048),  # Marconi 7B: a state weighs a fifth of a grid step, the grid stays
+    (1608.0, 4096),  # Qwen3-Next: twice 1,608 rounded up to a multiple of 2,048
+    (4719.0, 10_240),  # granite-4.0-h-small
+    (6234.0, 14_336),  # Nemotron-H 8B
+    (0.0, 2048),  # unknown: as it is
+])
+def test_auto_grid_is_at_least_twice_what_a_state_weighs(state_tokens, grid):
+    weighed = AutoAdmission().for_state_weight(state_tokens)
+    assert weighed.grid == grid and not weighed.sparse
+    assert weighed.for_state_weight(state_tokens) == weighed  # applied once
+    # the grid's states over a prefix of one grid step cost at most half its KV
+    assert state_tokens <= weighed.grid / 2
+
+
+def test_the_weight_leaves_free_kv_explicit_grids_and_other_admissions_as_they_are():
+    auto = AutoAdmission()
+    assert auto.for_state_weight(math.inf) is auto  # a pure recurrent model: KV costs nothing
+    explicit = resolve_policy("auto:2048").admission
+    assert explicit.for_state_weight(4719.0) is explicit  # auto:G is taken as given
+    for admission in (ReferenceAdmission(), IntervalAdmission(32), MarconiAdmission()):
+        assert admission.for_state_weight(4719.0) is admission
+
+
+@pytest.mark.parametrize("bad", [-1.0, math.nan, "4719", True, None])
+def test_a_bad_state_weight_is_refused(bad):
+    for admission in (AutoAdmission(), ReferenceAdmission(), MarconiAdmission()):
+        with pytest.raises(InvalidArgumentError, match="state_tokens"):
+            admission.for_state_weight(bad)
+
+
+def test_the_split_of_one_budget_follows_the_weighed_grid():
+    granite = load_profile("granite-4.0-h-small")
+    mean_prompt = 8_000.0
+    weighed = split_budget(10**10, granite, resolve_policy("auto"), mean_prompt)
+    dense = split_budget(10**10, granite, resolve_policy("auto:2048"), mean_prompt)
+    spacing = AutoAdmission(10_240).checkpoint_spacing(mean_prompt)
+    share = granite.state_bytes / (granite.state_bytes + granite.kv_bytes_per_token * spacing)
+    assert weighed.state_bytes == int(10**10 * share)
+    assert weighed.kv_bytes > dense.kv_bytes  # fewer states per prompt: more of the budget to KV
+
+
+def test_heavy_states_on_the_weighed_grid_beat_the_dense_grid_and_marconi(tmp_path):
+    """granite-4.0-h-small (a state weighs 4,719 KV tokens), 60 conversations, one budget: the
+    2,048 grid spends the budget on states, the weighed grid keeps the KV their hits need."""
+    out = tmp_path / "runs.json"
+    assert main(["replay", "--synthesize", "conversation", "--seed", "1", "--sessions", "60", "--limit", "400",
+                 "--model", "granite-4.0-h-small", "--policy", "auto,auto:2048,marconi", "--cache-bytes", "2.5GB",
+                 "--json", str(out)]) == 0
+    rates = {run["policy"]: run["token_hit_rate"] for run in json.loads(out.read_text())}
+    assert rates["auto"] > rates["marconi"] > rates["auto:2048"]

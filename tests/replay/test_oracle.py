@@ -58,6 +58,9 @@ class PlannedAdmission:
     def fitted(self, kv_tokens, checkpoint_slots):
         return self
 
+    def for_state_weight(self, state_tokens):
+        return self
+
 
 def hits(requests, policy, space):
     def observe(adapters, request, turn):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hybridcache.errors import InvalidConfigError
 from hybridcache.memory.block_pool import BlockPool
 from hybridcache.memory.state_pool import StatePool
 from hybridcache.prefix_cache.checkpoint_record import CheckpointState
@@ -539,3 +540,21 @@ def test_no_admission_is_tried_at_the_runtime_slot_cap():
     w.drain()
     assert all(entry.phase is Phase.FINISHED for entry in running)
     assert waiting.cached_tokens == 20
+
+
+def test_auto_grid_follows_the_weight_of_a_state():
+    """The engine says what a checkpoint weighs in KV tokens; ``auto`` plans no grid finer than
+    twice that (as the replay does), so a heavy-state model's prefills end fewer chunks early.
+    64 blocks of 8 tokens against 6 usable slots: 85 KV tokens per slot keeps the grid dense."""
+    light = World(checkpoint_policy="auto:128", num_slots=8)
+    assert light.sched.admission.grid == 128  # auto:G is taken as given
+    heavy = World(checkpoint_policy="auto", num_slots=8, state_weight_tokens=3000.0)
+    assert heavy.sched.admission.grid == 6144 and not heavy.sched.admission.sparse
+    unknown = World(checkpoint_policy="auto", num_slots=8)
+    assert unknown.sched.admission.grid == 2048
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), "x"])
+def test_a_bad_state_weight_is_refused_by_the_config(bad):
+    with pytest.raises(InvalidConfigError, match="state_weight_tokens"):
+        SchedulerConfig(checkpoint_policy="auto", state_weight_tokens=bad)

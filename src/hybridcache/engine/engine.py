@@ -88,7 +88,7 @@ class Engine:
         self.pool, self.states, self.trie = built.pool, built.states, built.trie  # for inspection only
         self.prefix_cache = CacheProtocol(built)  # the scheduler and the engine drive the cache only through it
         self.tiers = None
-        scheduler_config = config.scheduler_config()
+        scheduler_config = replace(config.scheduler_config(), state_weight_tokens=self.model.layout.state_weight_tokens)
         if tiers is not None:
             self.tiers = engine_tier_client(tiers, self.model, self.cache, self.prefix_cache, config)
             scheduler_config = replace(scheduler_config, chunk_align=config.tier_chunk_size)
@@ -109,11 +109,8 @@ class Engine:
             return None
         from hybridcache.engine.kv_events import EngineEvents
 
-        itemsize = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
-        layers = self.model.layout.state_layers
-        state_bytes = sum(spec.numel * itemsize[spec.dtype] for layer in layers for spec in layer.state) or None
-        return EngineEvents(config.kv_events, self.prefix_cache, block_size=config.block_size, state_bytes=state_bytes,
-                            tiers=self.tiers)
+        return EngineEvents(config.kv_events, self.prefix_cache, block_size=config.block_size,
+                            state_bytes=self.model.layout.state_bytes or None, tiers=self.tiers)
 
     def close(self) -> None:
         """Close the event streams (the engine serves on without them)."""

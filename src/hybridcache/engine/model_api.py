@@ -12,6 +12,8 @@ whichever model it serves.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence, runtime_checkable
 
@@ -87,7 +89,8 @@ CHUNK_RESUME = "chunk"  # one multi-token call from the restored state
 TOKEN_BY_TOKEN_RESUME = "token_by_token"  # the model's multi-token path ignores a restored state
 RESUME_MODES = (CHUNK_RESUME, TOKEN_BY_TOKEN_RESUME)
 
-DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+DTYPE_NAMES = tuple(DTYPE_BYTES)
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,10 @@ class TensorSpec:
     @property
     def numel(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * DTYPE_BYTES[self.dtype]
 
 
 @dataclass(frozen=True)
@@ -172,6 +179,21 @@ class ModelLayout:
     def is_hybrid(self) -> bool:
         """Whether a prefix hit needs a recurrent-state checkpoint as well as KV blocks."""
         return bool(self.state_layers)
+
+    @property
+    def state_bytes(self) -> int:
+        """One sequence's recurrent state, every layer's: what a checkpoint slot holds."""
+        return sum(spec.nbytes for layer in self.state_layers for spec in layer.state)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return sum(spec.nbytes for layer in self.kv_layers for spec in layer.kv)
+
+    @property
+    def state_weight_tokens(self) -> float:
+        """How many tokens of KV one checkpoint weighs (infinitely many when no layer attends)."""
+        kv = self.kv_bytes_per_token
+        return self.state_bytes / kv if kv else math.inf
 
 
 @runtime_checkable

@@ -17,6 +17,7 @@ from hybridcache.policies.admission import (
     ReferenceAdmission,
     TurnView,
     branch_step,
+    checked_state_weight,
     first_end,
     kind_of_step,
 )
@@ -37,6 +38,6 @@ from hybridcache.policies.registry import (
 __all__ = [
     "ADMISSIONS", "BRANCH", "DEFAULT_POLICY", "EVICTIONS", "POLICIES", "PROMPT_END", "SPECULATIVE", "TURN_END",
     "AutoAdmission", "AutoEviction", "IntervalAdmission", "LRUEviction", "MarconiAdmission", "MarconiEviction",
-    "Policy", "ReferenceAdmission", "TurnView", "branch_step", "first_end", "kind_of_step",
+    "Policy", "ReferenceAdmission", "TurnView", "branch_step", "checked_state_weight", "first_end", "kind_of_step",
     "resolve_policy",
 ]

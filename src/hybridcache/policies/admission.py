@@ -22,7 +22,9 @@ the token emitted last never runs), so the turn end checkpoint sits there.
   before the prefix ends), the last block boundary before the prompt end (an identical prompt
   sent again hits up to its last token), and the prompt end (a later prompt extending this one
   without its output). ``fitted`` spaces the grid to what the pools hold (sparse mode: grid,
-  branch point and turn end only) when checkpoint slots are scarce against the KV pool. Its eviction side (``eviction.AutoEviction``) drops the speculative ones
+  branch point and turn end only) when checkpoint slots are scarce against the KV pool, and
+  ``for_state_weight`` coarsens the grid of plain ``auto`` to twice what a state weighs in KV
+  tokens, so the states on a cached prefix never cost more than half its KV. Its eviction side (``eviction.AutoEviction``) drops the speculative ones
   that never served first, and its learner (``policies.reuse``) declines the grid saves of a
   grid level that has stopped paying.
 """
@@ -45,6 +47,14 @@ def checked_kind(kind: str) -> str:
         raise InvalidArgumentError(f"kind must be one of {KINDS}, got {kind!r}")
     return kind
 DEFAULT_GRID = 2048  # tokens between ``auto``'s speculative saves before ``fitted`` spaces them
+
+
+def checked_state_weight(state_tokens: float) -> float:
+    """How many KV tokens one checkpoint weighs: a number >= 0, infinite when KV is free (a
+    pure recurrent model), 0 when unknown."""
+    if isinstance(state_tokens, bool) or not isinstance(state_tokens, (int, float)) or not state_tokens >= 0:
+        raise InvalidArgumentError(f"state_tokens must be a number >= 0 (or inf), got {state_tokens!r}")
+    return float(state_tokens)
 
 
 @dataclass(frozen=True)
@@ -90,6 +100,10 @@ class ReferenceAdmission:
     def fitted(self, kv_tokens: int, checkpoint_slots: int) -> "ReferenceAdmission":
         return self
 
+    def for_state_weight(self, state_tokens: float) -> "ReferenceAdmission":
+        checked_state_weight(state_tokens)
+        return self
+
     def checkpoint_spacing(self, mean_prompt: float) -> float:
         return mean_prompt / (math.ceil(mean_prompt / self.prefill_chunk) + 1)
 
@@ -110,6 +124,10 @@ class IntervalAdmission:
         return self.interval
 
     def fitted(self, kv_tokens: int, checkpoint_slots: int) -> "IntervalAdmission":
+        return self
+
+    def for_state_weight(self, state_tokens: float) -> "IntervalAdmission":
+        checked_state_weight(state_tokens)
         return self
 
     def checkpoint_spacing(self, mean_prompt: float) -> float:
@@ -158,15 +176,33 @@ class MarconiAdmission:
     def fitted(self, kv_tokens: int, checkpoint_slots: int) -> "MarconiAdmission":
         return self
 
+    def for_state_weight(self, state_tokens: float) -> "MarconiAdmission":
+        checked_state_weight(state_tokens)
+        return self
+
 
 @dataclass(frozen=True)
 class AutoAdmission:
     grid: int = DEFAULT_GRID
     sparse: bool = False  # set by ``fitted`` when state slots are scarce against the KV pool
+    weighed: bool = True  # whether ``for_state_weight`` may coarsen the grid (not for ``auto:G``)
 
     @property
     def name(self) -> str:
         return "auto" if self.grid == AutoAdmission.grid else f"auto:{self.grid}"
+
+    def for_state_weight(self, state_tokens: float) -> "AutoAdmission":
+        """The grid for checkpoints that each weigh ``state_tokens`` KV tokens: at least twice
+        that, rounded up to a multiple of ``DEFAULT_GRID`` (so it stays aligned), so the grid's
+        states on a cached prefix cost at most half its KV. Heavier states than a grid step
+        saves would otherwise crowd out the KV their hits need (granite-4.0-h-small, 4,719
+        tokens a state, loses to ``marconi`` on every shape at 2,048; docs/hitrate.md). As it
+        is where KV is free or the weight unknown, and for an explicit ``auto:G``."""
+        weight = checked_state_weight(state_tokens)
+        if not self.weighed or not math.isfinite(weight):
+            return self
+        grid = max(self.grid, math.ceil(2 * weight / DEFAULT_GRID) * DEFAULT_GRID)
+        return AutoAdmission(grid, self.sparse, weighed=False)
 
     def fitted(self, kv_tokens: int, checkpoint_slots: int) -> "AutoAdmission":
         """The grid the pools can hold: when the KV pool holds more tokens per checkpoint slot

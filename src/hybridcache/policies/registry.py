@@ -56,7 +56,7 @@ def _marconi_admission(argument: str | None, prefill_chunk: int) -> MarconiAdmis
 def _auto_admission(argument: str | None, prefill_chunk: int) -> AutoAdmission:
     if argument is None:
         return AutoAdmission()
-    return AutoAdmission(_positive_int("admission", "auto", argument))
+    return AutoAdmission(_positive_int("admission", "auto", argument), weighed=False)
 
 
 def _lru(argument: str | None) -> LRUEviction:

@@ -5,7 +5,8 @@ slots of one profile state each (the running turn's own state is not charged). O
 ``cache_bytes`` is split so that both pools cover the same number of prompt tokens at the
 admission policy's checkpoint density on this trace: state share = S / (S + K * spacing), with
 S the checkpoint bytes, K the KV bytes per token and ``spacing`` the policy's tokens per
-checkpoint (interval: N; reference: mean prompt / (ceil(mean prompt / chunk) + 1)).
+checkpoint (interval: N; reference: mean prompt / (ceil(mean prompt / chunk) + 1); ``auto``: its
+grid as coarsened for the profile's state weight, ``AutoAdmission.for_state_weight``).
 
 A pure recurrent model (no attention layer) keeps no KV: its share is 0 and the whole budget buys
 checkpoints. Its KV block pool still indexes the prefixes (the trie names a checkpoint's position
@@ -57,7 +58,7 @@ def split_budget(cache_bytes: int, profile: ModelProfile, policy: Policy, mean_p
     if profile.pure_recurrent:
         slots = cache_bytes // profile.state_bytes
         return Budget(0, cache_bytes, cache_bytes, free_kv_tokens(slots, mean_prompt))
-    spacing = policy.admission.checkpoint_spacing(mean_prompt)
+    spacing = policy.admission.for_state_weight(profile.state_tokens_equivalent).checkpoint_spacing(mean_prompt)
     state_share = profile.state_bytes / (profile.state_bytes + profile.kv_bytes_per_token * spacing)
     state_bytes = int(cache_bytes * state_share)
     return Budget(cache_bytes - state_bytes, state_bytes, cache_bytes)

@@ -44,7 +44,8 @@ def replay(
     if any(not isinstance(request, TraceRequest) for request in requests):
         raise InvalidTypeError("requests must be TraceRequest records (see hybridcache.workloads.synthesize)")
     geometry = config.geometry
-    fitted = config.policy.admission.fitted(geometry.kv_blocks * config.block_size, geometry.checkpoint_slots)
+    weighed = config.policy.admission.for_state_weight(config.profile.state_tokens_equivalent)
+    fitted = weighed.fitted(geometry.kv_blocks * config.block_size, geometry.checkpoint_slots)
     policy, foresight = foresee(dataclasses.replace(config.policy, admission=fitted), requests, config.block_size)
     fleet = Fleet(config, policy, requests, tuning_progress)
     began = time.perf_counter()

@@ -39,7 +39,7 @@ import numpy as np
 
 from hybridcache.errors import InvalidArgumentError, LifecycleError
 from hybridcache.policies import Policy
-from hybridcache.policies.admission import KINDS
+from hybridcache.policies.admission import KINDS, checked_state_weight
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord, anchor_step
 from hybridcache.prefix_cache.eviction_view import EvictionView
 from hybridcache.prefix_cache.identity import BlockKeyer
@@ -182,6 +182,10 @@ class OracleAdmission:
         return 0
 
     def fitted(self, kv_tokens: int, checkpoint_slots: int) -> "OracleAdmission":
+        return self
+
+    def for_state_weight(self, state_tokens: float) -> "OracleAdmission":
+        checked_state_weight(state_tokens)
         return self
 
     def checkpoint_spacing(self, mean_prompt: float) -> float:

@@ -34,6 +34,7 @@ from hybridcache.policies import (
     IntervalAdmission,
     ReferenceAdmission,
     TurnView,
+    checked_state_weight,
     kind_of_step,
     resolve_policy,
 )
@@ -63,6 +64,7 @@ class SchedulerConfig:
     checkpoint_policy: str = "reference"  # an admission + eviction pair (hybridcache.policies);
     # the engine's default is DEFAULT_POLICY (auto)
     chunk_align: int = 0  # > 0: prefill chunks also end at its multiples (tier publish steps)
+    state_weight_tokens: float = 0.0  # KV tokens one checkpoint weighs (0: unknown; inf: KV is free)
 
     def __post_init__(self) -> None:
         for name in ("max_batch_tokens", "max_running", "prefill_chunk"):
@@ -77,6 +79,10 @@ class SchedulerConfig:
             resolve_policy(self.checkpoint_policy, prefill_chunk=self.prefill_chunk)
         except HybridCacheError as error:
             raise InvalidConfigError(f"checkpoint_policy: {error}") from None
+        try:
+            checked_state_weight(self.state_weight_tokens)
+        except HybridCacheError as error:
+            raise InvalidConfigError(f"state_weight_tokens: {error}") from None
 
 
 @dataclass(eq=False)
@@ -141,7 +147,8 @@ class Scheduler:
         self.config = config
         self.cache = cache
         admission = resolve_policy(config.checkpoint_policy, prefill_chunk=config.prefill_chunk).admission
-        self.admission = admission.fitted(cache.pool.num_blocks * cache.block_size, max(1, cache.states.num_slots - 2))
+        self.admission = admission.for_state_weight(config.state_weight_tokens).fitted(
+            cache.pool.num_blocks * cache.block_size, max(1, cache.states.num_slots - 2))
         self.waiting: deque[ServingSequence] = deque()
         self.running: list[ServingSequence] = []
         self.arrival_pins = ArrivalPins(cache)
