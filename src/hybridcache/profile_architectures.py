@@ -18,10 +18,9 @@ from hybridcache.profile_layers import (
     Fields,
     Totals,
     attention,
-    delta_attention,
+    delta_hybrid_layers,
     first_int,
     gated_delta,
-    latent_attention,
     layers_at,
     mamba1,
     mamba1_geometry,
@@ -104,7 +103,7 @@ def _kimi_linear(cfg: Fields) -> Totals:
     lists) or transformers' ``layer_types``; a dense MLP where ``mlp_layer_types`` says
     ``dense`` (without it, the first ``first_k_dense_replace`` layers, default 1), experts
     elsewhere."""
-    totals, hidden = Totals(), cfg.int("hidden_size")
+    totals = Totals()
     linear = cfg.config.get("linear_attn_config") or {}
     if not isinstance(linear, dict):
         raise InvalidConfigError(f"{cfg.model_type} config: linear_attn_config must be an object")
@@ -121,24 +120,7 @@ def _kimi_linear(cfg: Fields) -> Totals:
         if attention_at & linear_at or len(attention_at | linear_at) != layers:
             raise InvalidConfigError(f"{cfg.model_type} config: full_attn_layers and kda_layers must split the {layers} layers")
         kinds = ["attention" if layer in attention_at else "linear" for layer in range(layers)]
-    if "mlp_layer_types" in cfg.config:
-        dense_at = [kind == "dense" for kind in cfg.kinds("mlp_layer_types", {"dense": "dense", "sparse": "sparse"})]
-    else:
-        first = first_int(cfg, ("first_k_dense_replace",), 0, default=1)
-        dense_at = [layer < first for layer in range(layers)]
-    experts = (first_int(cfg, ("num_experts", "num_local_experts")),
-               first_int(cfg, ("num_experts_per_token", "num_experts_per_tok")), cfg.int("moe_intermediate_size"))
-    shared = first_int(cfg, ("num_shared_experts", "n_shared_experts"), 0, default=0)
-    for layer, kind in enumerate(kinds):
-        if kind == "attention":
-            latent_attention(totals, cfg)
-        else:
-            delta_attention(totals, cfg, heads, dim, kernel)
-        if dense_at[layer]:
-            mlp(totals, hidden, cfg.int("intermediate_size"))
-        else:
-            moe(totals, hidden, experts, shared * experts[2])
-    return totals
+    return delta_hybrid_layers(totals, cfg, kinds, (heads, dim, kernel), dense_first=1, shared_default=0)
 
 
 def _bamba(cfg: Fields) -> Totals:

@@ -17,10 +17,9 @@ from hybridcache.profile_layers import (
     Totals,
     attention,
     defaulted,
-    delta_attention,
+    delta_hybrid_layers,
     first_int,
     gated_delta,
-    latent_attention,
     lightning_attention,
     mamba1,
     mamba1_geometry,
@@ -141,7 +140,7 @@ def _bailing_hybrid(cfg: Fields) -> Totals:
     """Bailing-Hybrid (Ring / Ling linear): MLA with a per-head output gate and Kimi Delta
     Attention; the last layer of every ``layer_group_size`` is MLA. Checkpoints spell the
     experts ``num_experts``, ``num_experts_per_token`` and ``num_shared_experts``."""
-    totals, hidden = Totals(), cfg.int("hidden_size")
+    totals = Totals()
     heads = first_int(cfg, ("linear_num_heads", "num_attention_heads"))
     dim = first_int(cfg, ("linear_head_dim", "head_dim"), default=128)  # transformers moves head_dim to linear_head_dim
     kernel = first_int(cfg, ("short_conv_kernel_size", "linear_conv_kernel_dim"), default=4)
@@ -151,25 +150,8 @@ def _bailing_hybrid(cfg: Fields) -> Totals:
     else:
         group = first_int(cfg, ("layer_group_size",), default=6)
         kinds = ["attention" if (layer + 1) % group == 0 else "linear" for layer in range(layers)]
-    if "mlp_layer_types" in cfg.config:
-        dense_at = [kind == "dense" for kind in cfg.kinds("mlp_layer_types", {"dense": "dense", "sparse": "sparse"})]
-    else:
-        first = first_int(cfg, ("first_k_dense_replace",), 0, default=2)
-        dense_at = [layer < first for layer in range(layers)]
-    experts = (first_int(cfg, ("num_experts", "num_local_experts")),
-               first_int(cfg, ("num_experts_per_token", "num_experts_per_tok")), cfg.int("moe_intermediate_size"))
-    shared = first_int(cfg, ("num_shared_experts", "n_shared_experts"), 0, default=1)
-    for layer, kind in enumerate(kinds):
-        if kind == "attention":
-            latent_attention(totals, cfg)
-            totals.linear_params += hidden * cfg.int("num_attention_heads")  # the output gate
-        else:
-            delta_attention(totals, cfg, heads, dim, kernel)
-        if dense_at[layer]:
-            mlp(totals, hidden, cfg.int("intermediate_size"))
-        else:
-            moe(totals, hidden, experts, shared * experts[2])
-    return totals
+    return delta_hybrid_layers(totals, cfg, kinds, (heads, dim, kernel), dense_first=2, shared_default=1,
+                               output_gate=True)
 
 
 def _minimax_kinds(cfg: Fields) -> list[str]:

@@ -271,3 +271,33 @@ def mamba2_geometry(cfg: Fields) -> tuple[int, int, int, int, int]:
     """(heads, head dim, d_state, groups, d_conv) under the granite / falcon field names."""
     names = ("mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups", "mamba_d_conv")
     return tuple(cfg.int(name) for name in names)
+
+
+def delta_hybrid_layers(totals: Totals, cfg: Fields, kinds: list[str], delta: tuple[int, int, int],
+                        dense_first: int, shared_default: int, output_gate: bool = False) -> Totals:
+    """Kimi-Linear's and Bailing-Hybrid's stack: MLA at ``"attention"`` layers (with a per-head
+    output gate when ``output_gate``), Kimi Delta Attention of ``delta`` (heads, head dim,
+    kernel) elsewhere; a dense MLP where ``mlp_layer_types`` says so, else at the first
+    ``first_k_dense_replace`` (default ``dense_first``) layers, and MoE with shared experts at
+    the others (``kinds`` and ``mlp_layer_types`` each checked to name every layer)."""
+    hidden, layers = cfg.int("hidden_size"), len(kinds)
+    if "mlp_layer_types" in cfg.config:
+        dense_at = [kind == "dense" for kind in cfg.kinds("mlp_layer_types", {"dense": "dense", "sparse": "sparse"})]
+    else:
+        first = first_int(cfg, ("first_k_dense_replace",), 0, default=dense_first)
+        dense_at = [layer < first for layer in range(layers)]
+    experts = (first_int(cfg, ("num_experts", "num_local_experts")),
+               first_int(cfg, ("num_experts_per_token", "num_experts_per_tok")), cfg.int("moe_intermediate_size"))
+    shared = first_int(cfg, ("num_shared_experts", "n_shared_experts"), 0, default=shared_default)
+    for layer, kind in enumerate(kinds):
+        if kind == "attention":
+            latent_attention(totals, cfg)
+            if output_gate:
+                totals.linear_params += hidden * cfg.int("num_attention_heads")
+        else:
+            delta_attention(totals, cfg, *delta)
+        if dense_at[layer]:
+            mlp(totals, hidden, cfg.int("intermediate_size"))
+        else:
+            moe(totals, hidden, experts, shared * experts[2])
+    return totals
