@@ -65,20 +65,21 @@ def _zamba(cfg: Fields) -> Totals:
 
 def _zamba2(cfg: Fields) -> Totals:
     """Zamba2: Mamba2 layers; a hybrid layer runs one of ``num_mem_blocks`` shared attention
-    blocks, whose width and head size transformers derives (2 * hidden, 2 * hidden / heads)
-    whatever the config says, with per-layer low-rank adapters on its MLP (and on q, k, v with
+    blocks, whose width transformers derives (2 * hidden) and whose head size is
+    ``attention_head_dim`` (derived as 2 * hidden / heads when absent), with per-layer low-rank adapters on its MLP (and on q, k, v with
     ``use_shared_attention_adapter``). Every hybrid layer caches its own KV."""
     totals, hidden = Totals(), cfg.int("hidden_size")
     heads = cfg.int("num_attention_heads")
     if cfg.config.get("num_key_value_heads") is None:
         cfg = cfg.with_field("num_key_value_heads", heads)
     ffn, rank = defaulted(cfg, "intermediate_size", 4 * hidden), defaulted(cfg, "adapter_rank", 128)
+    head_dim = defaulted(cfg, "attention_head_dim", max(1, 2 * hidden // heads))
     mamba_heads = cfg.int("n_mamba_heads")
     geometry = (mamba_heads, max(1, cfg.int("mamba_expand") * hidden // mamba_heads), cfg.int("mamba_d_state"),
                 cfg.int("mamba_ngroups"), cfg.int("mamba_d_conv"))
     for kind in cfg.kinds("layers_block_type" if "layers_block_type" in cfg.config else "layer_types", _ZAMBA_KINDS):
         if kind == "hybrid":
-            attention(totals, cfg, width=2 * hidden, head_dim=max(1, 2 * hidden // heads))
+            attention(totals, cfg, width=2 * hidden, head_dim=head_dim)
             mlp(totals, hidden, ffn)
             totals.linear_params += hidden * rank + rank * 2 * ffn + hidden * hidden  # MLP adapter, linear map
             if cfg.config.get("use_shared_attention_adapter"):
@@ -143,15 +144,14 @@ def _bailing_hybrid(cfg: Fields) -> Totals:
     totals = Totals()
     heads = first_int(cfg, ("linear_num_heads", "num_attention_heads"))
     dim = first_int(cfg, ("linear_head_dim", "head_dim"), default=128)  # transformers moves head_dim to linear_head_dim
-    kernel = first_int(cfg, ("short_conv_kernel_size", "linear_conv_kernel_dim"), default=4)
+    kernel = first_int(cfg, ("linear_conv_kernel_dim", "short_conv_kernel_size"), default=4)  # the model reads the first
     layers = cfg.int("num_hidden_layers", 1, MAX_LAYERS)
     if "layer_types" in cfg.config:
         kinds = cfg.kinds("layer_types", {"full_attention": "attention", "linear_attention": "linear"})
     else:
         group = first_int(cfg, ("layer_group_size",), default=6)
         kinds = ["attention" if (layer + 1) % group == 0 else "linear" for layer in range(layers)]
-    return delta_hybrid_layers(totals, cfg, kinds, (heads, dim, kernel), dense_first=2, shared_default=1,
-                               output_gate=True)
+    return delta_hybrid_layers(totals, cfg, kinds, (heads, dim, kernel), dense_first=2, shared_default=1, bailing=True)
 
 
 def _minimax_kinds(cfg: Fields) -> list[str]:
@@ -200,9 +200,10 @@ def _lara_mini(cfg: Fields) -> Totals:
                                       "sliding_attention": "windowed"})
     rejected_windowed(cfg, kinds)
     experts = (cfg.int("num_experts"), cfg.int("num_experts_per_tok"), cfg.int("moe_intermediate_size"))
+    head_dim = defaulted(cfg, "head_dim", 128)  # transformers' default, not hidden / heads
     for kind in kinds:
         if kind == "attention":
-            attention(totals, cfg)
+            attention(totals, cfg, head_dim=head_dim)
         else:
             gated_delta(totals, cfg)
         moe(totals, hidden, experts, cfg.int("shared_expert_intermediate_size", 0))

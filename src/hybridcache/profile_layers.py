@@ -235,12 +235,13 @@ def latent_attention(totals: Totals, cfg: Fields) -> None:
     totals.attention_coefficient += 2 * heads * (nope + rope) + 2 * heads * value
     totals.attention_layers += 1
 
-def delta_attention(totals: Totals, cfg: Fields, heads: int, dim: int, kernel: int) -> None:
-    """Kimi Delta Attention: q, k, v with short convolutions, low-rank forget and output gates,
-    a per-head ``dim x dim`` state."""
+def delta_attention(totals: Totals, cfg: Fields, heads: int, dim: int, kernel: int, full_rank_gates: bool = False) -> None:
+    """Kimi Delta Attention: q, k, v with short convolutions, forget and output gates (low-rank
+    in Kimi-Linear, full-rank in Bailing-Hybrid), a per-head ``dim x dim`` state."""
     hidden, width = cfg.int("hidden_size"), heads * dim
+    gates = 2 * hidden * width if full_rank_gates else 2 * (hidden * dim + dim * width)
     totals.state_bytes += heads * dim * dim * ssm_bytes(cfg) + 3 * width * (kernel - 1) * cache_bytes(cfg)
-    totals.linear_params += 3 * hidden * width + 2 * (hidden * dim + dim * width) + hidden * heads + width * hidden
+    totals.linear_params += 3 * hidden * width + gates + hidden * heads + width * hidden
     totals.conv_flops += 2 * 3 * width * kernel
     totals.recurrent_flops += 7 * heads * dim * dim
     totals.recurrent_layers += 1
@@ -274,10 +275,10 @@ def mamba2_geometry(cfg: Fields) -> tuple[int, int, int, int, int]:
 
 
 def delta_hybrid_layers(totals: Totals, cfg: Fields, kinds: list[str], delta: tuple[int, int, int],
-                        dense_first: int, shared_default: int, output_gate: bool = False) -> Totals:
-    """Kimi-Linear's and Bailing-Hybrid's stack: MLA at ``"attention"`` layers (with a per-head
-    output gate when ``output_gate``), Kimi Delta Attention of ``delta`` (heads, head dim,
-    kernel) elsewhere; a dense MLP where ``mlp_layer_types`` says so, else at the first
+                        dense_first: int, shared_default: int, bailing: bool = False) -> Totals:
+    """Kimi-Linear's and Bailing-Hybrid's stack: MLA at ``"attention"`` layers (Bailing's with a
+    per-head output gate), Kimi Delta Attention of ``delta`` (heads, head dim, kernel; Bailing's
+    gates full-rank) elsewhere; a dense MLP where ``mlp_layer_types`` says so, else at the first
     ``first_k_dense_replace`` (default ``dense_first``) layers, and MoE with shared experts at
     the others (``kinds`` and ``mlp_layer_types`` each checked to name every layer)."""
     hidden, layers = cfg.int("hidden_size"), len(kinds)
@@ -292,10 +293,10 @@ def delta_hybrid_layers(totals: Totals, cfg: Fields, kinds: list[str], delta: tu
     for layer, kind in enumerate(kinds):
         if kind == "attention":
             latent_attention(totals, cfg)
-            if output_gate:
+            if bailing:
                 totals.linear_params += hidden * cfg.int("num_attention_heads")
         else:
-            delta_attention(totals, cfg, *delta)
+            delta_attention(totals, cfg, *delta, full_rank_gates=bailing)
         if dense_at[layer]:
             mlp(totals, hidden, cfg.int("intermediate_size"))
         else:

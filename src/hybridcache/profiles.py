@@ -44,7 +44,7 @@ from hybridcache.files import MAX_CONFIG_BYTES, read_bounded
 from hybridcache.profile_architectures import ARCHITECTURES
 from hybridcache.profile_configs import BUILTIN_CONFIGS
 from hybridcache.profile_layers import Fields, Totals, shown
-from hybridcache.profile_recurrent import PURE_RECURRENT
+from hybridcache.profile_recurrent import PURE_RECURRENT, REFUSED
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,8 @@ def profile_from_config(config: dict, name: str | None = None) -> ModelProfile:
     config = _language_model(config)
     model_type = config.get("model_type")
     if not _supported(model_type):
-        raise InvalidConfigError(f"unsupported model_type {shown(model_type)}; supported: {', '.join(ARCHITECTURES)}")
+        profiled = (name for name in ARCHITECTURES if name not in REFUSED)
+        raise InvalidConfigError(f"unsupported model_type {shown(model_type)}; supported: {', '.join(profiled)}")
     totals = ARCHITECTURES[model_type](Fields(dict(config), model_type))
     # a hybrid family's config without attention is more likely a slip than a pure recurrent model
     if totals.state_bytes < 1 or (totals.kv_bytes < 1 and model_type not in PURE_RECURRENT):

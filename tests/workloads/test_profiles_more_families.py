@@ -70,10 +70,10 @@ def _measured(outputs) -> tuple[int, int, int, int]:
     cache = outputs.past_key_values
     kv = state = attending = recurrent = 0
     for index, layer in enumerate(cache.layers):
-        keys = getattr(layer, "keys", None)
-        if isinstance(keys, torch.Tensor) and keys.numel():
-            assert keys.shape[-2] == PROBE
-            kv += 2 * _nbytes(keys) // PROBE
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if isinstance(keys, torch.Tensor) and keys.numel():  # MLA caches its latent and its rotary key apart
+            assert keys.shape[-2] == values.shape[-2] == PROBE
+            kv += (_nbytes(keys) + _nbytes(values)) // PROBE
             attending += 1
         states = [tensor for kind in ("conv_states", "recurrent_states")
                   for tensor in getattr(layer, kind, {}).values() if isinstance(tensor, torch.Tensor)]
@@ -240,3 +240,21 @@ def test_any_corrupted_field_gives_a_profile_or_an_invalid_config_error(family, 
     except InvalidConfigError:
         return
     assert profile.state_bytes >= 1 and (profile.kv_bytes_per_token == 0) == profile.pure_recurrent
+
+
+@pytest.mark.parametrize(("family", "fields"), [
+    ("zamba2", {"num_attention_heads": 8, "num_key_value_heads": 2, "attention_head_dim": 16}),  # read, not derived
+    ("bailing_hybrid", {"short_conv_kernel_size": 3, "linear_conv_kernel_dim": 4}),  # the model reads the second
+    ("bailing_hybrid", {"kv_lora_rank": 32}),  # a latent wider than the rotary key
+    ("lara_mini", {"head_dim": None}),  # transformers' 128, not hidden / heads
+])
+def test_fields_the_model_reads_over_their_defaults_are_charged(family, fields):
+    config = TINY[family]()
+    values = {**_values(config), **fields}
+    if fields.get("head_dim", 0) is None:
+        del values["head_dim"]
+    built = type(config)(**{key: value for key, value in values.items() if key not in ("dtype", "hybrid_layer_ids")
+                            and value is not None})
+    kv, state, _, _ = _probe(built)
+    profile = profile_from_config(values)
+    assert (profile.kv_bytes_per_token, profile.state_bytes) == (kv, state)
