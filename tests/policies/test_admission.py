@@ -145,15 +145,22 @@ def test_auto_grid_is_at_least_twice_what_a_state_weighs(state_tokens, grid):
 
 
 def test_the_weight_leaves_free_kv_explicit_grids_and_other_admissions_as_they_are():
-    auto = AutoAdmission()
-    assert auto.for_state_weight(math.inf) is auto  # a pure recurrent model: KV costs nothing
+    kv_free = AutoAdmission().for_state_weight(math.inf)  # a pure recurrent model: KV costs nothing
+    assert kv_free.grid is None and kv_free.sparse and kv_free.kv_free and kv_free.name == "auto"
+    assert kv_free.save_steps(view(prompt=10_000, final=10_020, branch=4_000)) == (4_000, 10_020)
+    assert kv_free.fitted(10**9, 4) is kv_free  # a free pool says nothing about scarce slots
+    assert kv_free.checkpoint_spacing(8_000.0) == 4_000.0
+    assert AutoAdmission().for_state_weight(1e308).kv_free  # twice it is beyond a float
+    explicit = resolve_policy("auto:512").admission.for_state_weight(math.inf)
+    assert explicit.fitted(10**9, 4) == explicit and explicit.grid == 512 and not explicit.sparse
+    assert AutoAdmission().fitted(10**6, 10).weighed is False  # a fitted grid is given by the pools
     explicit = resolve_policy("auto:2048").admission
     assert explicit.for_state_weight(4719.0) is explicit  # auto:G is taken as given
     for admission in (ReferenceAdmission(), IntervalAdmission(32), MarconiAdmission()):
         assert admission.for_state_weight(4719.0) is admission
 
 
-@pytest.mark.parametrize("bad", [-1.0, math.nan, "4719", True, None])
+@pytest.mark.parametrize("bad", [-1.0, math.nan, "4719", True, None, 10**400])
 def test_a_bad_state_weight_is_refused(bad):
     for admission in (AutoAdmission(), ReferenceAdmission(), MarconiAdmission()):
         with pytest.raises(InvalidArgumentError, match="state_tokens"):

@@ -87,3 +87,19 @@ def test_marconi_weighs_free_kv_blocks_by_the_flops_they_save():
     state.bind(SimpleNamespace(block_size=32))  # block_efficiency reads the block size alone
     assert state.block_efficiency(3) == profile.prefill_flops(64, 96) / 32
     assert math.isfinite(state.block_efficiency(1))
+
+
+@pytest.mark.parametrize("bad", [math.inf, math.nan, -1.0, "3000", None])
+def test_a_bad_mean_prompt_is_refused_by_the_split(bad):
+    with pytest.raises(InvalidArgumentError, match="mean_prompt"):
+        split_budget(10**9, profile_from_config(MAMBA2), resolve_policy("auto"), bad)
+
+
+def test_auto_saves_no_grid_when_kv_is_free(tmp_path):
+    """Where a state outweighs any KV, ``auto`` saves branch points and turn ends only (not
+    fitted to the free pool, whose size is a slack rule): no more checkpoints than requests
+    make turns and branches, and a hit rate at least ``marconi``'s on this trace."""
+    marconi, auto = _replay(tmp_path, MAMBA2, "--cache-bytes", "200MB")
+    assert auto["admission"] == "auto"
+    assert auto["checkpoints_written"] <= 2 * auto["requests"]
+    assert auto["token_hit_rate"] >= marconi["token_hit_rate"]

@@ -32,7 +32,7 @@ the token emitted last never runs), so the turn end checkpoint sits there.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hybridcache.errors import InvalidArgumentError
 from hybridcache.types import as_int
@@ -54,7 +54,10 @@ def checked_state_weight(state_tokens: float) -> float:
     pure recurrent model), 0 when unknown."""
     if isinstance(state_tokens, bool) or not isinstance(state_tokens, (int, float)) or not state_tokens >= 0:
         raise InvalidArgumentError(f"state_tokens must be a number >= 0 (or inf), got {state_tokens!r}")
-    return float(state_tokens)
+    try:
+        return float(state_tokens)
+    except OverflowError:
+        raise InvalidArgumentError(f"state_tokens {state_tokens} is beyond a float; give inf for free KV") from None
 
 
 @dataclass(frozen=True)
@@ -183,13 +186,14 @@ class MarconiAdmission:
 
 @dataclass(frozen=True)
 class AutoAdmission:
-    grid: int = DEFAULT_GRID
+    grid: int | None = DEFAULT_GRID  # None: no speculative grid (``for_state_weight`` where KV is free)
     sparse: bool = False  # set by ``fitted`` when state slots are scarce against the KV pool
     weighed: bool = True  # whether ``for_state_weight`` may coarsen the grid (not for ``auto:G``)
+    kv_free: bool = False  # set by ``for_state_weight`` when KV costs nothing: never fitted sparse
 
     @property
     def name(self) -> str:
-        return "auto" if self.grid == AutoAdmission.grid else f"auto:{self.grid}"
+        return "auto" if self.grid in (AutoAdmission.grid, None) else f"auto:{self.grid}"
 
     def for_state_weight(self, state_tokens: float) -> "AutoAdmission":
         """The grid for checkpoints that each weigh ``state_tokens`` KV tokens: at least twice
@@ -197,12 +201,18 @@ class AutoAdmission:
         states on a cached prefix cost at most half its KV. Heavier states than a grid step
         saves would otherwise crowd out the KV their hits need (granite-4.0-h-small, 4,719
         tokens a state, loses to ``marconi`` on every shape at 2,048; docs/hitrate.md). As it
-        is where KV is free or the weight unknown, and for an explicit ``auto:G``."""
+        is where the weight is unknown (0) and for an explicit ``auto:G``. Where KV is free (an
+        infinite weight: a pure recurrent model) the same bound leaves no grid at all, and only
+        the branch point and the turn end are saved (sparse); ``fitted`` then changes nothing,
+        since a KV pool that costs nothing says nothing about how scarce the slots are (an
+        explicit ``auto:G`` keeps its grid, unfitted)."""
         weight = checked_state_weight(state_tokens)
-        if not self.weighed or not math.isfinite(weight):
+        if not math.isfinite(2 * weight):
+            return replace(self, kv_free=True, **({"grid": None, "sparse": True} if self.weighed else {}))
+        if not self.weighed:
             return self
         grid = max(self.grid, math.ceil(2 * weight / DEFAULT_GRID) * DEFAULT_GRID)
-        return AutoAdmission(grid, self.sparse, weighed=False)
+        return replace(self, grid=grid, weighed=False)
 
     def fitted(self, kv_tokens: int, checkpoint_slots: int) -> "AutoAdmission":
         """The grid the pools can hold: when the KV pool holds more tokens per checkpoint slot
@@ -210,12 +220,12 @@ class AutoAdmission:
         only the branch point and the turn end besides it (sparse), so speculative states never
         crowd out the ones that serve."""
         spacing = as_int("kv_tokens", kv_tokens, 0) / max(1, as_int("checkpoint_slots", checkpoint_slots, 0))
-        if spacing <= self.grid:
+        if self.kv_free or self.grid is None or spacing <= self.grid:
             return self
-        return AutoAdmission(int(math.ceil(spacing / 512) * 512), sparse=True)
+        return AutoAdmission(int(math.ceil(spacing / 512) * 512), sparse=True, weighed=False)
 
     def save_steps(self, view: TurnView) -> tuple[int, ...]:
-        steps = list(range(self.grid, view.prompt_length, self.grid))
+        steps = list(range(self.grid, view.prompt_length, self.grid)) if self.grid else []
         branch = branch_step(view)
         if branch is not None:
             steps.append(branch)
@@ -229,6 +239,8 @@ class AutoAdmission:
         return 0
 
     def checkpoint_spacing(self, mean_prompt: float) -> float:
+        if self.grid is None:
+            return mean_prompt / 2  # the branch point and the turn end, as ``marconi``
         return mean_prompt / (math.ceil(mean_prompt / self.grid) + 1)
 
 

@@ -253,7 +253,8 @@ class MarconiState(_Scored):
         self._kv_weight = self.alpha * self._range_recency / spread if spread > 0 else 0.0
 
     def block_efficiency(self, depth: int) -> float:
-        """FLOPs per KV byte of the block at ``depth`` (1-based): a leaf's edge."""
+        """FLOPs per KV byte of the block at ``depth`` (1-based): a leaf's edge (per token of it
+        where KV costs no bytes)."""
         size = self._view.block_size
         if self.profile is None:
             return float(depth)

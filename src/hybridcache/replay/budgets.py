@@ -55,6 +55,8 @@ def mean_prompt_tokens(requests: SequenceLike[TraceRequest]) -> float:
 
 def split_budget(cache_bytes: int, profile: ModelProfile, policy: Policy, mean_prompt: float) -> Budget:
     """Split one budget between KV and checkpoints by the equal-coverage rule (this module's doc)."""
+    if isinstance(mean_prompt, bool) or not isinstance(mean_prompt, (int, float)) or not 0 <= mean_prompt < math.inf:
+        raise InvalidArgumentError(f"mean_prompt must be a finite number >= 0, got {mean_prompt!r}")
     if profile.pure_recurrent:
         slots = cache_bytes // profile.state_bytes
         return Budget(0, cache_bytes, cache_bytes, free_kv_tokens(slots, mean_prompt))
