@@ -200,7 +200,7 @@ class AutoAdmission:
         that, rounded up to a multiple of ``DEFAULT_GRID`` (so it stays aligned), so the grid's
         states on a cached prefix cost at most half its KV. Heavier states than a grid step
         saves would otherwise crowd out the KV their hits need (granite-4.0-h-small, 4,719
-        tokens a state, loses to ``marconi`` on every shape at 2,048; docs/hitrate.md). As it
+        tokens a state, lost to ``marconi`` on 7 of 10 cells at 2,048; docs/hitrate.md). As it
         is where the weight is unknown (0) and for an explicit ``auto:G``. Where KV is free (an
         infinite weight: a pure recurrent model) the same bound leaves no grid at all, and only
         the branch point and the turn end are saved (sparse); ``fitted`` then changes nothing,
