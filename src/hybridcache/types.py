@@ -12,6 +12,8 @@ a collection of names is an ordered sequence, never a bare string.
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -52,6 +54,24 @@ def ceil_div(numerator: int, denominator: int) -> int:
 def is_int(value: object) -> bool:
     """True for Python and NumPy integers; False for bools, which are ints to Python only."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def finite_float(value: object) -> float | None:
+    """``value`` as a float when it is a Python int or float (not a bool) that is finite as a
+    float; None otherwise (a string, NaN, an infinity, an int beyond a float)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def is_positive_finite(value: object) -> bool:
+    """True for an int or float (not a bool) that is a finite float above 0 (a duration, a rate)."""
+    number = finite_float(value)
+    return number is not None and number > 0
 
 
 def as_int(name: str, value: object, minimum: int | None = None, *, error: type[HybridCacheError] | None = None) -> int:

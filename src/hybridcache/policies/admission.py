@@ -35,7 +35,7 @@ import math
 from dataclasses import dataclass, replace
 
 from hybridcache.errors import InvalidArgumentError
-from hybridcache.types import as_int
+from hybridcache.types import as_int, finite_float
 
 SPECULATIVE, BRANCH, PROMPT_END, TURN_END = "speculative", "branch", "prompt_end", "turn_end"
 KINDS = (SPECULATIVE, BRANCH, PROMPT_END, TURN_END)
@@ -52,12 +52,12 @@ DEFAULT_GRID = 2048  # tokens between ``auto``'s speculative saves before ``fitt
 def checked_state_weight(state_tokens: float) -> float:
     """How many KV tokens one checkpoint weighs: a number >= 0, infinite when KV is free (a
     pure recurrent model), 0 when unknown."""
-    if isinstance(state_tokens, bool) or not isinstance(state_tokens, (int, float)) or not state_tokens >= 0:
+    if isinstance(state_tokens, float) and state_tokens == math.inf:
+        return state_tokens
+    weight = finite_float(state_tokens)
+    if weight is None or weight < 0:
         raise InvalidArgumentError(f"state_tokens must be a number >= 0 (or inf), got {state_tokens!r}")
-    try:
-        return float(state_tokens)
-    except OverflowError:
-        raise InvalidArgumentError(f"state_tokens {state_tokens} is beyond a float; give inf for free KV") from None
+    return weight
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from hybridcache.errors import InvalidArgumentError
 from hybridcache.policies import Policy
 from hybridcache.profiles import ModelProfile
 from hybridcache.replay.adapter import PoolGeometry
-from hybridcache.types import as_int
+from hybridcache.types import as_int, finite_float
 from hybridcache.workloads.records import TraceRequest
 
 
@@ -55,7 +55,7 @@ def mean_prompt_tokens(requests: SequenceLike[TraceRequest]) -> float:
 
 def split_budget(cache_bytes: int, profile: ModelProfile, policy: Policy, mean_prompt: float) -> Budget:
     """Split one budget between KV and checkpoints by the equal-coverage rule (this module's doc)."""
-    if isinstance(mean_prompt, bool) or not isinstance(mean_prompt, (int, float)) or not 0 <= mean_prompt < math.inf:
+    if finite_float(mean_prompt) is None or mean_prompt < 0:
         raise InvalidArgumentError(f"mean_prompt must be a finite number >= 0, got {mean_prompt!r}")
     if profile.pure_recurrent:
         slots = cache_bytes // profile.state_bytes

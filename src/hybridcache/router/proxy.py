@@ -42,6 +42,7 @@ from hybridcache.router.fleet import PREFILL_WAIT_S, Fleet, Relay, Replica
 from hybridcache.router.metrics import RouterMetrics
 from hybridcache.router.policy import Decision
 from hybridcache.router.request_key import RequestKey
+from hybridcache.types import is_positive_finite
 
 ROUTED_PATHS = ("/v1/completions", "/v1/chat/completions")
 _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}
@@ -59,7 +60,7 @@ class RouterServer:
         """``timeout_s``: the most a replica may stay silent within one answer;
         ``client_timeout_s``: the most a client may stay silent on one read or write."""
         for name, value in (("timeout_s", timeout_s), ("client_timeout_s", client_timeout_s)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            if not is_positive_finite(value):
                 raise InvalidArgumentError(f"{name} must be a positive number of seconds, got {value!r}")
         self.fleet = fleet
         self.metrics = RouterMetrics()

@@ -21,7 +21,7 @@ from hybridcache.events.config import KVEventsConfig
 from hybridcache.serving.arguments import CLIENT_TIMEOUT_S, TINY_MODEL
 from hybridcache.serving.capacity import check_tier_sizes
 from hybridcache.tiers.shared_setup import check_shared_tier
-from hybridcache.types import as_int, as_name
+from hybridcache.types import as_int, as_name, is_positive_finite
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ runtime starts and stops. ``client_timeout_s``: how long a connection may wait o
             raise InvalidConfigError(f"port must be <= 65535, got {self.port}")
         for name in ("miss_log_interval_s", "client_timeout_s"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            if not is_positive_finite(value):
                 raise InvalidConfigError(f"{name} must be a finite number > 0, got {value!r}")
         if self.disk_bytes and self.disk_root is None:
             raise InvalidConfigError("disk_bytes needs a disk_root directory")

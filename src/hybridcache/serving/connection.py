@@ -24,6 +24,7 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from hybridcache.errors import InvalidConfigError
+from hybridcache.types import is_positive_finite
 
 
 UNSENT_BYTES = 128 * 1024  # what the kernel may queue for a client beyond what is in flight
@@ -108,7 +109,6 @@ def _bound_unsent(transport: asyncio.Transport) -> None:
 def client_timeout_protocol(client_timeout_s: float) -> type[ClientTimeoutProtocol]:
     """The protocol class uvicorn builds each connection with, waiting at most
     ``client_timeout_s`` seconds on a client."""
-    if isinstance(client_timeout_s, bool) or not isinstance(client_timeout_s, (int, float)) \
-            or not 0 < client_timeout_s < float("inf"):
+    if not is_positive_finite(client_timeout_s):
         raise InvalidConfigError(f"client_timeout_s must be a positive number of seconds, got {client_timeout_s!r}")
     return type("ClientTimeoutProtocol", (ClientTimeoutProtocol,), {"client_timeout_s": float(client_timeout_s)})
