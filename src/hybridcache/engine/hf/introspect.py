@@ -13,7 +13,9 @@ import torch
 from transformers.cache_utils import (
     DummyLayer,
     DynamicCache,
+    DynamicIndexedLayer,
     DynamicLayer,
+    DynamicSlidingWindowLayer,
     LinearAttentionAndFullAttentionLayer,
     LinearAttentionLayer,
 )
@@ -80,13 +82,23 @@ def _state_specs(layer: LinearAttentionLayer, index: int) -> tuple[TensorSpec, .
     return tuple(specs)
 
 
+def _refusal(layer: object, index: int) -> UnsupportedModelError:
+    if isinstance(layer, DynamicSlidingWindowLayer):
+        reason = (
+            f"its sliding-window (or chunked) attention keeps only the last {layer.sliding_window} tokens' keys, "
+            "while blocks page every token's KV"
+        )
+    elif isinstance(layer, DynamicIndexedLayer):
+        reason = "its sparse attention also keeps per-token indexer keys, which this adapter does not page"
+    else:
+        reason = "this adapter cannot page and restore that cache class exactly"
+    return UnsupportedModelError(f"layer {index} keeps a {type(layer).__name__} cache: {reason}")
+
+
 def _layer_layout(layer: object, index: int) -> LayerLayout:
     kind = _KINDS.get(type(layer))
     if kind is None:
-        raise UnsupportedModelError(
-            f"layer {index} keeps a {type(layer).__name__} cache, which cannot be paged exactly "
-            "(sliding-window, chunked, indexed or model-specific attention caches are not supported)"
-        )
+        raise _refusal(layer, index)
     kv = _kv_specs(layer, index) if kind in (ATTENTION, ATTENTION_AND_RECURRENT) else ()
     state = _state_specs(layer, index) if kind in (RECURRENT, ATTENTION_AND_RECURRENT) else ()
     return LayerLayout(index, kind, kv, state)
