@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModel, AutoModelForCausalLM
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from tests.engine.hf.tiny_configs import tiny_config
 
 
 def save_tiny_model(family: str, directory, *, sensitive: bool = True, seed: int = 0) -> str:
+    """A family without a causal-LM class (GLM-5-Next's text model) is saved as its base model,
+    so that loading it shows how the engine refuses such a checkpoint."""
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(family, sensitive=sensitive), experts_implementation="eager")
+    config = tiny_config(family, sensitive=sensitive)
+    model_class = AutoModelForCausalLM if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING else AutoModel
+    model = model_class.from_config(config, experts_implementation="eager")
     model.save_pretrained(directory)
     return str(directory)
 

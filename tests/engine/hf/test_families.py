@@ -5,12 +5,17 @@ the uncached run's, and replaying them reproduces it."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
+from transformers import AutoModel
 
 from hybridcache.engine.hf import HFModel, HFModelConfig
+from hybridcache.engine.hf.introspect import probe_model
 from hybridcache.engine.model_api import TOKEN_BY_TOKEN_RESUME, ForwardChunk
+from hybridcache.errors import UnsupportedModelError
 from tests.engine.hf.conftest import load_oracle
 from tests.engine.hf.tiny_configs import VOCAB
 
@@ -30,14 +35,23 @@ FAMILY_TOLERANCE = {
     "falcon_h1": FLOAT64_TOLERANCE,
     "kimi_linear": FLOAT32_STATE_TOLERANCE,  # measured 2.4e-7
     "jamba": FLOAT32_STATE_TOLERANCE,  # token-by-token resume; measured 2.3e-8
+    "zaya": FLOAT64_TOLERANCE,  # attention + a short conv and the previous token's value; measured 2.2e-16
 }
 # A decode step takes the single-token path, whose SSD step agrees with the chunked scan of the
-# full forward at float32 rounding only; the short-conv step stays at float64 rounding.
+# full forward at float32 rounding only; the short-conv steps stay at float64 rounding.
 DECODE_TOLERANCE = {family: max(tolerance, FLOAT32_STATE_TOLERANCE) for family, tolerance in FAMILY_TOLERANCE.items()}
 DECODE_TOLERANCE["lfm2"] = FLOAT64_TOLERANCE
+DECODE_TOLERANCE["zaya"] = FLOAT64_TOLERANCE  # measured 2.2e-16
 # The zeroed-state control must miss by this many tolerances.
 CONTROL_FACTOR = 1e3
 MOE_FAMILIES = ("qwen3_next", "granitemoehybrid", "kimi_linear", "jamba")
+# Families refused at load, with the start of the reason the error gives.
+REFUSED = {
+    "glm5_next": "architecture 'glm5_next_text' has no causal language-model class",
+    "qwen4_exp_text": "layer 1 keeps a DynamicIndexedLayer cache: its sparse attention also keeps per-token indexer",
+    "inkling2_text": "layer 0 keeps a LinearAttentionAndSlidingWindowAttentionLayer cache: its sliding-window",
+    "inkling2_loop_text": "layer 0 keeps a LinearAttentionAndSlidingWindowAttentionLayer cache: its sliding-window",
+}
 
 
 def _prompt(seed: int = 1) -> list[int]:
@@ -155,3 +169,15 @@ def test_replaying_recorded_experts_reproduces_the_run_and_other_experts_change_
 def test_a_mamba1_family_resumes_token_by_token(served):
     model, _, _ = served("jamba")
     assert model.layout.resume == TOKEN_BY_TOKEN_RESUME
+
+
+@pytest.mark.parametrize("family", list(REFUSED))
+def test_a_family_the_adapter_cannot_page_is_refused_at_load_with_the_reason(checkpoint, family):
+    with pytest.raises(UnsupportedModelError, match=re.escape(REFUSED[family])):
+        HFModel(HFModelConfig(checkpoint(family), "float64"))
+
+
+def test_glm5_next_would_be_refused_for_its_indexed_attention_even_with_a_language_model_head(checkpoint):
+    model = AutoModel.from_pretrained(checkpoint("glm5_next"), local_files_only=True, experts_implementation="eager")
+    with pytest.raises(UnsupportedModelError, match="layer 1 keeps a DynamicIndexedLayer cache"):
+        probe_model(model.eval(), VOCAB)

@@ -46,6 +46,13 @@ _GDN = {
     "linear_num_value_heads": 4,
 }
 
+# Inkling-2 (and -Loop) layers: the sliding pattern is each family's own smallest with both kinds.
+_INKLING2 = {
+    "unpadded_vocab_size": VOCAB, "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2, "swa_head_dim": 16,
+    "sliding_window_size": 16, "d_rel": 8, "rel_extent": 16, "n_layers_per_attn_res_block": 2,
+    "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16, "conv_kernel_size": 4,
+}
+
 _MOE = {"num_experts": 4, "num_local_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16}
 
 # 2.5x the usual 0.02: the recurrent state moves the logits by 1e-3..1e-1 (zeroing it is visible),
@@ -149,6 +156,40 @@ FAMILIES: dict[str, tuple[str, dict, dict]] = {
         {**_MOE, "num_local_experts": 4, "kv_lora_rank": 16, "q_lora_rank": None, "qk_rope_head_dim": 16,
          "qk_nope_head_dim": 8, "v_head_dim": 8, "num_key_value_heads": 4, "n_group": 1, "topk_group": 1,
          "first_k_dense_replace": 1, "num_mtp_layers": 0, "layer_group_size": 2},
+        SENSITIVE,
+    ),
+    "zaya": (
+        "ZayaConfig",
+        {"num_experts": 4, "num_experts_per_tok": 1, "moe_intermediate_size": 16, "router_hidden_size": 16},
+        SENSITIVE,
+    ),
+    # No causal-LM class in transformers: saved as its text model, which the engine refuses.
+    "glm5_next": (
+        "Glm5NextTextConfig",
+        {**_MOE, "n_routed_experts": 4, "kv_lora_rank": 16, "q_lora_rank": 16, "qk_nope_head_dim": 16,
+         "v_head_dim": 16, "num_key_value_heads": 4, "index_topk": 16, "index_kpool": 4, "index_head_dim": 16,
+         "index_n_heads": 2, "linear_head_dim": 8, "linear_num_heads": 4, "hc_mult": 2,
+         "layer_types": ["linear_attention", "indexed_attention", "linear_attention", "indexed_attention"],
+         "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"]},
+        SENSITIVE,
+    ),
+    "qwen4_exp_text": (
+        "Qwen4ExpTextConfig",
+        {**_GDN, **_MOE, "shared_expert_intermediate_size": 16, "hc_count": 2, "hc_lowrank": 8,
+         "indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 16,
+         "indexer_compress_ratio": 4,
+         "layer_types": ["linear_attention", "indexed_attention", "linear_attention", "indexed_attention"]},
+        SENSITIVE,
+    ),
+    "inkling2_text": (
+        "Inkling2TextConfig",
+        {**_INKLING2, "layer_types": ["hybrid_sliding", "hybrid", "hybrid_sliding", "hybrid"]},
+        SENSITIVE,
+    ),
+    "inkling2_loop_text": (
+        "Inkling2LoopTextConfig",
+        {**_INKLING2, "layer_types": ["hybrid_sliding", "hybrid", "hybrid_sliding", "hybrid"],
+         "loop_layer_index_start": 2, "loop_layer_index_end": 4, "loop_num_passes": 2, "loop_gate_rank": 8},
         SENSITIVE,
     ),
     "minimax": (
