@@ -46,7 +46,7 @@ _GDN = {
     "linear_num_value_heads": 4,
 }
 
-# Inkling-2 (and -Loop) layers: the sliding pattern is each family's own smallest with both kinds.
+# Shared by Inkling-2 and Inkling-2-Loop, whose entries use the smallest layer pattern with both of their kinds.
 _INKLING2 = {
     "unpadded_vocab_size": VOCAB, "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2, "swa_head_dim": 16,
     "sliding_window_size": 16, "d_rel": 8, "rel_extent": 16, "n_layers_per_attn_res_block": 2,
