@@ -1,7 +1,7 @@
 """Model architectures as sums of layers: one function per ``model_type`` a profile can be
-computed for (``ARCHITECTURES``: the families here, ``profile_hybrids``' and
-``profile_recurrent``'), each reading the published ``config.json`` fields (and their
-transformers spellings) through ``profile_layers.Fields``.
+computed for (``ARCHITECTURES``: the families here, ``profile_hybrids``', ``profile_indexed``',
+``profile_conv_attention``' and ``profile_recurrent``'), each reading the published
+``config.json`` fields (and their transformers spellings) through ``profile_layers.Fields``.
 
 Owns nothing mutable: functions and a read-only table.
 """
@@ -11,7 +11,9 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from hybridcache.errors import InvalidConfigError
+from hybridcache.profile_conv_attention import CONV_ATTENTION
 from hybridcache.profile_hybrids import HYBRIDS
+from hybridcache.profile_indexed import INDEXED
 from hybridcache.profile_recurrent import RECURRENT
 from hybridcache.profile_layers import (
     MAX_LAYERS,
@@ -248,5 +250,7 @@ ARCHITECTURES = MappingProxyType({
     "jamba": _jamba,
     "marconi_hybrid": _marconi_7b,
     **HYBRIDS,
+    **INDEXED,
+    **CONV_ATTENTION,
     **RECURRENT,
 })

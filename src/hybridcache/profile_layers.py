@@ -226,7 +226,8 @@ def latent_attention(totals: Totals, cfg: Fields) -> None:
     """Multi-head latent attention (Kimi-Linear, DeepSeek-V3): a serving engine caches the
     compressed latent and the rotary key per token, ``kv_lora_rank + qk_rope_head_dim``."""
     hidden, heads = cfg.int("hidden_size"), cfg.int("num_attention_heads")
-    rank, rope, nope, value = (cfg.int(name) for name in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"))
+    rank, nope, value = (cfg.int(name) for name in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim"))
+    rope = cfg.int("qk_rope_head_dim", 0)  # 0: GLM-5-Next's NoPE attention
     q_rank = cfg.optional_int("q_lora_rank")
     query = heads * (nope + rope)
     totals.kv_bytes += (rank + rope) * cache_bytes(cfg)
@@ -276,7 +277,7 @@ def mamba2_geometry(cfg: Fields) -> tuple[int, int, int, int, int]:
 
 def delta_hybrid_layers(totals: Totals, cfg: Fields, kinds: list[str], delta: tuple[int, int, int],
                         dense_first: int, shared_default: int, bailing: bool = False) -> Totals:
-    """Kimi-Linear's and Bailing-Hybrid's stack: MLA at ``"attention"`` layers (Bailing's with a
+    """Kimi-Linear's, Bailing-Hybrid's and GLM-5-Next's stack: MLA at ``"attention"`` layers (Bailing's with a
     per-head output gate), Kimi Delta Attention of ``delta`` (heads, head dim, kernel; Bailing's
     gates full-rank) elsewhere; a dense MLP where ``mlp_layer_types`` says so, else at the first
     ``first_k_dense_replace`` (default ``dense_first``) layers, and MoE with shared experts at
@@ -287,7 +288,7 @@ def delta_hybrid_layers(totals: Totals, cfg: Fields, kinds: list[str], delta: tu
     else:
         first = first_int(cfg, ("first_k_dense_replace",), 0, default=dense_first)
         dense_at = [layer < first for layer in range(layers)]
-    experts = (first_int(cfg, ("num_experts", "num_local_experts")),
+    experts = (first_int(cfg, ("num_experts", "num_local_experts", "n_routed_experts")),
                first_int(cfg, ("num_experts_per_token", "num_experts_per_tok")), cfg.int("moe_intermediate_size"))
     shared = first_int(cfg, ("num_shared_experts", "n_shared_experts"), 0, default=shared_default)
     for layer, kind in enumerate(kinds):

@@ -43,6 +43,7 @@ from hybridcache.errors import InvalidArgumentError, InvalidConfigError
 from hybridcache.files import MAX_CONFIG_BYTES, read_bounded
 from hybridcache.profile_architectures import ARCHITECTURES
 from hybridcache.profile_configs import BUILTIN_CONFIGS
+from hybridcache.profile_indexed import FLAT_TEXT_CONFIGS
 from hybridcache.profile_layers import Fields, Totals, shown
 from hybridcache.profile_recurrent import PURE_RECURRENT, REFUSED
 
@@ -132,15 +133,21 @@ _TEXT_CONFIG_KEYS = ("text_config", "llm_config")
 
 
 def _language_model(config: Mapping) -> Mapping:
-    """A multimodal checkpoint's language model (Qwen3.5, LFM2-VL, Nemotron-H Omni), in the
-    outer dtype unless it names one; any other config as it is."""
-    if _supported(config.get("model_type")):
+    """A multimodal checkpoint's language model (Qwen3.5, LFM2-VL, Nemotron-H Omni, GLM-5-Next,
+    Qwen4-Exp, Inkling-2), in the outer dtype unless it names one; a text-only checkpoint saved
+    under its wrapper's model type with the text fields at the top level (GLM-5-Next) as its
+    language model; any other config as it is."""
+    model_type = config.get("model_type")
+    if _supported(model_type):
         return config
     for key in _TEXT_CONFIG_KEYS:
         text = config.get(key)
         if isinstance(text, Mapping):
             outer = {name: config[name] for name in ("dtype", "torch_dtype", "_name_or_path") if name in config}
-            return {**outer, **text}
+            # transformers saves a sub-config's unset dtype as null, which names no dtype
+            return {**outer, **{name: value for name, value in text.items() if value is not None or name not in outer}}
+    if isinstance(model_type, str) and model_type in FLAT_TEXT_CONFIGS:
+        return {**config, "model_type": FLAT_TEXT_CONFIGS[model_type]}
     return config
 
 
