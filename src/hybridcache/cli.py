@@ -132,7 +132,8 @@ def _router(args: argparse.Namespace, _: list[str]) -> int:
         fleet = Fleet(args.replica, check_policy(args.policy), health_interval_s=args.health_interval,
                       load_tokens=args.load_tokens)
         timeouts = {"timeout_s": args.upstream_timeout, "client_timeout_s": args.client_timeout}
-        server = RouterServer(fleet, args.host, args.port, **{k: v for k, v in timeouts.items() if v is not None})
+        server = RouterServer(fleet, args.host, args.port, max_connections=args.max_connections,
+                              **{k: v for k, v in timeouts.items() if v is not None})
     except (HybridCacheError, OSError) as error:  # a bad policy, a port taken: say why, no traceback
         return _failed("router", error)
     errors.print(f"hybridcache router on {server.url} ({args.policy}) over {', '.join(args.replica)}", highlight=False)
@@ -292,6 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
     router.add_argument("--client-timeout", type=cli_args.positive_float, metavar="S",
                         help="seconds a client may stay silent on one read or write before its connection is closed "
                              "(default: the router's CLIENT_TIMEOUT_S, 60)")
+    router.add_argument("--max-connections", type=cli_args.int_in(1, 2**20), metavar="N",
+                        help="clients served at once; one more is answered 503 (default: 256, or what the "
+                             "file descriptor limit allows)")
     router.set_defaults(handler=_router)
     return parser
 

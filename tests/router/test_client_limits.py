@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 import pytest
 
-from hybridcache.errors import InvalidArgumentError
+from hybridcache.errors import InvalidArgumentError, InvalidTypeError
 from hybridcache.router.fleet import Fleet
 from hybridcache.router.policy import check_policy
 from hybridcache.router.proxy import RouterServer
@@ -122,5 +123,45 @@ def test_a_timeout_that_is_not_a_positive_number_of_seconds_is_refused(name, bad
     try:
         with pytest.raises(InvalidArgumentError, match=name):
             RouterServer(fleet, **{name: bad})
+    finally:
+        fleet.close()
+
+
+def _metric(base: str, name: str) -> int:
+    status, text = get(base, "/metrics")
+    assert status == 200
+    return int(next(line.split()[-1] for line in text.decode().splitlines() if line.startswith(name + " ")))
+
+
+def test_past_max_connections_a_client_is_answered_503_and_served_once_one_leaves():
+    process = router([f"http://127.0.0.1:{free_port()}"], extra=("--max-connections", "2", "--client-timeout", "30"))
+    try:
+        process.wait_healthy()
+        idle = [_connect(process) for _ in range(2)]  # accepted in order: they hold both slots
+        try:
+            with _connect(process) as sock:
+                sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                status, error = _status_and_error(_read_until_closed(sock))
+            assert status == 503
+            _assert_error_object(error, "too_many_connections")
+        finally:
+            idle.pop().close()
+        deadline = time.monotonic() + DEADLINE_S  # the slot frees once the router reads the close
+        while get(process.url, "/health")[0] != 200:
+            assert time.monotonic() < deadline, "a slot was never freed"
+            time.sleep(0.05)
+        for sock in idle:
+            sock.close()
+        assert _metric(process.url, "hybridcache_router_connections_refused_total") >= 1
+    finally:
+        process.stop()
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, "4", 2.0, 10**9])
+def test_a_max_connections_that_is_not_a_count_the_process_can_hold_is_refused(bad):
+    fleet = Fleet([f"http://127.0.0.1:{free_port()}"], check_policy("restorable"))
+    try:
+        with pytest.raises((InvalidArgumentError, InvalidTypeError), match="max_connections"):
+            RouterServer(fleet, max_connections=bad)
     finally:
         fleet.close()

@@ -12,7 +12,7 @@ import pytest
 
 from hybridcache.errors import InvalidConfigError
 from hybridcache.serving.config import ServeConfig
-from hybridcache.serving.connection import client_timeout_protocol
+from hybridcache.serving.connection import connection_protocol
 from tests.serving.conftest import metric, request, running_server
 
 CLIENT_TIMEOUT_S = 0.5
@@ -118,4 +118,31 @@ def test_a_client_timeout_that_is_not_a_positive_number_of_seconds_is_refused(ba
     with pytest.raises(InvalidConfigError, match="client_timeout_s"):
         ServeConfig(client_timeout_s=bad)
     with pytest.raises(InvalidConfigError, match="client_timeout_s"):
-        client_timeout_protocol(bad)
+        connection_protocol(bad, 8)
+
+
+def test_past_max_connections_a_connection_is_answered_503_and_served_once_one_leaves():
+    with running_server("--max-connections", "2", "--client-timeout", "30") as (base, _):
+        idle = [_connect(base) for _ in range(2)]
+        try:
+            with _connect(base) as sock:
+                sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                answer = _read_until_closed(sock)
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 503")
+            error = json.loads(body)["error"]
+            assert error["code"] == "too_many_connections" and error["type"] == "server_overloaded"
+        finally:
+            idle.pop().close()
+        deadline = time.monotonic() + DEADLINE_S  # the place frees once the server reads the close
+        while request(base, "GET", "/health")[0] != 200:
+            assert time.monotonic() < deadline, "a connection's place was never freed"
+            time.sleep(0.05)
+        for sock in idle:
+            sock.close()
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, "4", 2.0, 10**9])
+def test_a_max_connections_the_process_cannot_hold_is_refused(bad):
+    with pytest.raises(InvalidConfigError, match="max_connections"):
+        ServeConfig(max_connections=bad)

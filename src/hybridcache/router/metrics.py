@@ -7,7 +7,8 @@ have restored at each decision (``deepest_restorable_tokens``: minus the predict
 choice by restorable depth alone would have gained then), and how each answer's settle learnt
 its replica's ``next_seq`` (from the answer, or read from ``/kv_events``) and how many settles
 ended without the events (``settles_unapplied``), and the waits for a prefill of the same
-prefix ahead on the chosen replica (``prefill_waits``; ``prefill_waits_timed_out``). Thread safe (one lock).
+prefix ahead on the chosen replica (``prefill_waits``; ``prefill_waits_timed_out``), and the
+connections turned away past ``max_connections`` (``connections_refused``). Thread safe (one lock).
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ class RouterMetrics:
                 lines.append(f'hybridcache_router_decisions_total{{reason="{reason}",replica="{replica}"}} {count}')
             for name in ("requests", "retries", "no_replica", "predictions_checked", "predictions_exact",
                          "predicted_cached_tokens", "reported_cached_tokens", "deepest_restorable_tokens",
-                         "settles_from_answer", "settles_read", "settles_unapplied", "prefill_waits", "prefill_waits_timed_out"):
+                         "settles_from_answer", "settles_read", "settles_unapplied", "prefill_waits", "prefill_waits_timed_out",
+                         "connections_refused"):
                 lines.append(f"# TYPE hybridcache_router_{name}_total counter")
                 lines.append(f"hybridcache_router_{name}_total {self._counters[name]}")
         lines.append("# TYPE hybridcache_router_replica_healthy gauge")

@@ -23,7 +23,8 @@ count, a body past 64 MiB, a chunked upload it does not decode, a body that is n
 object) is refused with an OpenAI-style error object and, when its body was left unread, the
 connection closed; a client silent for ``client_timeout_s`` on one read or write (an idle
 keep-alive, a stalled upload, a reader that stopped reading) loses its connection, so no
-client holds a thread for longer. A replica silent for ``timeout_s`` between two reads of one
+client holds a thread for longer; past ``max_connections`` clients at once a new one is answered
+503 (``too_many_connections``) and closed (``router.connections``). A replica silent for ``timeout_s`` between two reads of one
 answer is given up as a failed connection.
 """
 
@@ -33,10 +34,12 @@ import http.client
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlsplit
 
 from hybridcache.errors import InvalidArgumentError
+from hybridcache.machine import connection_bound
+from hybridcache.router.connections import DESCRIPTORS_EACH, MAX_CONNECTIONS, BoundedHTTPServer, error_body
 from hybridcache.router.discovery import answer_next_seqs
 from hybridcache.router.fleet import PREFILL_WAIT_S, Fleet, Relay, Replica
 from hybridcache.router.metrics import RouterMetrics
@@ -56,18 +59,21 @@ CLIENT_TIMEOUT_S = 60.0  # a client may stay silent this long on one read or wri
 
 class RouterServer:
     def __init__(self, fleet: Fleet, host: str = "127.0.0.1", port: int = 0, *, timeout_s: float = UPSTREAM_TIMEOUT_S,
-                 client_timeout_s: float = CLIENT_TIMEOUT_S) -> None:
+                 client_timeout_s: float = CLIENT_TIMEOUT_S, max_connections: int | None = None) -> None:
         """``timeout_s``: the most a replica may stay silent within one answer;
-        ``client_timeout_s``: the most a client may stay silent on one read or write."""
+        ``client_timeout_s``: the most a client may stay silent on one read or write;
+        ``max_connections``: clients served at once (None: ``MAX_CONNECTIONS``, or what the
+        descriptor limit allows)."""
         for name, value in (("timeout_s", timeout_s), ("client_timeout_s", client_timeout_s)):
             if not is_positive_finite(value):
                 raise InvalidArgumentError(f"{name} must be a positive number of seconds, got {value!r}")
+        max_connections = connection_bound(max_connections, MAX_CONNECTIONS, DESCRIPTORS_EACH, InvalidArgumentError)
         self.fleet = fleet
         self.metrics = RouterMetrics()
         self.timeout_s = float(timeout_s)
         handler = type("RouterHandler", (_Handler,), {"router": self, "timeout": float(client_timeout_s)})
-        self._server = ThreadingHTTPServer((host, port), handler)
-        self._server.daemon_threads = True
+        self._server = BoundedHTTPServer((host, port), handler, max_connections,
+                                         on_refused=lambda: self.metrics.count("connections_refused"))
         self.host, self.port = self._server.server_address[:2]
         self._thread: threading.Thread | None = None
 
@@ -298,10 +304,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.router.metrics.reported(predicted, cached)
 
     def _refuse(self, status: int, code: str, message: str) -> None:
-        """An OpenAI-style error object, as the replicas send theirs."""
-        kind = "invalid_request_error" if status < 500 else "server_overloaded"
-        body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
-        self._reply(status, json.dumps(body).encode())
+        self._reply(status, error_body(status, code, message))
 
     def _reply(self, status: int, data: bytes, content_type: str = "application/json") -> None:
         self.send_response(status)

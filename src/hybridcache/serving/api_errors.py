@@ -53,3 +53,9 @@ def error_body(error: BaseException) -> tuple[int, dict]:
     status, kind, code = error_status(error)
     message = str(error) if isinstance(error, HybridCacheError) and status != 500 else "the server failed this request"
     return status, {"error": {"message": message, "type": kind, "param": getattr(error, "param", None), "code": code}}
+
+
+def too_many_connections(limit: int) -> tuple[int, dict]:
+    """The status and body for a connection past ``limit`` (``serve --max-connections``)."""
+    message = f"the server holds at most {limit:,} connections at once; try again"
+    return 503, {"error": {"message": message, "type": "server_overloaded", "param": None, "code": "too_many_connections"}}

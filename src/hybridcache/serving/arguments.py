@@ -14,6 +14,7 @@ from hybridcache.tiers.shared_setup import SHARED_TIERS
 
 TINY_MODEL = "tiny"
 CLIENT_TIMEOUT_S = 60.0  # how long a connection may wait on a silent client (serving.connection)
+MAX_CONNECTIONS = 1024  # connections held at once by default (serving.connection)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,4 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--client-timeout", type=cli_args.positive_float, default=CLIENT_TIMEOUT_S, metavar="S",
                         help="seconds a connection may wait on a silent client (a request never finished, a stream "
                              "no longer read) before it is closed")
+    parser.add_argument("--max-connections", type=cli_args.int_in(1, 2**20), metavar="N",
+                        help=f"connections held at once; one more is answered 503 and closed (default: "
+                             f"{MAX_CONNECTIONS}, or what the file descriptor limit allows)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])

@@ -18,7 +18,8 @@ from hybridcache.engine import EngineConfig, TinyHybridConfig
 from hybridcache.engine.hf.config import HFModelConfig
 from hybridcache.errors import InvalidConfigError
 from hybridcache.events.config import KVEventsConfig
-from hybridcache.serving.arguments import CLIENT_TIMEOUT_S, TINY_MODEL
+from hybridcache.machine import connection_bound
+from hybridcache.serving.arguments import CLIENT_TIMEOUT_S, MAX_CONNECTIONS, TINY_MODEL
 from hybridcache.serving.capacity import check_tier_sizes
 from hybridcache.tiers.shared_setup import check_shared_tier
 from hybridcache.types import as_int, as_name, is_positive_finite
@@ -32,8 +33,9 @@ class ServeConfig:
     name). At most ``max_running + max_waiting`` requests are in the server at once; one more
     gets 503. ``default_max_tokens`` applies when a request names none. ``shared_tier``
 (``none``, ``redis``, ``mooncake``): a store at ``store_url``, or (None) a local server the
-runtime starts and stops. ``client_timeout_s``: how long a connection may wait on its client
-(``serving.connection``)."""
+runtime starts and stops. ``client_timeout_s``: how long a connection may wait on its client;
+``max_connections``: connections held at once, one more answered 503 (None: ``MAX_CONNECTIONS``,
+or what the descriptor limit allows; ``serving.connection``)."""
 
     engine: EngineConfig = field(default_factory=EngineConfig)
     model_dir: str | os.PathLike | None = None
@@ -50,6 +52,7 @@ runtime starts and stops. ``client_timeout_s``: how long a connection may wait o
     shared_tier: str = "none"
     store_url: str | None = None
     client_timeout_s: float = CLIENT_TIMEOUT_S
+    max_connections: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.engine, EngineConfig):
@@ -63,6 +66,8 @@ runtime starts and stops. ``client_timeout_s``: how long a connection may wait o
             value = getattr(self, name)
             if not is_positive_finite(value):
                 raise InvalidConfigError(f"{name} must be a finite number > 0, got {value!r}")
+        object.__setattr__(self, "max_connections", connection_bound(self.max_connections, MAX_CONNECTIONS, 1,
+                                                                      InvalidConfigError))
         if self.disk_bytes and self.disk_root is None:
             raise InvalidConfigError("disk_bytes needs a disk_root directory")
         check_shared_tier(self.shared_tier, self.store_url)
@@ -101,6 +106,6 @@ runtime starts and stops. ``client_timeout_s``: how long a connection may wait o
             engine=engine, model_dir=None if tiny else args.model, served_name=args.served_name, host=args.host,
             port=args.port, max_waiting=args.max_waiting, host_bytes=args.host_bytes or 0, disk_bytes=disk_bytes,
             disk_root=disk_root, shared_tier=args.shared_tier, store_url=args.store_url,
-            client_timeout_s=args.client_timeout,
+            client_timeout_s=args.client_timeout, max_connections=args.max_connections,
         )
 

@@ -9,37 +9,59 @@ sends nothing, leaves its headers or body unfinished, or stops reading a stream 
 connection is aborted once it has waited on its client, with no progress, for between one and
 two ``client_timeout_s`` periods, which for a request in the engine reads as the client going
 away (the request is cancelled). A connection the server is busy on (a prefill before the
-first token, a long answer the client is reading) is never timed out. Built on the internals of
-``uvicorn==0.54.0`` (the version the ``serve`` extra pins): ``conn``, ``flow``, ``transport``,
-``loop``.
+first token, a long answer the client is reading) is never timed out. Past ``max_connections``
+connections at once a new one is answered 503 (``too_many_connections``) as it opens, read and
+dropped until its client closes, and aborted after ``REFUSAL_S``, so a flood holds at most a
+second of each descriptor past the bound. Built on the internals of ``uvicorn==0.54.0`` (the
+version the ``serve`` extra pins): ``conn``, ``flow``, ``transport``, ``loop``, ``connections``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from hybridcache.errors import InvalidConfigError
+from hybridcache.serving.api_errors import too_many_connections
 from hybridcache.types import is_positive_finite
 
 
 UNSENT_BYTES = 128 * 1024  # what the kernel may queue for a client beyond what is in flight
+REFUSAL_S = 1.0  # the most a turned-away connection is kept open for its client to read the 503
 
 
 class ClientTimeoutProtocol(H11Protocol):
     client_timeout_s = 60.0
+    max_connections = 1024
+    refusal = b""
+    _turned_away = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        _bound_unsent(transport)
         self._waited_from: float | None = self.loop.time()  # None: not waiting on the client at the last check
+        if len(self.connections) > self.max_connections:
+            self._turn_away()
+            return
+        _bound_unsent(transport)
         self._watch: asyncio.TimerHandle | None = self.loop.call_later(self.client_timeout_s, self._check)
 
+    def _turn_away(self) -> None:
+        """Answer 503 and half-close; what the client still sends is dropped until it closes
+        (closing on unread bytes would reset the connection before the client read the answer)."""
+        self._turned_away = True
+        self._watch = self.loop.call_later(REFUSAL_S, self.transport.abort)
+        self.transport.write(self.refusal)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+
     def data_received(self, data: bytes) -> None:
+        if self._turned_away:
+            return
         self._progressed()
         super().data_received(data)
 
@@ -106,9 +128,15 @@ def _bound_unsent(transport: asyncio.Transport) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, option, UNSENT_BYTES)
 
 
-def client_timeout_protocol(client_timeout_s: float) -> type[ClientTimeoutProtocol]:
+def connection_protocol(client_timeout_s: float, max_connections: int) -> type[ClientTimeoutProtocol]:
     """The protocol class uvicorn builds each connection with, waiting at most
-    ``client_timeout_s`` seconds on a client."""
+    ``client_timeout_s`` seconds on a client and holding at most ``max_connections`` (a count
+    ``ServeConfig`` checked against the descriptor limit)."""
     if not is_positive_finite(client_timeout_s):
         raise InvalidConfigError(f"client_timeout_s must be a positive number of seconds, got {client_timeout_s!r}")
-    return type("ClientTimeoutProtocol", (ClientTimeoutProtocol,), {"client_timeout_s": float(client_timeout_s)})
+    status, body = too_many_connections(max_connections)
+    data = json.dumps(body).encode()
+    refusal = (b"HTTP/1.1 %d Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+               b"Content-Length: %d\r\n\r\n%s" % (status, len(data), data))
+    return type("ClientTimeoutProtocol", (ClientTimeoutProtocol,),
+                {"client_timeout_s": float(client_timeout_s), "max_connections": max_connections, "refusal": refusal})

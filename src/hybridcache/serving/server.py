@@ -11,7 +11,7 @@ import uvicorn
 
 from hybridcache.serving.app import DRAIN_S, create_app
 from hybridcache.serving.config import ServeConfig
-from hybridcache.serving.connection import client_timeout_protocol
+from hybridcache.serving.connection import connection_protocol
 from hybridcache.serving.runtime import ServingRuntime
 
 
@@ -22,7 +22,8 @@ def serve(config: ServeConfig, log_level: str = "info") -> None:
     runtime = ServingRuntime(config)
     server = uvicorn.Server(uvicorn.Config(
         create_app(runtime), host=config.host, port=config.port, log_level=log_level,
-        timeout_graceful_shutdown=int(DRAIN_S), access_log=False, http=client_timeout_protocol(config.client_timeout_s),
+        timeout_graceful_shutdown=int(DRAIN_S), access_log=False,
+        http=connection_protocol(config.client_timeout_s, config.max_connections),
     ))
     try:
         server.run()
