@@ -4,9 +4,10 @@ and Qwen4-Exp (``qwen4_exp_text``: gated attention with a QSA indexer, Gated Del
 n-gram embeddings). An indexer keeps a key of its own for every token, so it is charged as KV
 per token beside the attention's. ``profile_architectures`` lists them in ``ARCHITECTURES``.
 
-Both models keep their linear-attention state in float32 whatever the weights' dtype
-(transformers casts GLM-5-Next's KDA state to float32, and Qwen4-Exp's Gated DeltaNet scan
-runs and returns its state in float32), so that state is charged at 4 bytes an entry.
+Their linear-attention states are charged as every family's are, in the cache dtype or
+``mamba_ssm_cache_dtype``, as a serving engine keeps them; transformers keeps both in float32
+(it casts GLM-5-Next's KDA state, and Qwen4-Exp's Gated DeltaNet scan returns float32), which
+``mamba_ssm_cache_dtype: "float32"`` reproduces.
 
 Owns nothing mutable: functions and read-only tables.
 """
@@ -36,10 +37,6 @@ _INDEXER_MODES = MappingProxyType({"full": "full", "shared": "shared", "F": "ful
 TOKEN_ID_BYTES = 8  # Qwen4-Exp caches the n-gram context as int64 token ids
 
 
-def _float32_state(cfg: Fields) -> Fields:
-    return cfg.with_field("mamba_ssm_cache_dtype", "float32")
-
-
 def _glm5_indexer_modes(cfg: Fields) -> list[str]:
     """Per layer, ``"full"`` (runs its indexer) or ``"shared"`` (reuses the previous layer's
     top-k): ``indexer_types``, ``index_topk_pattern``, or transformers' rule from
@@ -67,7 +64,7 @@ def _glm5_next(cfg: Fields) -> Totals:
     totals = Totals()
     kinds = cfg.kinds("layer_types", _INDEXED_KINDS)
     delta = (cfg.int("linear_num_heads"), cfg.int("linear_head_dim"), cfg.int("linear_conv_kernel_dim"))
-    delta_hybrid_layers(totals, _float32_state(cfg), kinds, delta, dense_first=3, shared_default=1)
+    delta_hybrid_layers(totals, cfg, kinds, delta, dense_first=3, shared_default=1)
     _glm5_indexers(totals, cfg, kinds)
     streams, hidden = cfg.int("hc_mult"), cfg.int("hidden_size")
     totals.linear_params += len(kinds) * 2 * (2 + streams) * streams * streams * hidden  # two mixers a layer
@@ -117,7 +114,7 @@ def _qwen4_exp(cfg: Fields) -> Totals:
             attention(totals, cfg, q_gate=True, head_dim=first_int(cfg, ("head_dim",), default=256))
             _qsa_indexer(totals, cfg)
         else:
-            gated_delta(totals, _float32_state(cfg))
+            gated_delta(totals, cfg)
             if layer in ple_at:
                 _per_layer_embedding(totals, cfg)
         moe(totals, hidden, experts, shared)

@@ -1,5 +1,6 @@
 """The hybrid families transformers 5.24 added: GLM-5-Next and Qwen4-Exp (indexed attention:
-an indexer key per token beside the attention's KV, linear attention whose state is float32),
+an indexer key per token beside the attention's KV; linear attention, whose state transformers
+keeps in float32 and the profile in ``mamba_ssm_cache_dtype``, so bfloat16 runs name float32),
 Inkling-2, Inkling-2 looped and ZAYA (every layer attention with short convolutions around it).
 Each is built in transformers from a tiny config, in float32 and in bfloat16, and the KV bytes
 per token and the checkpoint bytes the profile charges are what the model's own cache holds after
@@ -66,6 +67,9 @@ TINY = {
 }
 
 
+FLOAT32_STATES = {"glm5_next_text", "qwen4_exp_text"}  # the linear-attention states transformers keeps in float32
+
+
 def _tiny(family: str, **fields):
     class_name, values, _ = TINY[family]
     return getattr(transformers, class_name)(**{**values, **fields})
@@ -120,20 +124,23 @@ def test_a_profile_charges_what_the_model_caches(family, dtype):
     config = _tiny(family)
     cache = _probe(config, getattr(torch, dtype))
     kv, state, attending, recurrent = _measured(cache, TINY[family][2])
-    profile = profile_from_config(_values(config, dtype))
+    values = _values(config, dtype)
+    if family in FLOAT32_STATES:
+        values["mamba_ssm_cache_dtype"] = "float32"
+    profile = profile_from_config(values)
     assert (profile.kv_bytes_per_token, profile.state_bytes) == (kv, state)
     assert (profile.attention_layers, profile.recurrent_layers) == (attending, recurrent)
     assert profile.linear_flops_per_token > 0 and profile.attention_flops_coefficient > 0
 
 
 def test_the_tiny_bytes_by_hand():
-    """The float32 figures above, written out (b = 4; bfloat16 halves all but the float32 states)."""
+    """The float32 figures above, written out (b = 4)."""
     expected = {
         # two MLA layers' latent (16 + 0 rotary); one indexer key + gate score + validity (2 * 8 + 1);
-        # two KDA layers: 4 heads of 8 x 8 float32, and 3 * 32 channels x 3 columns
+        # two KDA layers: 4 heads of 8 x 8, and 3 * 32 channels x 3 columns
         "glm5_next_text": ((2 * 16 + 17) * 4, 2 * (4 * 8 * 8 * 4 + 3 * 32 * 3 * 4)),
         # two gated attention layers (2 KV heads of 16) and their indexer keys (16); two Gated DeltaNet
-        # layers (4 x 8 x 8 float32, 64 channels x 3 columns), one with PLE (64 channels x 3 * 3, two int64 ids)
+        # layers (4 x 8 x 8, 64 channels x 3 columns), one with PLE (64 channels x 3 * 3, two int64 ids)
         "qwen4_exp_text": (2 * (2 * 2 * 16 + 16) * 4, 2 * (4 * 8 * 8 * 4 + 64 * 3 * 4) + 64 * 9 * 4 + 2 * 8),
         # four layers of one KV head of 16; four float32 windows of 2 columns: key, value, 2 x hidden
         "inkling2_text": (4 * 2 * 16 * 4, 4 * 2 * (16 + 32) * 2 * 4),
@@ -162,12 +169,12 @@ _QSA = {"indexer_n_heads": 8, "indexer_kv_heads": 1, "indexer_head_dim": 256, "i
 
 @pytest.mark.parametrize(("config_class", "fields", "expected"), [
     # 45 layers, MLA at every fourth (11), all indexers run; latent 512 + 0 rotary, indexer 2 * 128 + 1, bf16;
-    # 34 KDA layers of 64 heads of 128 (float32) and 3 * 64 * 128 channels x 3 columns
-    ("Glm5NextTextConfig", {}, (11 * (512 + 257) * 2, 34 * (64 * 128 * 128 * 4 + 3 * 64 * 128 * 3 * 2), 11, 34)),
+    # 34 KDA layers of 64 heads of 128 and 3 * 64 * 128 channels x 3 columns
+    ("Glm5NextTextConfig", {}, (11 * (512 + 257) * 2, 34 * (64 * 128 * 128 * 2 + 3 * 64 * 128 * 3 * 2), 11, 34)),
     # 40 layers, attention at every fourth (10): 2 KV heads of 256 and a 256 indexer key; 30 Gated DeltaNet
-    # layers: 32 x 128 x 128 float32, 8,192 channels x 3; PLE at layers 1, 2: 4 x 2,048 channels x 3 * 3, 2 ids
+    # layers: 32 x 128 x 128, 8,192 channels x 3; PLE at layers 1, 2: 4 x 2,048 channels x 3 * 3, 2 int64 ids
     ("Qwen4ExpTextConfig", {**_QSA, "ple_layer_ids": [1, 2], "eos_token_id": 1},
-     (10 * (2 * 2 * 256 + 256) * 2, 30 * (32 * 128 * 128 * 4 + 8192 * 3 * 2) + 2 * (8192 * 9 * 2 + 2 * 8), 10, 30)),
+     (10 * (2 * 2 * 256 + 256) * 2, 30 * (32 * 128 * 128 * 2 + 8192 * 3 * 2) + 2 * (8192 * 9 * 2 + 2 * 8), 10, 30)),
     # 48 full layers of 8 KV heads of 128; float32 windows of 3 columns: key, value, 2 x 4,608
     ("Inkling2TextConfig", {"layer_types": ["hybrid"] * 48},
      (48 * 2 * 8 * 128 * 2, 48 * 2 * (1024 + 4608) * 3 * 4, 48, 48)),
