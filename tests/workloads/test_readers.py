@@ -63,6 +63,8 @@ BAD_LINES = [
     (mooncake(0, 10.0, 1, [1]), "input_length must be an int"),
     (mooncake(0, 10, True, [1]), "output_length must be an int"),
     (mooncake(0, 10, 1, ["a"]), "hash_ids must hold ints"),
+    (mooncake(0, 10, 1, [True]), "hash_ids must hold ints"),
+    (mooncake(0, 2**22, 1, list(range(8192))), "4,194,305 tokens, over the 4,194,304"),
     (mooncake(0, 10, 1, [-3]), "hash_ids values must lie"),
     (mooncake(0, 10, 1, 7), "hash_ids must be a list"),
     (mooncake(-1, 10, 1, [1]), "timestamp must be >= 0"),
@@ -98,6 +100,25 @@ def test_bad_bailian_lines(tmp_path, change, message):
     path = write_lines(tmp_path / "b.jsonl", [dict(BAILIAN, **change)])
     with pytest.raises(TraceFormatError, match=message):
         read_trace(path, "bailian")
+
+
+@pytest.mark.parametrize("seconds", [1e306, 2.0**53 / 1000 * 1.5])
+def test_a_bailian_time_beyond_the_clock_in_milliseconds_is_refused(tmp_path, seconds):
+    path = write_lines(tmp_path / "b.jsonl", [dict(BAILIAN, timestamp=seconds)])
+    with pytest.raises(TraceFormatError, match=r"b.jsonl:1: timestamp_ms must be a finite number in \[0, 9,007"):
+        read_trace(path, "bailian")
+
+
+def test_a_mooncake_time_beyond_the_clock_is_refused(tmp_path):
+    path = write_lines(tmp_path / "t.jsonl", [mooncake(1e300, 10, 1, [1])])
+    with pytest.raises(TraceFormatError, match="t.jsonl:1: timestamp_ms must be a finite number"):
+        read_trace(path)
+
+
+def test_a_hash_id_beyond_64_bits_is_refused(tmp_path):
+    path = write_lines(tmp_path / "t.jsonl", [mooncake(0, 10, 1, [2**64])])
+    with pytest.raises(TraceFormatError, match="t.jsonl:1: hash_ids holds an int beyond 64 bits"):
+        read_trace(path)
 
 
 @pytest.mark.parametrize("row, message", [

@@ -46,6 +46,16 @@ def test_bad_synthesis_arguments(tmp_path):
         synthesize(trace, vocab_size=1)
     with pytest.raises(InvalidArgumentError):
         synthesize(trace, seed=-1)
+    with pytest.raises(InvalidArgumentError, match="seed must be at most 2"):
+        synthesize(trace, seed=2**64)
+    with pytest.raises(InvalidTypeError, match="seed must be an int"):
+        synthesize(trace, seed=1.0)
+
+
+def test_the_largest_seed_wraps_without_overflow(tmp_path):
+    trace = read_trace(write_lines(tmp_path / "t.jsonl", [mooncake(0, 10, 1, [1])]))
+    with np.errstate(over="raise"):
+        assert synthesize(trace, seed=2**64 - 1).requests[0].tokens.size == 11
 
 
 # A: 2 full blocks + a partial one, 100 output tokens (history 1600 tokens).

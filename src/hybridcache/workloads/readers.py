@@ -19,7 +19,6 @@ device is refused before anything is read.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from collections.abc import Callable, Iterator
@@ -29,16 +28,18 @@ import numpy as np
 
 from hybridcache.errors import InvalidArgumentError, InvalidTypeError, TraceFormatError
 from hybridcache.files import open_regular, read_or_raise
-from hybridcache.sequence import MAX_TOKEN_ID
-from hybridcache.workloads.records import Trace, TraceEntry, frozen_array
+from hybridcache.workloads.records import (
+    BLOCK_TOKENS,
+    MAX_REQUEST_TOKENS,
+    Trace,
+    TraceEntry,
+    entry_fault,
+)
 
-BLOCK_TOKENS = {"mooncake": 512, "bailian": 16, "tokens": 0}
 FORMATS = tuple(BLOCK_TOKENS)
-# Bounds on what one trace may ask the replay to hold in memory (tokens are int32 once
-# synthesized): a 1M-token context plus its output fits one request; a whole trace up to 4 GiB
-# of tokens (the Mooncake traces hold about 0.2 G). Larger traces are replayed in parts (limit).
 MAX_LINE_BYTES = 64 * 2**20  # a 4M-token explicit prompt at up to 15 bytes a token id
-MAX_REQUEST_TOKENS = 2**22
+# A whole trace holds up to 4 GiB of tokens (int32 once synthesized; the Mooncake traces hold
+# about 0.2 G). Larger traces are replayed in parts (limit).
 MAX_TRACE_TOKENS = 2**30
 
 
@@ -76,43 +77,33 @@ def _timestamp(record: dict, required: bool) -> float | None:
     return float(value)
 
 
-def _int_list(record: dict, name: str, maximum: int) -> list[int]:
+def _int_list(record: dict, name: str) -> np.ndarray:
+    """A JSON list of ints as an int64 array, its types checked without a Python loop (JSON
+    gives exact ``int``s, and ``bool`` is another type); the entry checks the range."""
     if name not in record:
         raise _LineError(f"missing field {name!r}")
     values = record[name]
     if not isinstance(values, list):
         raise _LineError(f"{name} must be a list of ints, got {type(values).__name__}")
-    for value in values:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise _LineError(f"{name} must hold ints only, got {value!r}")
-        if not 0 <= value <= maximum:
-            raise _LineError(f"{name} values must lie in [0, {maximum}], got {value}")
-    return values
+    if not set(map(type, values)) <= {int}:
+        raise _LineError(f"{name} must hold ints only, got {next(v for v in values if type(v) is not int)!r}")
+    try:
+        return np.array(values, dtype=np.int64)
+    except OverflowError:
+        raise _LineError(f"{name} holds an int beyond 64 bits") from None
 
 
-def _hash_ids(record: dict, input_length: int, block_tokens: int) -> np.ndarray:
-    ids = _int_list(record, "hash_ids", 2**63 - 1)
-    expected = -(-input_length // block_tokens)
-    if len(ids) > expected:
-        raise _LineError(f"{len(ids)} hash ids but input_length {input_length} allows {expected} blocks of {block_tokens}")
-    if len(ids) < expected:
-        raise _LineError(f"{len(ids)} hash ids do not cover input_length {input_length} ({expected} blocks of {block_tokens})")
-    return frozen_array(ids, np.int64)
-
-
-def _mooncake(record: dict, line: int) -> TraceEntry:
-    input_length = _require_int(record, "input_length", 1, MAX_REQUEST_TOKENS)
+def _mooncake(record: dict, line: int, previous_ms: float) -> TraceEntry:
     return TraceEntry(
         line=line,
         timestamp_ms=_timestamp(record, required=True),
-        input_length=input_length,
+        input_length=_require_int(record, "input_length", 1, MAX_REQUEST_TOKENS),
         output_length=_require_int(record, "output_length", 0, MAX_REQUEST_TOKENS),
-        hash_ids=_hash_ids(record, input_length, BLOCK_TOKENS["mooncake"]),
+        hash_ids=_int_list(record, "hash_ids"),
     )
 
 
-def _bailian(record: dict, line: int) -> TraceEntry:
-    input_length = _require_int(record, "input_length", 1, MAX_REQUEST_TOKENS)
+def _bailian(record: dict, line: int, previous_ms: float) -> TraceEntry:
     kind = record.get("type")
     if kind is not None and not isinstance(kind, str):
         raise _LineError(f"type must be a string, got {type(kind).__name__}")
@@ -120,9 +111,9 @@ def _bailian(record: dict, line: int) -> TraceEntry:
     return TraceEntry(
         line=line,
         timestamp_ms=_timestamp(record, required=True) * 1000.0,  # the format's seconds
-        input_length=input_length,
+        input_length=_require_int(record, "input_length", 1, MAX_REQUEST_TOKENS),
         output_length=_require_int(record, "output_length", 0, MAX_REQUEST_TOKENS),
-        hash_ids=_hash_ids(record, input_length, BLOCK_TOKENS["bailian"]),
+        hash_ids=_int_list(record, "hash_ids"),
         chat_id=_require_int(record, "chat_id", 0),
         parent_chat_id=None if parent < 0 else parent,
         turn=_optional_int(record, "turn", 0),
@@ -130,33 +121,31 @@ def _bailian(record: dict, line: int) -> TraceEntry:
     )
 
 
-def _tokens(record: dict, line: int) -> TraceEntry:
-    prompt = _int_list(record, "prompt", MAX_TOKEN_ID)
-    if not prompt:
+def _tokens(record: dict, line: int, previous_ms: float) -> TraceEntry:
+    """An explicit-token line; one without a time arrives with the previous line."""
+    prompt = _int_list(record, "prompt")
+    if not prompt.size:
         raise _LineError("prompt must hold at least one token")
     output_length = _require_int(record, "output_length", 0, MAX_REQUEST_TOKENS)
     output = None
     if record.get("output") is not None:
-        output = _int_list(record, "output", MAX_TOKEN_ID)
-        if len(output) != output_length:
-            raise _LineError(f"output holds {len(output)} tokens, output_length says {output_length}")
-        output = frozen_array(output, np.int32)
+        output = _int_list(record, "output")
     conversation = record.get("conversation")
     if conversation is not None and (isinstance(conversation, bool) or not isinstance(conversation, (str, int))):
         raise _LineError(f"conversation must be a string or an int, got {type(conversation).__name__}")
     timestamp = _timestamp(record, required=False)
     return TraceEntry(
         line=line,
-        timestamp_ms=math.nan if timestamp is None else timestamp,
-        input_length=len(prompt),
+        timestamp_ms=previous_ms if timestamp is None else timestamp,
+        input_length=prompt.size,
         output_length=output_length,
-        prompt=frozen_array(prompt, np.int32),
+        prompt=prompt,
         output=output,
         conversation=None if conversation is None else str(conversation),
     )
 
 
-_PARSERS: dict[str, Callable[[dict, int], TraceEntry]] = {"mooncake": _mooncake, "bailian": _bailian, "tokens": _tokens}
+_PARSERS: dict[str, Callable[[dict, int, float], TraceEntry]] = {"mooncake": _mooncake, "bailian": _bailian, "tokens": _tokens}
 
 
 def detect_format(record: dict) -> str:
@@ -185,7 +174,7 @@ def _parse_line(text: str, where: str) -> dict:
 def read_trace(path: str | Path, fmt: str = "auto", limit: int | None = None) -> Trace:
     """Read and validate a trace; ``fmt`` is one of ``FORMATS`` or ``auto`` (by the first
     line); ``limit`` keeps only the first ``limit`` requests."""
-    if fmt != "auto" and fmt not in _PARSERS:
+    if not isinstance(fmt, str) or (fmt != "auto" and fmt not in _PARSERS):
         raise InvalidArgumentError(f"unknown trace format {fmt!r}; choose one of {', '.join(FORMATS)} or auto")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise InvalidArgumentError(f"limit must be an int >= 1, got {limit!r}")
@@ -222,22 +211,16 @@ def _read_entries(handle, where: str, fmt: str, limit: int | None) -> tuple[str,
         record = _parse_line(text, f"{where}:{number}")
         fmt = detect_format(record) if fmt == "auto" else fmt
         try:
-            entry = _PARSERS[fmt](record, number)
-        except _LineError as error:
+            entry = _PARSERS[fmt](record, number, previous_time)
+        except (_LineError, InvalidArgumentError, InvalidTypeError) as error:  # the entry's own checks
             raise TraceFormatError(f"{where}:{number}: {error}") from None
-        tokens = entry.input_length + entry.output_length
-        if tokens > MAX_REQUEST_TOKENS:
-            raise TraceFormatError(f"{where}:{number}: {tokens:,} tokens, over the {MAX_REQUEST_TOKENS:,} a request may hold")
-        total_tokens += tokens
+        fault = entry_fault(entry, fmt, BLOCK_TOKENS[fmt], previous_time)
+        if fault is not None:
+            raise TraceFormatError(f"{where}:{number}: {fault}")
+        total_tokens += entry.input_length + entry.output_length
         if total_tokens > MAX_TRACE_TOKENS:
             raise TraceFormatError(
                 f"{where}:{number}: the trace passes {MAX_TRACE_TOKENS:,} tokens here; replay a part of it (limit)"
-            )
-        if math.isnan(entry.timestamp_ms):  # an explicit-token line without a time arrives with the previous one
-            entry = dataclasses.replace(entry, timestamp_ms=previous_time)
-        if entry.timestamp_ms < previous_time:
-            raise TraceFormatError(
-                f"{where}:{number}: timestamp goes back in time ({entry.timestamp_ms} ms after {previous_time} ms)"
             )
         previous_time = entry.timestamp_ms
         entries.append(entry)

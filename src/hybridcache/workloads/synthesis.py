@@ -34,13 +34,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from hybridcache.errors import InvalidArgumentError, InvalidTypeError
-from hybridcache.workloads.records import Trace, TraceEntry, TraceRequest, frozen_array
+from hybridcache.types import as_int
+from hybridcache.workloads.records import MAX_BLOCK_TOKENS, Trace, TraceEntry, TraceRequest, frozen_array
 
 DEFAULT_VOCAB = 32_000  # Llama-2's vocabulary, the tokenizer behind Marconi's traces
 MAX_CONTINUATION_GAP = 4096  # tokens a new turn may add after the history it continues
+MAX_SEED = 2**64 - 1  # the seed is added to a 64-bit stream constant, wrapping
 _BLOCK_STREAM = np.uint64(0x9E3779B97F4A7C15)
 _OUTPUT_STREAM = np.uint64(0xD1B54A32D192ED03)
-_POSITION_BITS = np.uint64(20)  # room for positions below 2**20 inside one id's stream
+_POSITION_BITS = np.uint64(MAX_BLOCK_TOKENS.bit_length() - 1)  # room for a block's positions inside one id's stream
 
 
 def _mix(values: np.ndarray) -> np.ndarray:
@@ -54,7 +56,8 @@ def _mix(values: np.ndarray) -> np.ndarray:
 
 def _draw(stream: np.uint64, seed: int, keys: np.ndarray, length: int, vocab: int) -> np.ndarray:
     """``length`` tokens for each key: row ``i`` depends only on ``(stream, seed, keys[i])``."""
-    base = (keys.astype(np.uint64) << _POSITION_BITS) ^ (stream + np.uint64(seed))
+    salt = np.uint64((int(stream) + seed) % 2**64)  # wrapped in Python: NumPy warns on overflow
+    base = (keys.astype(np.uint64) << _POSITION_BITS) ^ salt
     counters = base[:, None] + np.arange(length, dtype=np.uint64)[None, :]
     return (_mix(_mix(counters)) % np.uint64(vocab)).astype(np.int32)
 
@@ -174,14 +177,15 @@ class _Synthesizer:
 
 
 def synthesize(trace: Trace, vocab_size: int = DEFAULT_VOCAB, seed: int = 0) -> SynthesizedTrace:
-    """Turn a validated trace into requests with tokens, in arrival order."""
+    """Turn a trace (its records checked themselves as they were built) into requests with
+    tokens, in arrival order."""
     if not isinstance(trace, Trace):
         raise InvalidTypeError("trace must be a Trace (see read_trace)")
-    for name, value, minimum in (("vocab_size", vocab_size, 2), ("seed", seed, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise InvalidArgumentError(f"{name} must be an int >= {minimum}, got {value!r}")
+    vocab_size, seed = as_int("vocab_size", vocab_size, 2), as_int("seed", seed, 0)
     if vocab_size > 2**31:
         raise InvalidArgumentError("vocab_size must be at most 2**31 (int32 token ids)")
+    if seed > MAX_SEED:
+        raise InvalidArgumentError(f"seed must be at most 2**64 - 1, got {seed}")
     synthesizer = _Synthesizer(trace, vocab_size, seed)
     for entry in trace.entries:
         synthesizer.add(entry)
