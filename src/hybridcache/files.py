@@ -31,6 +31,8 @@ def open_regular(path: Path, error: type[HybridCacheError]) -> BinaryIO:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as failure:
         raise error(f"cannot read {path}: {failure.strerror}") from None
+    except ValueError as failure:  # a NUL byte, or text the file system cannot encode: no file has that name
+        raise error(f"cannot read {str(path)!r}: {failure}") from None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Mapping
 
-from hybridcache.errors import InvalidArgumentError, InvalidConfigError
+from hybridcache.errors import InvalidArgumentError, InvalidConfigError, InvalidTypeError
 from hybridcache.files import MAX_CONFIG_BYTES, read_bounded
 from hybridcache.profile_architectures import ARCHITECTURES
 from hybridcache.profile_configs import BUILTIN_CONFIGS
@@ -111,7 +111,7 @@ def profile_from_config(config: dict, name: str | None = None) -> ModelProfile:
     pure recurrent families (``profile_recurrent.PURE_RECURRENT``), whose KV costs nothing."""
     if not isinstance(config, Mapping):
         raise InvalidConfigError("a model config must be a mapping")
-    config = _language_model(config)
+    config = _language_model(dict(config))  # a copy: the caller's mapping may change
     model_type = config.get("model_type")
     if not _supported(model_type):
         profiled = (name for name in ARCHITECTURES if name not in REFUSED)
@@ -167,6 +167,8 @@ def _profile_of(totals: Totals, name: str) -> ModelProfile:
 def load_profile(name_or_path: str) -> ModelProfile:
     """A built-in profile by name, or one computed from a ``config.json`` path (a regular file
     of at most ``MAX_CONFIG_BYTES``)."""
+    if not isinstance(name_or_path, (str, Path)):
+        raise InvalidTypeError(f"a model profile is named by a str or a Path, got {type(name_or_path).__name__}")
     if name_or_path in BUILTIN_CONFIGS:
         return profile_from_config(BUILTIN_CONFIGS[name_or_path], name_or_path)
     path = Path(name_or_path)

@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from hybridcache.errors import InvalidTypeError
 from hybridcache.workloads import infinite_cache_bound, read_trace, synthesize
 from hybridcache.workloads.records import TraceRequest, frozen_array
 from tests.paths import SHARED_TRACE
@@ -58,3 +59,13 @@ def test_rates():
     bound = infinite_cache_bound(requests)
     assert bound.token_hit_rate == 0.5 and bound.request_hit_rate == 0.5
     assert infinite_cache_bound([]).token_hit_rate == 0.0
+
+
+def test_any_ordered_iterable_of_requests_is_bounded_and_nothing_else():
+    tokens = frozen_array([1, 2, 3, 4], np.int32)
+    requests = [TraceRequest(0, 0.0, 4, tokens), TraceRequest(1, 1.0, 4, tokens)]
+    assert infinite_cache_bound(request for request in requests).shared_tokens.tolist() == [0, 4]
+    with pytest.raises(InvalidTypeError, match="ordered sequence"):
+        infinite_cache_bound(None)
+    with pytest.raises(InvalidTypeError, match="TraceRequest records"):
+        infinite_cache_bound([1])

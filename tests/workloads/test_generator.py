@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from hybridcache.errors import InvalidArgumentError
+from hybridcache.errors import InvalidArgumentError, InvalidTypeError
 from hybridcache.workloads import SHAPES, generate, half, infinite_cache_bound, read_trace, synthesize, write_trace
 from hybridcache.workloads.generator import BLOCK, MAX_MESSAGE
 
@@ -52,6 +52,23 @@ def test_generation_is_seeded_and_validated():
             generate(kind, seed, sessions)
     with pytest.raises(InvalidArgumentError, match="cannot write"):
         write_trace([], "/nonexistent-dir/t.jsonl")
+    with pytest.raises(InvalidArgumentError, match="unknown trace shape"):
+        generate(["conversation"])
+
+
+@pytest.mark.parametrize("lines, path, error, message", [
+    ([{"a": {1}}], "t.jsonl", InvalidArgumentError, "cannot be written as JSON"),
+    ([{"a": float("nan")}], "t.jsonl", InvalidArgumentError, "cannot be written as JSON"),
+    ([[1, 2]], "t.jsonl", InvalidTypeError, "every line must be a dict"),
+    (5, "t.jsonl", InvalidTypeError, "lines must be an ordered sequence"),
+    ([], None, InvalidTypeError, "path must be a str or a Path"),
+    ([], "a\x00b.jsonl", InvalidArgumentError, "cannot write"),
+])
+def test_write_trace_refuses_what_it_cannot_write_and_writes_nothing(tmp_path, monkeypatch, lines, path, error, message):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(error, match=message):
+        write_trace(lines, path)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_halves_renumber_and_cut_continuations_into_the_other_half(tmp_path):
@@ -67,6 +84,11 @@ def test_halves_renumber_and_cut_continuations_into_the_other_half(tmp_path):
         assert r.continues == expected
     with pytest.raises(InvalidArgumentError):
         half(requests, "third")
+    assert half(iter(requests), "second") == second
+    with pytest.raises(InvalidTypeError, match="TraceRequest records"):
+        half([1, 2], "first")
+    with pytest.raises(InvalidTypeError, match="ordered sequence"):
+        half(None, "first")
 
 
 def _long_context(tmp_path, seed):

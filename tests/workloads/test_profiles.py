@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from hybridcache.errors import InvalidArgumentError, InvalidConfigError
+from hybridcache.errors import InvalidArgumentError, InvalidConfigError, InvalidTypeError
 from hybridcache.profiles import BUILTIN_CONFIGS, PROFILE_NAMES, load_profile, parse_size, profile_from_config
 
 
@@ -100,6 +100,21 @@ def test_bad_profiles(tmp_path):
     broken.write_text("{")
     with pytest.raises(InvalidConfigError, match="cannot read"):
         load_profile(str(broken))
+
+
+@pytest.mark.parametrize("name", [None, 5, b"marconi-7b", ["marconi-7b"]])
+def test_a_profile_is_named_by_a_str_or_a_path(name):
+    with pytest.raises(InvalidTypeError, match="a model profile is named by a str or a Path"):
+        load_profile(name)
+
+
+def test_a_config_mapping_is_copied_before_it_is_read():
+    class Hostile(dict):
+        def get(self, key, default=None):
+            raise KeyError(key)
+
+    config = Hostile(BUILTIN_CONFIGS["marconi-7b"])
+    assert profile_from_config(config, "marconi-7b") == load_profile("marconi-7b")
 
 
 @pytest.mark.parametrize("text, value", [

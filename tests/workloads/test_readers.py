@@ -145,6 +145,18 @@ def test_missing_empty_and_binary_files(tmp_path):
         read_trace(binary)
 
 
+@pytest.mark.parametrize("path", ["/tmp/a\x00b.jsonl", "/tmp/\ud800.jsonl"])
+def test_a_path_no_file_can_have_is_refused(path):
+    with pytest.raises(TraceFormatError, match="cannot read"):
+        read_trace(path)
+
+
+@pytest.mark.parametrize("fmt", [["mooncake"], None, 5])
+def test_a_format_that_is_not_a_name_is_refused(tmp_path, fmt):
+    with pytest.raises(InvalidArgumentError, match="unknown trace format"):
+        read_trace(write_lines(tmp_path / "t.jsonl", [GOOD]), fmt)
+
+
 def test_errors_are_input_errors(tmp_path):
     path = write_lines(tmp_path / "bad.jsonl", [json.dumps(GOOD)[:-1]])
     with pytest.raises(ValueError):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hybridcache.errors import InvalidTypeError
+from hybridcache.types import as_ordered
 from hybridcache.workloads.records import TraceRequest
 
 
@@ -61,6 +62,7 @@ def _insertion_point(order: list[int], requests: SequenceLike[TraceRequest], pro
 def infinite_cache_bound(requests: SequenceLike[TraceRequest]) -> Bound:
     """For every request, the tokens of its prompt's longest prefix that any earlier request's
     tokens (prompt and output) start with."""
+    requests = as_ordered("requests", requests)
     if any(not isinstance(request, TraceRequest) for request in requests):
         raise InvalidTypeError("requests must be TraceRequest records (see synthesize)")
     order: list[int] = []

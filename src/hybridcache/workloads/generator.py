@@ -37,7 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hybridcache.errors import InvalidArgumentError
+from hybridcache.errors import InvalidArgumentError, InvalidTypeError
+from hybridcache.types import as_ordered
 
 BLOCK = 512  # Mooncake's hash-id block
 MAX_MESSAGE = 4096  # the readers' continuation window: a turn adds at most this much
@@ -106,7 +107,7 @@ def _session(rng: np.random.Generator, shape: Shape, start_s: float, system: lis
 
 def generate(kind: str, seed: int = 0, sessions: int = DEFAULT_SESSIONS) -> list[dict]:
     """The lines of a ``kind`` trace (``SHAPES``) of ``sessions`` sessions, in arrival order."""
-    if kind not in SHAPES:
+    if not isinstance(kind, str) or kind not in SHAPES:
         raise InvalidArgumentError(f"unknown trace shape {kind!r}; known: {', '.join(SHAPES)}")
     for name, value, minimum in (("seed", seed, 0), ("sessions", sessions, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -126,8 +127,20 @@ def generate(kind: str, seed: int = 0, sessions: int = DEFAULT_SESSIONS) -> list
 
 
 def write_trace(lines: list[dict], path: str | Path) -> None:
-    """Write ``lines`` as JSONL (one object per line)."""
+    """Write ``lines`` (JSON objects) as JSONL, one object per line; nothing is written when one
+    of them is not JSON (a set, NaN, a cycle)."""
+    if not isinstance(path, (str, Path)):
+        raise InvalidTypeError(f"path must be a str or a Path, got {type(path).__name__}")
+    lines = as_ordered("lines", lines)
+    if not all(isinstance(line, dict) for line in lines):
+        raise InvalidTypeError("every line must be a dict (a JSON object)")
     try:
-        Path(path).write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+        text = "".join(json.dumps(line, allow_nan=False) + "\n" for line in lines)
+    except (TypeError, ValueError, RecursionError) as error:
+        raise InvalidArgumentError(f"a line cannot be written as JSON ({error})") from None
+    try:
+        Path(path).write_text(text, encoding="utf-8")
     except OSError as error:
         raise InvalidArgumentError(f"cannot write {path}: {error.strerror}") from None
+    except ValueError as error:  # a NUL byte, or text the file system cannot encode
+        raise InvalidArgumentError(f"cannot write {str(path)!r}: {error}") from None

@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence as SequenceLike
 
-from hybridcache.errors import InvalidArgumentError
+from hybridcache.errors import InvalidArgumentError, InvalidTypeError
+from hybridcache.types import as_ordered
 from hybridcache.workloads.records import TraceRequest
 
 HALVES = ("first", "second")
@@ -20,6 +21,9 @@ def half(requests: SequenceLike[TraceRequest], which: str) -> tuple[TraceRequest
     continuations into the other half dropped: a replay of it starts from an empty cache."""
     if which not in HALVES:
         raise InvalidArgumentError(f"the half must be one of {HALVES}, got {which!r}")
+    requests = as_ordered("requests", requests)
+    if not all(isinstance(request, TraceRequest) for request in requests):
+        raise InvalidTypeError("requests must be TraceRequest records (see synthesize)")
     middle = len(requests) // 2
     start, end = (0, middle) if which == "first" else (middle, len(requests))
     return tuple(
