@@ -168,3 +168,96 @@ def test_closing_while_a_catch_up_is_asked_ends_the_context_when_that_ask_ends()
         context.term()
     assert answers[0].replies is None and sub._context.closed
     assert sub.request_catch_up() is None  # closed: nothing more is asked
+
+
+def _hostile_replay(answer: list[bytes] | None):
+    """A PUB socket and a ROUTER answering every replay request with ``answer`` after the
+    requester's identity (None: never answering)."""
+    import threading
+
+    context = zmq.Context()
+    pub, replay = context.socket(zmq.PUB), context.socket(zmq.ROUTER)
+    for socket in (pub, replay):
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.bind(LOOPBACK_ANY_PORT)
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            if replay.poll(20) and answer is not None:
+                replay.send_multipart([replay.recv_multipart()[0], *answer])
+            elif answer is None and replay.poll(0):
+                replay.recv_multipart()
+
+    server = threading.Thread(target=serve)
+    server.start()
+    return context, pub, replay, stop, server
+
+
+def _until_held(pub, sub) -> None:
+    """Publish seq 5 (a gap: a subscriber joining mid-stream) until ``sub`` holds it."""
+    payload = encode_batch(KVEventBatch(1.0, []))
+    for _ in range(200):
+        pub.send_multipart([b"", seq_frame(5), payload])
+        assert sub.receive_ready(20) == []  # never waits on the replay socket, delivers nothing past the gap
+        if sub.awaiting_replay:
+            return
+    raise AssertionError("the subscriber never saw the gap")
+
+
+@pytest.mark.parametrize("answer", [[b"", b"x"], [b"x"], [b"", b"t", b"short", b"p"], [b"", b"t", seq_frame(0), b"p", b"extra"]],
+                         ids=["one frame", "no delimiter", "seq not 8 bytes", "five frames"])
+def test_a_replay_answer_that_is_not_one_resets_the_stream(answer):
+    context, pub, replay, stop, server = _hostile_replay(answer)
+    sub = StreamSubscriber(pub.getsockopt_string(zmq.LAST_ENDPOINT), replay.getsockopt_string(zmq.LAST_ENDPOINT), replay_timeout_s=30)
+    try:
+        _until_held(pub, sub)
+        items = sub.receive(0)
+    finally:
+        stop.set()
+        server.join(30)
+        sub.close()
+        pub.close()
+        replay.close()
+        context.term()
+    assert items[0] is RESET and items[1].seq == 5 and len(items) == 2
+    assert sub.failed_replays == 1 and not sub.awaiting_replay
+
+
+def test_receive_ready_holds_a_gap_until_a_catch_up_fetched_apart_fills_it(stream):
+    pub, sub = stream
+    assert pub.flush()
+    before, replays = sub.last_delivered, sub.replays
+    pub._buffer.extend((before + 1 + i, encode_batch(KVEventBatch(10.0 + i, []))) for i in range(2))
+    pub._next_seq = before + 3
+    pub.publish(KVEventBatch(12.0, []))
+    for _ in range(250):
+        assert sub.receive_ready(20) == []
+        if sub.awaiting_replay:
+            break
+    assert sub.awaiting_replay and sub.replays == replays  # the gap waits; nothing asked the replay socket
+    fetched = sub.request_catch_up()
+    assert _ts(sub.deliver_catch_up(fetched)) == [10.0, 11.0, 12.0]
+    assert not sub.awaiting_replay and sub.last_delivered == before + 3
+
+
+def test_receive_ready_reads_at_most_max_batches_messages(stream):
+    pub, sub = stream
+    for ts in range(1, 6):
+        pub.publish(KVEventBatch(float(ts), []))
+    assert pub.flush()
+    first = []
+    while not first:
+        first = sub.receive_ready(50, max_batches=2)
+    assert len(first) <= 2
+    assert _ts(first + receive_until(sub, 5 - len(first))) == [1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+@pytest.mark.parametrize("replay_endpoint", ["bogus://nowhere", "tcp://", 5])
+def test_an_endpoint_zmq_cannot_use_is_an_event_stream_error_at_once(replay_endpoint):
+    from hybridcache.errors import EventStreamError
+
+    with pytest.raises(EventStreamError):
+        StreamSubscriber("tcp://127.0.0.1:9", replay_endpoint)
+    with pytest.raises(EventStreamError):
+        StreamSubscriber("bogus://nowhere")
