@@ -56,7 +56,7 @@ def sync(feed: ReplicaFeed, built: Engine, timeout_s: float = 60.0) -> None:
         kv, state = feed.last_seqs
         if (-1 if kv is None else kv, -1 if state is None else state) == wanted:
             return
-        if polls % 10 == 0:
+        if feed.awaiting_replay or polls % 10 == 0:
             feed.catch_up()
     raise AssertionError(f"the feed reached {feed.last_seqs}, the replica published up to {wanted}")
 

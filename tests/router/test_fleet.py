@@ -70,6 +70,7 @@ class _Feed:
 
     resets = 0
     undecodable = 0
+    awaiting_replay = False
 
     def __init__(self, applied, arriving):
         self.last_seqs, self._arriving = applied, list(arriving)
@@ -299,4 +300,14 @@ def test_shared_prefix_compares_tokens_in_one_namespace():
     assert key.shared_prefix(RequestKey([1, 2, 3, 9])) == 3
     assert key.shared_prefix(RequestKey([1, 2])) == 2
     assert key.shared_prefix(RequestKey([1, 2, 3, 4], cache_salt="s")) == 0
-    assert RequestKey([2**70, 5]).shared_prefix(RequestKey([2**70, 6])) == 1
+
+
+@pytest.mark.parametrize("token_ids, lora_name, cache_salt", [
+    ([-1, 2], None, None), ([2**31, 2], None, None), ([2**32] * 4, None, None), ([2**70] * 4, None, None),
+    ([1, True], None, None), ([1, 2.0], None, None), ([1, 2], "\udc00", None), ([1, 2], None, "\ud800"), ([1, 2], None, 5),
+], ids=["negative", "2**31", "2**32", "2**70", "bool", "float", "lone surrogate adapter", "lone surrogate salt", "salt not str"])
+def test_a_key_no_replica_could_hash_is_refused_at_construction(token_ids, lora_name, cache_salt):
+    from hybridcache.errors import InvalidArgumentError, InvalidTypeError
+
+    with pytest.raises((InvalidArgumentError, InvalidTypeError)):
+        RequestKey(token_ids, lora_name, cache_salt)

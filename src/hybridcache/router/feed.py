@@ -5,7 +5,11 @@ Owns: the subscribers of the replica's KV stream and checkpoint stream
 stream (the replica restarted, or a gap its replay buffer no longer covers) clears what that
 stream built, and a restart seen on one stream restarts the other too (a replica's two
 counters restart together; the other's new batches may all have been sent before its
-subscriber reconnected); a batch that does not decode is skipped and counted.
+subscriber reconnected); a batch that does not decode is skipped and counted. ``poll`` never
+waits on a replay socket and reads a bounded number of messages (it runs under the fleet's
+lock): a gap, or a restart to rebuild from replay, leaves the feed ``awaiting_replay`` until a
+catch-up fetched without that lock (``request_catch_up``) is applied. Every failure of the
+sockets is an ``EventStreamError``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import msgspec
 from hybridcache.events.schema import decode_kv_batch, decode_state_batch
 from hybridcache.events.subscriber import RESET, CatchUp, StreamSubscriber
 from hybridcache.router.replica_index import ReplicaIndex
+
+MAX_BATCHES_PER_POLL = 256  # per stream: how long one poll may hold the fleet's lock draining a busy stream
 
 
 @dataclass(frozen=True)
@@ -46,8 +52,16 @@ class ReplicaFeed:
         self.undecodable = 0
 
     def catch_up(self) -> None:
-        """Read what the replay sockets hold (a router joining, or restarted)."""
+        """Read what the replay sockets hold (a router joining, or restarted), waiting on them;
+        a restart this shows on one stream asks the other's replay from 0 again."""
         self.apply_catch_up(self.request_catch_up())
+        if self.awaiting_replay:
+            self.apply_catch_up(self.request_catch_up())
+
+    @property
+    def awaiting_replay(self) -> bool:
+        """Whether a stream waits for a replay answer (a gap, a restart) before it delivers more."""
+        return self._kv.awaiting_replay or (self._state is not None and self._state.awaiting_replay)
 
     def request_catch_up(self) -> FetchedCatchUp:
         """Fetch what the replay sockets hold past what was applied, applying nothing: callable
@@ -63,35 +77,34 @@ class ReplicaFeed:
         self._follow_restart(before)
 
     def poll(self, timeout_ms: int = 0) -> int:
-        """Apply every batch that arrived (waiting at most ``timeout_ms`` on the KV stream);
-        returns how many were delivered."""
+        """Apply the batches that arrived, up to ``MAX_BATCHES_PER_POLL`` messages a stream and
+        each stream's next gap (waiting at most ``timeout_ms`` on the KV stream, never on a
+        replay socket); returns how many were delivered."""
         before = self._restarts()
-        delivered = self._kv.receive(timeout_ms)
+        delivered = self._kv.receive_ready(timeout_ms, MAX_BATCHES_PER_POLL)
         self._apply_kv(delivered)
         count = len(delivered)
         if self._state is not None:
-            state = self._state.receive(0)
+            state = self._state.receive_ready(0, MAX_BATCHES_PER_POLL)
             self._apply_state(state)
             count += len(state)
-        return count + self._follow_restart(before)
+        self._follow_restart(before)
+        return count
 
     def _restarts(self) -> tuple[int, int]:
         return self._kv.resets, 0 if self._state is None else self._state.resets
 
-    def _follow_restart(self, before: tuple[int, int]) -> int:
+    def _follow_restart(self, before: tuple[int, int]) -> None:
         """One stream showed its replica restarted: the other restarted with it (both count
-        from 0 again), even if none of its new batches reached us live. Rebuild it from its
-        replay from 0; returns the batches that delivered."""
+        from 0 again), even if none of its new batches reached us live. Clear it; its replay
+        from 0 is then awaited (``awaiting_replay``)."""
         kv_restarted, state_restarted = (now > then for now, then in zip(self._restarts(), before))
         if self._state is None or kv_restarted == state_restarted:
-            return 0
+            return
         if kv_restarted:
-            delivered = self._state.restart()
-            self._apply_state(delivered)
+            self._apply_state(self._state.note_restart())
         else:
-            delivered = self._kv.restart()
-            self._apply_kv(delivered)
-        return sum(item is not RESET for item in delivered)
+            self._apply_kv(self._kv.note_restart())
 
     def _apply_kv(self, delivered: list) -> None:
         for item in delivered:

@@ -21,6 +21,7 @@ lock, and an answer is applied only to the feed it was asked of.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,12 +29,13 @@ from typing import NamedTuple
 
 from hybridcache.errors import EventStreamError, InvalidArgumentError
 from hybridcache.router.discovery import Continuity, read_continuity, read_load, read_next_seqs, read_streams
-from hybridcache.router.feed import ReplicaFeed
+from hybridcache.router.feed import FetchedCatchUp, ReplicaFeed
 from hybridcache.router.metrics import RouterMetrics
 from hybridcache.router.policy import Decision, choose
 from hybridcache.router.replica_index import Depths, ReplicaIndex
 from hybridcache.router.request_key import RequestKey
 
+_log = logging.getLogger(__name__)
 _POLL_MS = 10
 _SETTLE_S = 0.2  # the most an answer's end waits for its replica's events
 _SETTLE_POLL_S = 0.001
@@ -125,6 +127,14 @@ def _highest(known: tuple[int | None, int | None], said: tuple[int | None, int |
     return tuple(b if a is None else a if b is None else max(a, b) for a, b in zip(known, said))
 
 
+def _fetch_catch_up(feed: ReplicaFeed) -> FetchedCatchUp | EventStreamError:
+    """``feed``'s replay answers (without the lock), or the error its sockets failed with."""
+    try:
+        return feed.request_catch_up()
+    except EventStreamError as error:
+        return error
+
+
 class Fleet:
     def __init__(self, urls: list[str], policy: str, *, health_interval_s: float = 1.0,
                  load_tokens: float | None = None, timeout_s: float = 2.0) -> None:
@@ -172,8 +182,7 @@ class Fleet:
                 return None
             if key is not None:
                 for replica in candidates:
-                    if replica.feed is not None:
-                        replica.feed.poll(0)
+                    self._poll(replica)
             number, self._number = self._number, self._number + 1
             policy = self.policy if key is not None else "round-robin"
             depths = [r.index.depths(key) if key is not None and r.index is not None else Depths(0, 0) for r in candidates]
@@ -217,9 +226,11 @@ class Fleet:
         """Apply what reached the router since the thread's last poll (a turn's own checkpoint);
         when a replica announced a later seq than that (an answer's next_seq whose settle ran
         out of time, a health check's read), the batches in between were published before this
-        decision but lost or late: ask its replay socket for them (bounded by its timeout), so
-        the route scores every change the replica said it made. Asked once per announcement:
-        what the replay cannot give (a restart) the continuity check handles."""
+        decision but lost or late: ask its replay socket for them (bounded by its timeout,
+        without the lock), so the route scores every change the replica said it made. Asked
+        once per announcement: what the replay cannot give (a restart) the continuity check
+        handles. A gap the feed waits at is the thread's to fill (a replay socket that never
+        answers would otherwise cost every route its timeout)."""
         with self._lock:
             lagging = [(r, r.feed) for r in self.replicas if r.healthy and r not in exclude and self._lags_announced(r)]
         self._catch_up(lagging)
@@ -227,11 +238,12 @@ class Fleet:
     def _lags_announced(self, replica: Replica) -> bool:
         """Whether ``replica``'s feed, polled now, lacks a seq it announced (the announcement
         then spent, counted as a catch-up). Under the lock."""
-        feed, announced = replica.feed, replica.announced
+        announced = replica.announced
         replica.announced = (None, None)
+        self._poll(replica)
+        feed = replica.feed
         if feed is None:
             return False
-        feed.poll(0)
         if _applied(feed.last_seqs, announced):
             return False
         replica.catch_ups += 1
@@ -240,14 +252,35 @@ class Fleet:
     def _catch_up(self, feeds: list[tuple[Replica, ReplicaFeed]]) -> None:
         """Ask each feed's replay sockets without the lock (one slow socket must not stall every
         route, settle and health check), then apply each answer under it to a feed still its
-        replica's (one closed or replaced meanwhile describes another run, or none)."""
-        fetched = [(replica, feed, feed.request_catch_up()) for replica, feed in feeds]
+        replica's (one closed or replaced meanwhile describes another run, or none). A replay
+        socket that fails costs its replica the index (rebuilt at the next health check)."""
+        fetched = [(replica, feed, _fetch_catch_up(feed)) for replica, feed in feeds]
         if not fetched:
             return
         with self._lock:
             for replica, feed, answer in fetched:
-                if replica.feed is feed:
-                    feed.apply_catch_up(answer)
+                if replica.feed is not feed:
+                    continue
+                if isinstance(answer, EventStreamError):
+                    _log.warning("dropped the index of %s: %s", replica.url, answer)
+                    self._forget(replica)
+                else:
+                    self._guarded(replica, feed.apply_catch_up, answer)
+
+    def _poll(self, replica: Replica) -> None:
+        """Apply what arrived on ``replica``'s streams (under the lock; never a network wait)."""
+        if replica.feed is not None:
+            self._guarded(replica, replica.feed.poll, 0)
+
+    def _guarded(self, replica: Replica, step, *args) -> None:
+        """Run one step on ``replica``'s feed (under the lock): whatever its data makes it raise
+        costs the replica its index, rebuilt at the next health check, and nothing else (the
+        thread and the routes go on)."""
+        try:
+            step(*args)
+        except Exception:
+            _log.warning("dropped the index of %s: its event streams failed", replica.url, exc_info=True)
+            self._forget(replica)
 
     def _per_request_tokens(self) -> float:
         """What a request sent by others is taken to compute: ``load_tokens``, else the mean
@@ -312,8 +345,9 @@ class Fleet:
         a relayed answer ends, before its last bytes reach the client: the client's next turn
         is then routed with the events of the step that finished this one (they travel on
         another socket, and could arrive after the turn did). Waits for them live for at most
-        ``_LIVE_WAIT_S``, then asks the replay socket once (a lost last message reveals no
-        gap, and the health loop's catch-up may be an interval away), then live again until
+        ``_LIVE_WAIT_S`` (or until its feed waits at a gap), then asks the replay socket once,
+        without the lock (a lost last message reveals no gap, and the health loop's catch-up may
+        be an interval away), then live again until
         ``timeout_s``; whatever is still missing the next ``route`` to this replica asks the
         replay for (``announced``). False when the replica does not say or they did not arrive."""
         if expected is None:
@@ -326,13 +360,14 @@ class Fleet:
         asked = False
         while True:
             with self._lock:
+                if feed is not None:
+                    self._poll(replica)
                 if feed is None or replica.feed is not feed:
                     return False
-                feed.poll(0)
                 if _applied(feed.last_seqs, expected):
                     return True
                 waited = time.monotonic() - began
-                ask = not asked and waited >= min(_LIVE_WAIT_S, timeout_s)
+                ask = not asked and (feed.awaiting_replay or waited >= min(_LIVE_WAIT_S, timeout_s))
                 if ask:
                     replica.catch_ups += 1
                 elif waited >= timeout_s:
@@ -354,39 +389,51 @@ class Fleet:
     def _run(self) -> None:
         next_check = time.monotonic() + self._interval
         while not self._stop.is_set():
-            with self._lock:
-                feeds = [r.feed for r in self.replicas if r.feed is not None]
-                for feed in feeds:
-                    feed.poll(0)
-            if not feeds:
-                self._stop.wait(_POLL_MS / 1000)
-            else:
-                time.sleep(_POLL_MS / 1000)
+            self._stop.wait(_POLL_MS / 1000)
+            self._follow_streams()
             if time.monotonic() >= next_check:
                 self.check_health()
                 next_check = time.monotonic() + self._interval
 
+    def _follow_streams(self) -> None:
+        """Apply what arrived on every feed (bounded, under the lock), then fill the gaps that
+        stopped them from their replay sockets (without it)."""
+        with self._lock:
+            for replica in self.replicas:
+                self._poll(replica)
+            waiting = [(r, r.feed) for r in self.replicas if r.feed is not None and r.feed.awaiting_replay]
+        self._catch_up(waiting)
+
     def check_health(self) -> None:
         """Read every replica's load; subscribe to the ones that came up, drop the ones gone.
-        A replica without event streams is still routed to (by load and round robin)."""
+        A replica without event streams is still routed to (by load and round robin). Whatever
+        one replica's answers make its check raise marks it dead until its next check; the
+        others are checked all the same."""
         for replica in self.replicas:
-            load = read_load(replica.url, self._timeout)
-            feed, index, instance_id = None, None, None
-            if load is not None and replica.feed is None:
-                feed, index, instance_id = self._subscribe(replica)
-            with self._lock:
-                if load is None:
-                    self._drop(replica)
-                    continue
-                replica.others, replica.healthy = max(0.0, load - replica.in_flight), True
-                if feed is not None:
-                    replica.feed, replica.index, replica.instance_id = feed, index, instance_id
-                    replica.feed_resets = feed.resets
-                    continue
-                followed = replica.feed
-            if followed is not None:
-                self._catch_up([(replica, followed)])
-                self._check_continuity(replica)
+            try:
+                self._check(replica)
+            except Exception:
+                _log.warning("marked %s dead: its health check failed", replica.url, exc_info=True)
+                self.mark_dead(replica)
+
+    def _check(self, replica: Replica) -> None:
+        load = read_load(replica.url, self._timeout)
+        feed, index, instance_id = None, None, None
+        if load is not None and replica.feed is None:
+            feed, index, instance_id = self._subscribe(replica)
+        with self._lock:
+            if load is None:
+                self._drop(replica)
+                return
+            replica.others, replica.healthy = max(0.0, load - replica.in_flight), True
+            if feed is not None:
+                replica.feed, replica.index, replica.instance_id = feed, index, instance_id
+                replica.feed_resets = feed.resets
+                return
+            followed = replica.feed
+        if followed is not None:
+            self._catch_up([(replica, followed)])
+            self._check_continuity(replica)
 
     def _check_continuity(self, replica: Replica) -> None:
         """Forget the index of a replica whose streams restarted since it was built (see
@@ -420,12 +467,16 @@ class Fleet:
         of the streams they follow (all None when it describes no streams)."""
         try:
             streams = read_streams(replica.url, self._timeout)
-            self.adapters |= streams.adapters
             index = ReplicaIndex(streams.block_size)
             feed = ReplicaFeed(index, streams.kv, streams.state, replay_timeout_s=self._timeout)
         except EventStreamError:
             return None, None, None
-        feed.catch_up()
+        try:
+            feed.catch_up()
+        except EventStreamError:
+            feed.close()
+            return None, None, None
+        self.adapters |= streams.adapters
         return feed, index, streams.instance_id
 
     def _drop(self, replica: Replica) -> None:

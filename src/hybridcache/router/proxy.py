@@ -37,9 +37,10 @@ import time
 from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlsplit
 
-from hybridcache.errors import InvalidArgumentError
+from hybridcache.errors import InvalidArgumentError, InvalidTypeError
 from hybridcache.machine import connection_bound
 from hybridcache.router.connections import DESCRIPTORS_EACH, MAX_CONNECTIONS, BoundedHTTPServer, error_body
+from hybridcache.router.answers import MAX_BODY, UPSTREAM_FAILURES, last_usage_event, only_role, reported_cached_tokens
 from hybridcache.router.discovery import answer_next_seqs
 from hybridcache.router.fleet import PREFILL_WAIT_S, Fleet, Relay, Replica
 from hybridcache.router.metrics import RouterMetrics
@@ -49,7 +50,6 @@ from hybridcache.types import is_positive_finite
 
 ROUTED_PATHS = ("/v1/completions", "/v1/chat/completions")
 _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}
-_MAX_BODY = 64 * 1024 * 1024
 _CHUNK = 64 * 1024
 _STREAM_END = b"data: [DONE]"
 NEXT_SEQ_HEADER = "x-hybridcache-next-seq"  # the replica's event next_seq as its answer ended (JSON)
@@ -105,14 +105,19 @@ class RouterServer:
     # --- one request ---------------------------------------------------------------------------
 
     def key_for(self, path: str, body: dict) -> RequestKey | None:
-        """The request's prompt tokens and namespace, or None when they cannot be had."""
+        """The request's prompt tokens and namespace, or None when they cannot be had: also
+        when they cannot be hashed (ids outside ``[0, 2**31)``, a name that is not UTF-8); such
+        a request is routed by load, and the replica answers it (its own 400)."""
         prompt = body.get("prompt") if path == "/v1/completions" else None
         salt = body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None
         lora = self._adapter(body)
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            return RequestKey(prompt, lora, salt)
-        tokens = self._tokenize(path, body)
-        return None if tokens is None else RequestKey(tokens, lora, salt)
+        try:
+            if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+                return RequestKey(prompt, lora, salt)
+            tokens = self._tokenize(path, body)
+            return None if tokens is None else RequestKey(tokens, lora, salt)
+        except (InvalidArgumentError, InvalidTypeError):
+            return None
 
     def _adapter(self, body: dict) -> str | None:
         """The adapter a request names, as the replicas resolve it: ``adapter`` with the base
@@ -132,20 +137,23 @@ class RouterServer:
             return None
         request = {"model": body.get("model"), field: body[field]}
         try:
-            status, _, data = _exchange(routed[0].url, "POST", "/tokenize", json.dumps(request).encode(), {}, 10.0)
+            status, data = _ask(routed[0].url, "/tokenize", json.dumps(request).encode(), 10.0)
             tokens = json.loads(data)["tokens"] if status == 200 else None
-        except (OSError, ValueError, KeyError, TypeError, http.client.HTTPException):
+        except (*UPSTREAM_FAILURES, KeyError, TypeError, RecursionError):
             return None
-        return tokens if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens) else None
+        return tokens if isinstance(tokens, list) else None
 
 
-def _exchange(url: str, method: str, path: str, body: bytes | None, headers: dict, timeout_s: float):
-    """One whole request/answer with a replica: (status, headers, body)."""
+def _ask(url: str, path: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:
+    """One whole POST and its answer (up to ``MAX_BODY`` bytes) with a replica: (status, body)."""
     connection = _connect(url, timeout_s)
     try:
-        connection.request(method, path, body=body, headers=headers)
+        connection.request("POST", path, body=body)
         response = connection.getresponse()
-        return response.status, response.getheaders(), response.read()
+        data = response.read(MAX_BODY + 1)
+        if len(data) > MAX_BODY:
+            raise ValueError(f"{path} answered more than {MAX_BODY:,} bytes")
+        return response.status, data
     finally:
         connection.close()
 
@@ -198,8 +206,8 @@ class _Handler(BaseHTTPRequestHandler):
             declared = self.headers.get("Content-Length", "0").strip()
             if not declared.isdigit() or not declared.isascii():
                 refusal = (400, "malformed_body", "Content-Length is not a count of bytes")
-            elif int(declared) > _MAX_BODY:
-                refusal = (413, "body_too_large", f"the body is over {_MAX_BODY:,} bytes")
+            elif int(declared) > MAX_BODY:
+                refusal = (413, "body_too_large", f"the body is over {MAX_BODY:,} bytes")
             else:
                 return int(declared)
         self.close_connection = True
@@ -219,69 +227,113 @@ class _Handler(BaseHTTPRequestHandler):
             router.metrics.decided(replica.url, decision.reason)
             relay = router.fleet.started(replica, prompt_tokens - decision.predicted_tokens, key)
             try:
-                response, connection = self._open(replica, raw)
-                if response is None:
-                    router.fleet.mark_dead(replica)
-                    if attempt == 0:
-                        router.metrics.count("retries")
-                    tried += (replica,)
-                    continue
-                try:
-                    self._relay(response, relay, decision if key is not None else None)
-                finally:
-                    connection.close()
+                answered = self._exchange(replica, raw, relay, decision if key is not None else None)
             finally:
                 router.fleet.ended(relay)
-            return
+            if answered:
+                return
+            router.fleet.mark_dead(replica)
+            if attempt == 0:
+                router.metrics.count("retries")
+            tried += (replica,)
         router.metrics.count("no_replica")
         self._refuse(503, "no_replica", "no replica could take the request")
 
-    def _open(self, replica: Replica, raw: bytes | None):
-        """Send the request; (response, connection) once the answer's head arrived, else (None, None)."""
+    def _exchange(self, replica: Replica, raw: bytes | None, relay: Relay, predicted: Decision | None) -> bool:
+        """Send the request to ``replica`` and relay its answer; False when it failed before a
+        byte of the answer reached the client (a failed connection: the caller retries)."""
         connection = _connect(replica.url, self.router.timeout_s)
         headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_HEADERS}
         try:
-            connection.request(self.command, self.path, body=raw, headers=headers)
-            return connection.getresponse(), connection
-        except (OSError, http.client.HTTPException):
+            try:
+                connection.request(self.command, self.path, body=raw, headers=headers)
+                response = connection.getresponse()
+            except UPSTREAM_FAILURES:
+                return False
+            return self._relay(response, relay, predicted)
+        finally:
             connection.close()
-            return None, None
 
-    def _relay(self, response: http.client.HTTPResponse, relay: Relay, predicted: Decision | None) -> None:
-        """Relay the answer; ``predicted``: the decision that routed a request by its cache (None: not by cache)."""
-        length = response.getheader("Content-Length")
-        self.send_response(response.status)
-        for name, value in response.getheaders():
-            if name.lower() not in _HOP_HEADERS:
-                self.send_header(name, value)
-        if length is not None:
+    def _relay(self, response: http.client.HTTPResponse, relay: Relay, predicted: Decision | None) -> bool:
+        """Relay the answer; ``predicted``: the decision that routed a request by its cache
+        (None: not by cache). False when the replica failed before the client got a byte; a
+        failure after that ends the answer (and the client's connection)."""
+        try:
+            if response.chunked or response.length is None:
+                return self._relay_stream(response, relay, predicted)
+            if response.length > MAX_BODY:
+                return self._relay_pieces(response, relay, predicted)
+            return self._relay_whole(response, relay, predicted)
+        except UPSTREAM_FAILURES:  # raised past the first byte: the client sees a cut answer
+            self.close_connection = True
+            return True
+
+    def _relay_whole(self, response: http.client.HTTPResponse, relay: Relay, predicted: Decision | None) -> bool:
+        """A Content-Length answer up to ``MAX_BODY``, read whole: settled and checked first."""
+        try:
             data = response.read()
-            self._settle(relay, predicted, answer_next_seqs(response.getheader(NEXT_SEQ_HEADER), data))
-            self._check_prediction(data, predicted)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-            return
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        tail, ended = b"", False
-        while True:
+        except UPSTREAM_FAILURES:
+            return False
+        self._settle(relay, predicted, answer_next_seqs(response.getheader(NEXT_SEQ_HEADER), data))
+        self._check_prediction(data, predicted)
+        self._start_answer(response, "Content-Length", str(len(data)))
+        self.wfile.write(data)
+        return True
+
+    def _relay_pieces(self, response: http.client.HTTPResponse, relay: Relay, predicted: Decision | None) -> bool:
+        """A Content-Length answer past ``MAX_BODY``, relayed as it arrives (never buffered):
+        settled from its header alone, its prediction not checked. One that ends short of its
+        length ends the client's connection."""
+        declared = response.length
+        try:
+            piece = response.read1(_CHUNK)
+        except UPSTREAM_FAILURES:
+            return False
+        if not piece:
+            return False
+        self._settle(relay, predicted, answer_next_seqs(response.getheader(NEXT_SEQ_HEADER), None))
+        self._start_answer(response, "Content-Length", str(declared))
+        sent = 0
+        while piece:
+            self.wfile.write(piece)
+            sent += len(piece)
+            piece = response.read1(_CHUNK) if sent < declared else b""
+        self.close_connection = self.close_connection or sent < declared
+        return True
+
+    def _relay_stream(self, response: http.client.HTTPResponse, relay: Relay, predicted: Decision | None) -> bool:
+        """A chunked answer (or one ending with its connection), relayed chunk by chunk as it
+        arrives; settled and checked as its ``[DONE]`` passes."""
+        try:
             chunk = response.read1(_CHUNK)
-            if not chunk:
-                break
-            if not _only_role(chunk):  # a chat stream's role chunk is sent before the prefill
+        except UPSTREAM_FAILURES:
+            return False
+        self._start_answer(response, "Transfer-Encoding", "chunked")
+        tail, ended = b"", False
+        while chunk:
+            if not only_role(chunk):  # a chat stream's role chunk is sent before the prefill
                 self.router.fleet.answering(relay)
             tail = (tail + chunk)[-_CHUNK:]
             if _STREAM_END in chunk and not ended:  # settled and counted before the client sees the end
                 ended = True
-                usage_event = _last_usage_event(tail)
+                usage_event = last_usage_event(tail)
                 self._settle(relay, predicted, answer_next_seqs(None, usage_event))
                 self._check_prediction(usage_event, predicted)
             self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
             self.wfile.flush()
+            chunk = response.read1(_CHUNK)
         if not ended:
-            self._check_prediction(_last_usage_event(tail), predicted)
+            self._check_prediction(last_usage_event(tail), predicted)
         self.wfile.write(b"0\r\n\r\n")
+        return True
+
+    def _start_answer(self, response: http.client.HTTPResponse, framing: str, value: str) -> None:
+        self.send_response(response.status)
+        for name, header in response.getheaders():
+            if name.lower() not in _HOP_HEADERS:
+                self.send_header(name, header)
+        self.send_header(framing, value)
+        self.end_headers()
 
     def _settle(self, relay: Relay, predicted: Decision | None, next_seqs: tuple[int | None, int | None] | None) -> None:
         """Before the client sees the answer end: a request routed by its cache waits (bounded)
@@ -294,13 +346,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self.router.metrics.count("settles_unapplied")
 
     def _check_prediction(self, data: bytes | None, predicted: Decision | None) -> None:
-        if predicted is None or not data:
-            return
-        try:
-            cached = json.loads(data)["usage"]["prompt_tokens_details"]["cached_tokens"]
-        except (ValueError, KeyError, TypeError):
-            return
-        if isinstance(cached, int):
+        cached = None if predicted is None else reported_cached_tokens(data)
+        if cached is not None:
             self.router.metrics.reported(predicted, cached)
 
     def _refuse(self, status: int, code: str, message: str) -> None:
@@ -313,16 +360,3 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-
-def _only_role(chunk: bytes) -> bool:
-    """Whether ``chunk`` is a chat stream's opening role event alone (no token yet)."""
-    return chunk.count(b"data:") == 1 and b'"role"' in chunk
-
-
-def _last_usage_event(stream_tail: bytes) -> bytes | None:
-    """The last ``data:`` event of an SSE answer that carries a usage object."""
-    for line in reversed(stream_tail.split(b"\n")):
-        line = line.strip()
-        if line.startswith(b"data:") and b'"usage"' in line and b'"prompt_tokens_details"' in line:
-            return line[5:].strip()
-    return None
