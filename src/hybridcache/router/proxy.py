@@ -6,8 +6,13 @@ read whole, its prompt tokens found (a completions ``prompt`` of token ids as it
 otherwise the replica's ``POST /tokenize``, as vLLM serves it; without tokens the request is
 routed by load and round robin), scored on every healthy replica, and forwarded to the chosen
 one; the answer (a JSON body, or an event stream relayed chunk by chunk as it arrives) goes
-back unchanged. A connection that fails before the first byte of the answer marks the replica
-dead and is retried once on the next choice; after the first byte a failure ends the answer.
+back unchanged. A connection that fails before the first byte of the answer reaches the client
+(refused, reset, a head that is not HTTP, a body short of its Content-Length, chunked framing
+that does not decode) marks the replica dead and is retried once on the next choice, else
+answered 503 ``no_replica``; after the first byte a failure ends the answer and the client's
+connection. The router buffers at most ``MAX_BODY`` (64 MiB) of an answer: one declaring more
+is relayed as it arrives, settled from its ``x-hybridcache-next-seq`` header alone (its body's
+usage is not read).
 A request is not sent beside a prefill of its own prefix that this router sent the chosen
 replica before it: it waits until that answer starts and is routed again
 (``Fleet.route_after_prefills``). Before the end of an answer to a request routed by its cache reaches the client (the body, or
@@ -35,14 +40,14 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler
-from urllib.parse import urlsplit
 
-from hybridcache.errors import InvalidArgumentError, InvalidTypeError
+from hybridcache.errors import InvalidArgumentError
 from hybridcache.machine import connection_bound
 from hybridcache.router.connections import DESCRIPTORS_EACH, MAX_CONNECTIONS, BoundedHTTPServer, error_body
 from hybridcache.router.answers import MAX_BODY, UPSTREAM_FAILURES, last_usage_event, only_role, reported_cached_tokens
 from hybridcache.router.discovery import answer_next_seqs
 from hybridcache.router.fleet import PREFILL_WAIT_S, Fleet, Relay, Replica
+from hybridcache.router.keys import connect, key_for
 from hybridcache.router.metrics import RouterMetrics
 from hybridcache.router.policy import Decision
 from hybridcache.router.request_key import RequestKey
@@ -105,62 +110,9 @@ class RouterServer:
     # --- one request ---------------------------------------------------------------------------
 
     def key_for(self, path: str, body: dict) -> RequestKey | None:
-        """The request's prompt tokens and namespace, or None when they cannot be had: also
-        when they cannot be hashed (ids outside ``[0, 2**31)``, a name that is not UTF-8); such
-        a request is routed by load, and the replica answers it (its own 400)."""
-        prompt = body.get("prompt") if path == "/v1/completions" else None
-        salt = body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None
-        lora = self._adapter(body)
-        try:
-            if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-                return RequestKey(prompt, lora, salt)
-            tokens = self._tokenize(path, body)
-            return None if tokens is None else RequestKey(tokens, lora, salt)
-        except (InvalidArgumentError, InvalidTypeError):
-            return None
-
-    def _adapter(self, body: dict) -> str | None:
-        """The adapter a request names, as the replicas resolve it: ``adapter`` with the base
-        model, or an adapter's own id in ``model``; None (the base model) otherwise."""
-        named = body.get("adapter")
-        if isinstance(named, str):
-            return named
-        model = body.get("model")
-        return model if isinstance(model, str) and model in self.fleet.adapters else None
-
-    def _tokenize(self, path: str, body: dict) -> list[int] | None:
-        field = "prompt" if path == "/v1/completions" else "messages"
-        if field not in body:
-            return None
-        routed = self.fleet.route(None, 0)
-        if routed is None:
-            return None
-        request = {"model": body.get("model"), field: body[field]}
-        try:
-            status, data = _ask(routed[0].url, "/tokenize", json.dumps(request).encode(), 10.0)
-            tokens = json.loads(data)["tokens"] if status == 200 else None
-        except (*UPSTREAM_FAILURES, KeyError, TypeError, RecursionError):
-            return None
-        return tokens if isinstance(tokens, list) else None
-
-
-def _ask(url: str, path: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:
-    """One whole POST and its answer (up to ``MAX_BODY`` bytes) with a replica: (status, body)."""
-    connection = _connect(url, timeout_s)
-    try:
-        connection.request("POST", path, body=body)
-        response = connection.getresponse()
-        data = response.read(MAX_BODY + 1)
-        if len(data) > MAX_BODY:
-            raise ValueError(f"{path} answered more than {MAX_BODY:,} bytes")
-        return response.status, data
-    finally:
-        connection.close()
-
-
-def _connect(url: str, timeout_s: float) -> http.client.HTTPConnection:
-    parts = urlsplit(url)
-    return http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout_s)
+        """The request's prompt tokens and namespace, or None when they cannot be had (see
+        ``router.keys.key_for``)."""
+        return key_for(self.fleet, path, body)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -242,7 +194,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _exchange(self, replica: Replica, raw: bytes | None, relay: Relay, predicted: Decision | None) -> bool:
         """Send the request to ``replica`` and relay its answer; False when it failed before a
         byte of the answer reached the client (a failed connection: the caller retries)."""
-        connection = _connect(replica.url, self.router.timeout_s)
+        connection = connect(replica.url, self.router.timeout_s)
         headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_HEADERS}
         try:
             try:
