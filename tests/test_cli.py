@@ -88,6 +88,8 @@ def bench_in_process(monkeypatch):
     (["match", "--plot", "/no/such/folder/p.png"], "--plot"),
     (["match", "--plot", "chart.txt"], "--plot"),
     (["match", "--json", "/no/such/folder/r.json"], "--json"),
+    (["match", "--json", "/proc/r.json"], "--json"),
+    (["match", "--batch", "\u0664"], "--batch"),
     (["soak-engine", "--requests", "0"], "--requests"),
     (["soak-engine", "--requests", "-5"], "--requests"),
 ])

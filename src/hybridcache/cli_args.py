@@ -4,7 +4,9 @@
 Owns no state. Each converter is an argparse ``type``: it turns one option's text into a
 checked value or raises ``argparse.ArgumentTypeError``, so a bad option is refused by the
 parser (usage and message on stderr, exit status 2) before any input is read or any work
-starts. Output paths are checked the same way: their folder must exist and be writable.
+starts. Numbers are ASCII: ``int`` and ``float`` would also read other scripts' digits
+(``١٢``), which no option means. Output paths are checked the same way: their folder must
+exist and take a new file.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,13 +36,20 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def _ascii(text: str) -> str:
+    """``text`` when it is ASCII; a ValueError (as ``int`` raises for what it cannot read) otherwise."""
+    if not text.isascii():
+        raise ValueError(text)
+    return text
+
+
 def int_in(minimum: int, maximum: int = MAX_INT_OPTION, even: bool = False) -> Callable[[str], int]:
     """An int in ``[minimum, maximum]`` (an even one when ``even``)."""
     wanted = f"an {'even ' if even else ''}integer in [{minimum:,}, {maximum:,}]"
 
     def convert(text: str) -> int:
         try:
-            value = int(text)
+            value = int(_ascii(text))
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}") from None
         if not minimum <= value <= maximum or (even and value % 2):
@@ -65,7 +75,7 @@ def int_list(minimum: int, maximum: int = MAX_INT_OPTION, even: bool = False) ->
 def positive_float(text: str) -> float:
     """A finite number > 0."""
     try:
-        value = float(text)
+        value = float(_ascii(text))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
     if not 0 < value < math.inf:
@@ -111,8 +121,13 @@ def output_path(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
     if not folder.is_dir():
         raise argparse.ArgumentTypeError(f"cannot write {text}: the folder {folder} does not exist")
-    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+    if path.exists() and not os.access(path, os.W_OK):
         raise argparse.ArgumentTypeError(f"cannot write {text}: permission denied")
+    try:  # a file made and removed: os.access says yes to root, and to /proc, where none can be made
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".hybridcache-write-check-"):
+            pass
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"cannot write {text}: {error.strerror or error}") from None
     return text
 
 

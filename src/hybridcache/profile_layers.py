@@ -90,7 +90,10 @@ class Fields:
             )
 
     def dtype_bytes(self, name: str, default: str | None) -> int:
-        dtype = self.config.get(name) or default
+        """Bytes of the dtype ``name`` names (``default`` when it is absent or null); anything
+        but a known dtype string (False, 0, [] included) is refused."""
+        dtype = self.config.get(name)
+        dtype = default if dtype is None else dtype
         if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
             raise InvalidConfigError(f"unsupported dtype {shown(dtype)} ({name})")
         return DTYPE_BYTES[dtype]
@@ -179,7 +182,10 @@ def moe(totals: Totals, hidden: int, experts: tuple[int, int, int], shared: int)
 
 
 def cache_bytes(cfg: Fields) -> int:
-    return cfg.dtype_bytes("dtype", cfg.config.get("torch_dtype") or "bfloat16")
+    """``dtype``, or ``torch_dtype`` (its older name) where it is absent, or bfloat16."""
+    if cfg.config.get("dtype") is None:
+        return cfg.dtype_bytes("torch_dtype", "bfloat16")
+    return cfg.dtype_bytes("dtype", None)
 
 
 def ssm_bytes(cfg: Fields) -> int:

@@ -186,7 +186,7 @@ def load_profile(name_or_path: str) -> ModelProfile:
     return profile_from_config(config, path.parent.name or path.stem)
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:([kmgtp])(i)?)?b?\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:([kmgtp])(i)?)?b?\s*$", re.IGNORECASE | re.ASCII)  # not other scripts' digits
 _UNIT_POWERS = {"k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
 MAX_SIZE = 2**63  # sizes are int64 downstream
 

@@ -170,6 +170,15 @@ def test_the_trie_reads_whether_states_go_with_their_leaves_when_it_is_built(evi
     assert resolve_policy("reference").eviction.new_state(None) is None
     with pytest.raises(InvalidArgumentError):
         resolve_policy("marconi", eviction="leaf-lru:2")
+    with pytest.raises(InvalidArgumentError, match="the eviction name must be a non-empty string"):
+        resolve_policy("marconi", eviction="")
+    with pytest.raises(InvalidArgumentError, match="the admission name must be a non-empty string"):
+        resolve_policy("marconi", admission="")
+    for name in ("interval:\u0663\u0662", "interval:\u00b2", "auto:\u0661\u0660\u0662\u0664"):  # digits, not ASCII ones
+        with pytest.raises(InvalidArgumentError, match="needs a positive int argument"):
+            resolve_policy(name)
+    with pytest.raises(InvalidArgumentError, match="takes a weight alpha"):
+        resolve_policy("marconi", eviction="marconi:\u0661")
     with pytest.raises(InvalidTypeError):
         build_cache(config, eviction=SimpleNamespace(kv_score=None, checkpoint_score=None, bind=None))
     components.trie.check_invariants([])

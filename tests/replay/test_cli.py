@@ -63,6 +63,7 @@ def test_replay_reports_unwritable_outputs_and_bad_numbers(tmp_path, capsys):
     trace = write_lines(tmp_path / "t.jsonl", ROWS)
     cases = [
         (["--json", str(tmp_path / "no" / "r.json")], "cannot write"),
+        (["--json", "/proc/r.json"], "argument --json: cannot write /proc/r.json"),  # os.access says yes to root there
         (["--device-tflops", "0"], "--device-tflops"),
         (["--device-tflops", "nan"], "--device-tflops"),
         (["--block-size", "3"], "--block-size"),

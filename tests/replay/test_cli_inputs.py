@@ -74,6 +74,16 @@ def test_a_fleet_is_refused_when_all_its_replicas_cannot_be_allocated(trace, cap
     (["--shared-bandwidth", "0"], "--shared-bandwidth"),
     (["--policy", "interval:0"], "interval"),
     (["--policy", ","], "no policy"),
+    (["--seed", "\u0663"], "--seed"),  # int() reads other scripts' digits: options take ASCII ones
+    (["--limit", "\u0661\u0662"], "--limit"),
+    (["--device-tflops", "\u0661\u0660"], "--device-tflops"),
+    (["--replicas", "1,\u0662"], "--replicas"),
+    (["--shared-bandwidth", "\u0661\u0662GB"], "--shared-bandwidth"),
+    (["--policy", "interval:\u0663\u0662"], "admission 'interval' needs a positive int"),
+    (["--policy", "interval:\u00b2"], "admission 'interval' needs a positive int"),
+    (["--eviction", "marconi:\u0661"], "eviction 'marconi' takes a weight"),
+    (["--admission", ""], "the admission name must be a non-empty string"),
+    (["--eviction", " "], "the eviction name must be a non-empty string"),
 ])
 def test_out_of_range_options_are_refused(trace, capsys, options, message):
     err = _refused(["replay", trace, "--cache-bytes", "2GB", *options], capsys)
@@ -185,6 +195,10 @@ def _config(name: str, **changes) -> dict:
     (_config("jamba-1.5-mini", attn_layer_period=0), "attn_layer_period must be an int"),
     (_config("jamba-1.5-mini", attn_layer_offset=99), "not a hybrid model"),
     (_config("jamba-1.5-mini", dtype=["bfloat16"]), "unsupported dtype"),
+    (_config("jamba-1.5-mini", dtype=False), "unsupported dtype False (dtype)"),
+    (_config("jamba-1.5-mini", dtype=0), "unsupported dtype 0 (dtype)"),
+    (_config("jamba-1.5-mini", dtype={}), "unsupported dtype {} (dtype)"),
+    (_config("jamba-1.5-mini", dtype=None, torch_dtype=[]), "unsupported dtype [] (torch_dtype)"),
     (_config("marconi-7b", mamba_layers=0), "not a hybrid model"),
     (_config("marconi-7b", model_type=["jamba"]), "unsupported model_type"),
     ([1, 2, 3], "must be a mapping"),

@@ -102,6 +102,13 @@ def test_bad_profiles(tmp_path):
         load_profile(str(broken))
 
 
+@pytest.mark.parametrize("dtype", [False, 0, [], {}, ""])
+@pytest.mark.parametrize("field", ["dtype", "torch_dtype"])
+def test_a_dtype_is_one_of_the_known_names(field, dtype):
+    with pytest.raises(InvalidConfigError, match=rf"unsupported dtype .* \({field}\)"):
+        profile_from_config({**BUILTIN_CONFIGS["jamba-1.5-mini"], "dtype": None, field: dtype})
+
+
 @pytest.mark.parametrize("name", [None, 5, b"marconi-7b", ["marconi-7b"]])
 def test_a_profile_is_named_by_a_str_or_a_path(name):
     with pytest.raises(InvalidTypeError, match="a model profile is named by a str or a Path"):
@@ -125,7 +132,7 @@ def test_parse_size(text, value):
     assert parse_size(text) == value
 
 
-@pytest.mark.parametrize("text", ["", "GB", "-1GB", "12XB", "0.1", "1e9", "400 G B"])
+@pytest.mark.parametrize("text", ["", "GB", "-1GB", "12XB", "0.1", "1e9", "400 G B", "\u0661\u0662\u0663GB", "12\u2003GB"])
 def test_parse_size_rejects(text):
     with pytest.raises(InvalidArgumentError):
         parse_size(text)

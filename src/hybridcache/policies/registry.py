@@ -29,7 +29,7 @@ from hybridcache.types import as_int
 
 
 def _positive_int(kind: str, name: str, argument: str | None) -> int:
-    if argument is None or not argument.isdigit() or int(argument) < 1:
+    if argument is None or not (argument.isascii() and argument.isdigit()) or int(argument) < 1:  # "٣٢", "²" are digits too
         raise InvalidArgumentError(f"{kind} {name!r} needs a positive int argument, e.g. {name}:32")
     return int(argument)
 
@@ -73,7 +73,7 @@ def _marconi_eviction(argument: str | None) -> MarconiEviction:
     if argument is None:
         return MarconiEviction()
     try:
-        alpha = float(argument)
+        alpha = float(argument) if argument.isascii() else -1.0
     except ValueError:
         alpha = -1.0
     if not alpha >= 0:
@@ -124,7 +124,7 @@ class Policy:
 
 def _split(text: str, kind: str, registry: dict) -> tuple[str, str | None]:
     if not isinstance(text, str) or not text.strip():
-        raise InvalidArgumentError(f"a {kind} name must be a non-empty string")
+        raise InvalidArgumentError(f"the {kind} name must be a non-empty string")
     name, colon, argument = text.strip().partition(":")
     if name not in registry:
         raise InvalidArgumentError(f"unknown {kind} {name!r}; known: {', '.join(registry)}")
@@ -140,7 +140,8 @@ def resolve_policy(
     admission_text, eviction_text = POLICIES[name]
     if argument is not None:
         admission_text = f"{admission_text}:{argument}"
-    admission_text, eviction_text = admission or admission_text, eviction or eviction_text
+    admission_text = admission_text if admission is None else admission  # an empty override is refused, not ignored
+    eviction_text = eviction_text if eviction is None else eviction
     admission_name, admission_argument = _split(admission_text, "admission", ADMISSIONS)
     eviction_name, eviction_argument = _split(eviction_text, "eviction", EVICTIONS)
     chosen = ADMISSIONS[admission_name](admission_argument, prefill_chunk)
