@@ -6,11 +6,13 @@ from __future__ import annotations
 import logging
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hybridcache.errors import InvalidArgumentError, InvalidTypeError, MalformedRequestError
 from hybridcache.serving.metrics import _MissLog
 from hybridcache.serving.responses import TextProgress
-from hybridcache.serving.schemas import ChatCompletionRequest, CompletionRequest, parse_body
+from hybridcache.serving.schemas import MAX_STOP_CHARACTERS, ChatCompletionRequest, CompletionRequest, parse_body
 from hybridcache.serving.tokenizer import BOS, END_OF_TURN, ROLE_IDS, ByteChatTokenizer
 
 
@@ -34,6 +36,20 @@ def test_streamed_text_holds_back_incomplete_characters_and_stop_prefixes():
     assert progress.advance(ids[:8], final=False) == "x"  # "EN" may start "END"
     assert progress.advance(ids[:8] + [ord("D"), ord("z")], final=False) == ""
     assert progress.stopped and progress.sent == "abcéx"
+
+
+@given(st.text("abE", max_size=40), st.lists(st.text("abE", min_size=1, max_size=12), max_size=4))
+def test_the_held_back_end_is_the_longest_end_a_stop_string_begins_with(text, stops):
+    longest = max((size for stop in stops for size in range(1, min(len(stop) - 1, len(text)) + 1)
+                   if text.endswith(stop[:size])), default=0)
+    assert TextProgress(None, tuple(stops))._stop_prefix_length(text) == longest
+
+
+def test_a_stop_string_longer_than_the_bound_is_refused():
+    body = b'{"model": "tiny", "prompt": "x", "stop": ["%s"]}'
+    assert parse_body(body % (b"s" * MAX_STOP_CHARACTERS), CompletionRequest).stop_strings()
+    with pytest.raises(InvalidArgumentError, match="characters"):
+        parse_body(body % (b"s" * (MAX_STOP_CHARACTERS + 1)), CompletionRequest).stop_strings()
 
 
 def test_streamed_text_without_stops_sends_everything_at_the_end():

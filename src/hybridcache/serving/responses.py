@@ -47,13 +47,22 @@ class TextProgress:
 
     def _stop_prefix_length(self, text: str) -> int:
         """The longest end of ``text`` that a stop string begins with."""
-        longest = 0
-        for stop in self.stops:
-            for size in range(min(len(stop) - 1, len(text)), longest, -1):
-                if text.endswith(stop[:size]):
-                    longest = size
-                    break
-        return longest
+        return max((_held_back(text, stop) for stop in self.stops), default=0)
+
+
+def _held_back(text: str, stop: str) -> int:
+    """The longest end of ``text``, shorter than ``stop``, that ``stop`` begins with. Only the
+    places in the tail where ``stop``'s first character occurs are compared, so a step costs
+    about the tail's length, not its square."""
+    if len(stop) < 2:
+        return 0
+    tail = text[-(len(stop) - 1):]
+    start = tail.find(stop[0])
+    while start >= 0:
+        if stop.startswith(tail[start:]):
+            return len(tail) - start
+        start = tail.find(stop[0], start + 1)
+    return 0
 
 
 def new_id(kind: str) -> str:

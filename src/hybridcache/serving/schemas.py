@@ -22,6 +22,7 @@ from hybridcache.errors import HybridCacheError, InvalidArgumentError, InvalidTy
 from hybridcache.serving.api_errors import rejected
 
 MAX_STOP_STRINGS = 4
+MAX_STOP_CHARACTERS = 1024  # each stop string's length: every step compares the text's end with it
 MAX_SEED = 2**63 - 1
 # Options this server does not implement, with the values that mean "off" (JSON's spelling in
 # the message); any other value is refused. None (the field omitted or null) is always off.
@@ -81,8 +82,9 @@ class _Sampling(_Body):
 
     def stop_strings(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
-        if len(stops) > MAX_STOP_STRINGS or any(not stop for stop in stops):
-            raise rejected(InvalidArgumentError, f"stop takes up to {MAX_STOP_STRINGS} non-empty strings", "stop")
+        if len(stops) > MAX_STOP_STRINGS or any(not 0 < len(stop) <= MAX_STOP_CHARACTERS for stop in stops):
+            raise rejected(InvalidArgumentError, f"stop takes up to {MAX_STOP_STRINGS} non-empty strings of at most "
+                                                 f"{MAX_STOP_CHARACTERS:,} characters", "stop")
         return tuple(stops)
 
     @property
