@@ -101,6 +101,14 @@ def test_tokenize_refuses_bad_bodies(server, body, status):
     assert got == status and "message" in json.loads(data)["error"]
 
 
+@pytest.mark.parametrize("ids", [[100_000], [2**40], [-5], [1, 2, 2**63 - 1]])
+def test_tokenize_refuses_the_ids_generation_refuses(server, ids):
+    answers = [request(server, "POST", path, {"model": "tiny", "prompt": ids, "max_tokens": 1})
+               for path in ("/tokenize", "/v1/completions")]
+    for status, _, data in answers:
+        assert status == 400 and json.loads(data)["error"]["code"] == "invalid_value"
+
+
 @pytest.mark.parametrize("value", ["{not json", '{"endpoint": "udp://x"}', '{"no_such_field": 1}'])
 def test_a_bad_kv_events_config_is_refused(value):
     from hybridcache.cli import build_parser

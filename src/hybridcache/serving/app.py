@@ -23,7 +23,13 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
 from hybridcache.engine import Request
-from hybridcache.errors import BodyTooLargeError, HybridCacheError, InvalidArgumentError, RequestTooLargeError
+from hybridcache.errors import (
+    BodyTooLargeError,
+    HybridCacheError,
+    InvalidArgumentError,
+    InvalidTokenError,
+    RequestTooLargeError,
+)
 from hybridcache.serving.api_errors import RETRY_AFTER_S, error_body, rejected
 from hybridcache.serving.page import render_page
 from hybridcache.serving.router_routes import add_router_routes
@@ -110,6 +116,10 @@ def _prompt_ids(runtime: ServingRuntime, body: CompletionRequest | ChatCompletio
             raise rejected(InvalidArgumentError, "this model has no chat template; use /v1/completions", "messages")
         return tokenizer.prompt_ids([{"role": m.role, "content": m.text()} for m in body.messages])
     if isinstance(body.prompt, list):
+        outside = next((token for token in body.prompt if not 0 <= token < runtime.vocab_size), None)
+        if outside is not None:  # checked here too, so /tokenize answers what generation would
+            raise rejected(InvalidTokenError, f"token id {outside} outside the vocabulary [0, {runtime.vocab_size})",
+                           "prompt")
         return list(body.prompt)
     if tokenizer is None:
         raise rejected(InvalidArgumentError, "this model has no tokenizer; send the prompt as token ids", "prompt")
