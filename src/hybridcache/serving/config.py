@@ -71,7 +71,9 @@ or what the descriptor limit allows; ``serving.connection``)."""
         if self.disk_bytes and self.disk_root is None:
             raise InvalidConfigError("disk_bytes needs a disk_root directory")
         check_shared_tier(self.shared_tier, self.store_url)
-        name = self.served_name or (TINY_MODEL if self.model_dir is None else Path(self.model_dir).name)
+        name = self.served_name
+        if name is None:
+            name = TINY_MODEL if self.model_dir is None else Path(self.model_dir).name
         object.__setattr__(self, "served_name", as_name("served_name", name, InvalidConfigError))
         object.__setattr__(self, "host", as_name("host", self.host, InvalidConfigError))
 
@@ -95,7 +97,7 @@ or what the descriptor limit allows; ``serving.connection``)."""
             checkpoint_budget=args.checkpoint_budget, prefix_caching=not args.no_prefix_caching,
             max_batch_tokens=args.max_batch_tokens, max_running=args.max_running, prefill_chunk=args.prefill_chunk,
             dtype=args.dtype if tiny else None, model=model, checkpoint_policy=args.policy,
-            adapters=tuple(name for name in args.adapters.split(",") if name) if args.adapters else None,
+            adapters=None if args.adapters is None else _adapter_names(args.adapters),
             kv_events=KVEventsConfig.from_json(args.kv_events_config) if args.kv_events_config else KVEventsConfig(),
         )
         disk_bytes = args.disk_bytes or 0
@@ -109,3 +111,10 @@ or what the descriptor limit allows; ``serving.connection``)."""
             client_timeout_s=args.client_timeout, max_connections=args.max_connections,
         )
 
+
+
+def _adapter_names(text: str) -> tuple[str, ...]:
+    names = tuple(text.split(","))
+    if not all(names):
+        raise InvalidConfigError(f"--adapters takes comma-separated names, none of them empty; got {text!r}")
+    return names
