@@ -6,16 +6,28 @@ an extra (``pip install hybridcache[redis]``) imported when a store is created.
 Every command runs with a socket timeout (the store's default) and no client-side retry; a
 per-call timeout shorter than that is enforced by the runner. Eviction is the server's
 (``maxmemory`` and ``maxmemory-policy``); a put refused for memory (``OOM``) is ``REJECTED``.
+
+Replies are read by a bounded RESP2 parser: a bulk string announced longer than Redis's own
+largest (``MAX_BULK_BYTES``) is refused before a byte of it is buffered, and a call's reads stop
+at its deadline, so a store that streams without end costs one call's timeout and the
+connection, not the process's memory (the runner abandons a call at its deadline, and without
+this its thread would go on reading). Built on redis-py 8.1.0's parser internals
+(``_RESP2Parser``'s ``_buffer``, set in ``on_connect``, and ``SocketBuffer``); ``protocol=3``
+is refused for that reason.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Callable, TypeVar
 
 from hybridcache.errors import InvalidArgumentError, InvalidConfigError, InvalidTypeError, StoreError, StoreTimeoutError, StoreUnavailableError
 from hybridcache.tiers.backends.base import DEFAULT_TIMEOUT_S, DeadlineRunner, ObjectStore, PutOutcome, check_key, checked_timeout
 
 _T = TypeVar("_T")
+MAX_BULK_BYTES = 512 * 2**20  # Redis's largest string (proto-max-bulk-len's default): none is longer
+_deadline = threading.local()  # the monotonic time the call running on this worker thread gives up
 
 
 def _import_redis():
@@ -23,10 +35,42 @@ def _import_redis():
         import redis
         import redis.backoff
         import redis.exceptions
+        import redis.maint_notifications
         import redis.retry
     except ImportError as error:
         raise InvalidConfigError("RedisStore needs the redis client: pip install 'hybridcache[redis]'") from error
     return redis
+
+
+def _bounded_parser():
+    """The RESP2 parser class whose socket buffer refuses an oversized bulk and stops reading
+    at the running call's deadline (both end the connection: redis-py drops a connection whose
+    read raised)."""
+    from redis._parsers import _RESP2Parser
+    from redis._parsers.socket import SocketBuffer
+    from redis.exceptions import ConnectionError as ReplyRefused
+    from redis.exceptions import TimeoutError as ReplyTimedOut
+    from redis.utils import SENTINEL
+
+    class BoundedBuffer(SocketBuffer):
+        def _read_from_socket(self, length=None, timeout=SENTINEL, raise_on_timeout=True):
+            if time.monotonic() > getattr(_deadline, "at", float("inf")):
+                raise ReplyTimedOut("the call's deadline passed while its reply was being read")
+            return super()._read_from_socket(length, timeout, raise_on_timeout)
+
+        def read(self, length, timeout=SENTINEL):
+            if length > MAX_BULK_BYTES:
+                raise ReplyRefused(f"the store announced a {length:,}-byte value; none is over {MAX_BULK_BYTES:,}")
+            while self.unread_bytes() < length + 2:  # one receive at a time, each after a deadline check
+                self._read_from_socket(None, timeout)
+            return super().read(length, timeout)
+
+    class BoundedParser(_RESP2Parser):
+        def on_connect(self, connection):
+            super().on_connect(connection)
+            self._buffer = BoundedBuffer(self._sock, self.socket_read_size, connection.socket_timeout)
+
+    return BoundedParser
 
 
 class RedisStore(ObjectStore):
@@ -55,6 +99,11 @@ class RedisStore(ObjectStore):
                 socket_connect_timeout=self.default_timeout,
                 retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0),  # a failure is a miss, not a wait
                 max_connections=max_connections,
+                # redis-py 8 speaks RESP3 by default, and its maintenance notifications need RESP3:
+                # both off, so replies go through the bounded RESP2 parser
+                protocol=2,
+                parser_class=_bounded_parser(),
+                maint_notifications_config=redis.maint_notifications.MaintNotificationsConfig(enabled=False),
             )
         except (ValueError, TypeError, self._errors.RedisError) as error:
             raise InvalidConfigError(f"bad Redis url {url!r}: {error}") from error
@@ -68,6 +117,9 @@ class RedisStore(ObjectStore):
         if options.get("decode_responses"):
             self._client.close()
             raise InvalidConfigError(f"Redis url {url!r} sets decode_responses: objects are bytes, not text")
+        if options.get("protocol") not in (None, 2, "2"):
+            self._client.close()
+            raise InvalidConfigError(f"Redis url {url!r} sets protocol {options['protocol']}: replies are read as RESP2")
         try:
             for name in ("socket_timeout", "socket_connect_timeout"):
                 if options.get(name) is not None:
@@ -77,10 +129,12 @@ class RedisStore(ObjectStore):
             raise InvalidConfigError(f"Redis url {url!r}: {error}") from error
 
     def _call(self, action: Callable[[], _T], timeout: float, what: str) -> _T:
-        return self._runner.run(lambda: self._mapped(action, what), timeout, what)
+        at = time.monotonic() + timeout
+        return self._runner.run(lambda: self._mapped(action, what, at), timeout, what)
 
-    def _mapped(self, action: Callable[[], _T], what: str) -> _T:
+    def _mapped(self, action: Callable[[], _T], what: str, deadline: float) -> _T:
         errors = self._errors
+        _deadline.at = deadline
         try:
             return action()
         except errors.TimeoutError as error:
