@@ -109,7 +109,7 @@ def test_tokenize_refuses_the_ids_generation_refuses(server, ids):
         assert status == 400 and json.loads(data)["error"]["code"] == "invalid_value"
 
 
-@pytest.mark.parametrize("value", ["{not json", '{"endpoint": "udp://x"}', '{"no_such_field": 1}'])
+@pytest.mark.parametrize("value", ["{not json", '{"endpoint": "udp://x"}', '{"no_such_field": 1}', "[" * 100_000])
 def test_a_bad_kv_events_config_is_refused(value):
     from hybridcache.cli import build_parser
     from hybridcache.errors import InvalidConfigError

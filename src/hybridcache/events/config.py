@@ -68,7 +68,7 @@ class KVEventsConfig:
         """Parse ``--kv-events-config`` JSON; unknown keys are refused."""
         try:
             values = json.loads(text)
-        except (TypeError, ValueError) as error:
+        except (TypeError, ValueError, RecursionError) as error:  # RecursionError: nesting past the parser's depth
             raise InvalidConfigError(f"--kv-events-config is not JSON: {error}") from None
         if not isinstance(values, dict):
             raise InvalidConfigError("--kv-events-config must be a JSON object")
