@@ -936,3 +936,71 @@ def test_out_of_range_ids_are_refused_in_every_width():
         with pytest.raises(InvalidTokenError):
             Sequence(bad)
     assert np.array_equal(Sequence(np.arange(10, dtype=">i8")[::3]).tokens, [0, 3, 6, 9])
+
+
+# --- bad arguments: a specific error, nothing changed ---------------------------------------------
+
+
+@pytest.mark.parametrize("seq_id, error", [("abc", InvalidTypeError), (float("nan"), InvalidTypeError),
+                                           (float("inf"), InvalidTypeError), ([1], InvalidTypeError),
+                                           (1.5, InvalidTypeError), (True, InvalidTypeError)], ids=repr)
+def test_seq_id_must_be_an_int(seq_id, error):
+    with pytest.raises(error):
+        Sequence([1, 2], seq_id=seq_id)
+    assert Sequence([1, 2], seq_id=np.int64(7)).seq_id == 7 and type(Sequence([1], seq_id=np.int64(7)).seq_id) is int
+
+
+@pytest.mark.parametrize("method", ["token_view", "token_words", "token_address"])
+@pytest.mark.parametrize("start, end", [(0.5, 2), (0, 2.5), ("a", 1), (None, 1), (True, 2), (0, None)], ids=repr)
+def test_token_ranges_must_be_ints(method, start, end):
+    seq = Sequence(list(range(10)))
+    before = snapshot(seq)
+    with pytest.raises(InvalidTypeError):
+        getattr(seq, method)(start, end)
+    assert_same(before, snapshot(seq))
+
+
+def test_token_ranges_accept_numpy_ints():
+    seq = Sequence(list(range(10)))
+    assert seq.token_view(np.int64(0), np.int64(3)).tolist() == [0, 1, 2]
+    assert seq.token_words(np.int64(0), np.int64(4)).size == 2
+    assert type(seq.token_address(np.int64(1), np.int64(3))) is int
+
+
+@pytest.mark.parametrize("count, error", [(1.5, InvalidTypeError), ("a", InvalidTypeError), (None, InvalidTypeError),
+                                          (True, InvalidTypeError), (-1, InvalidBlockIdError), (4, InvalidBlockIdError)],
+                         ids=repr)
+def test_truncate_blocks_refuses_a_bad_count(count, error):
+    seq = Sequence(list(range(10)))
+    seq.write_blocks(0, [4, 5, 6])
+    before = snapshot(seq)
+    with pytest.raises(error):
+        seq.truncate_blocks(count)
+    assert_same(before, snapshot(seq))
+
+
+@pytest.mark.parametrize("ids, error", [([2**40], InvalidBlockIdError), (np.array([2**33]), InvalidBlockIdError),
+                                        (np.array([2**63 + 1], dtype=np.uint64), InvalidBlockIdError),
+                                        ([2**31], InvalidBlockIdError), ([[1, 2], [3]], InvalidTypeError),
+                                        (None, InvalidTypeError)], ids=repr)
+def test_write_blocks_checks_ids_before_the_int32_cast_could_wrap_them(ids, error):
+    seq = Sequence(list(range(10)))
+    seq.write_blocks(0, [4])
+    before = snapshot(seq)
+    with pytest.raises(error):
+        seq.write_blocks(0, ids)
+    assert_same(before, snapshot(seq))
+    seq.write_blocks(1, [2**31 - 1])
+    assert seq.block_table.tolist() == [4, 2**31 - 1]
+
+
+@pytest.mark.parametrize("rows", [[[1], [2, 3]], [[1.5, 2.0]], [1, 2], "ab"], ids=repr)
+def test_append_routed_experts_refuses_ragged_or_non_integer_rows(rows):
+    seq = Sequence(list(range(10)), want_routed_experts=True)
+    seq.append_routed_experts([[1, 2]])
+    before = snapshot(seq)
+    with pytest.raises(InvalidTypeError):
+        seq.append_routed_experts(rows)
+    assert_same(before, snapshot(seq))
+    assert seq.checked_routed_experts([[3, 4]]).tolist() == [[3, 4]]
+    assert_same(before, snapshot(seq))  # checking appends nothing

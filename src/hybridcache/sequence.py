@@ -35,6 +35,7 @@ from hybridcache.types import (
     TOKEN_DTYPE,
     MultimodalSpan,
     Namespace,
+    as_int,
     as_ordered,
     validated_spans,
 )
@@ -42,6 +43,7 @@ from hybridcache.types import (
 _TOKEN_BYTES = np.dtype(TOKEN_DTYPE).itemsize
 MAX_TOKEN_ID = 2**31 - 1
 MAX_EXPERT_ID = np.iinfo(EXPERT_DTYPE).max
+MAX_BLOCK_ID = np.iinfo(np.int32).max
 _INITIAL_CAPACITY = 64
 _WORD_DTYPE = np.uint64  # two tokens per word: the block hash reads tokens in pairs
 _ids = itertools.count()
@@ -76,6 +78,28 @@ def _validated_tokens(tokens: object) -> np.ndarray:
     return array
 
 
+def as_block_ids(block_ids: object, limit: int = MAX_BLOCK_ID + 1) -> np.ndarray:
+    """``block_ids`` (an int, or a flat or nested sequence of ints) as a flat int32 array, each
+    id checked to lie in ``[0, limit)`` on its original value: the cast to int32 would wrap
+    ``2**32 + k`` to ``k``, another holder's block."""
+    try:
+        ids = np.asarray(block_ids)
+    except ValueError:  # ragged nesting
+        raise InvalidTypeError("block ids must be ints, not a ragged nesting") from None
+    if ids.size == 0:
+        return np.empty(0, dtype=np.int32)
+    if ids.dtype.kind not in "iu":
+        raise InvalidTypeError(f"block ids must be integers, got {ids.dtype}")
+    ids = ids.reshape(-1)
+    if int(ids.min()) < 0 or int(ids.max()) >= limit:
+        raise InvalidBlockIdError(f"block id outside [0, {limit})")
+    return ids.astype(np.int32, copy=False)
+
+
+def _as_positions(start: object, end: object) -> tuple[int, int]:
+    return as_int("start", start), as_int("end", end)
+
+
 def _largest_id(array: np.ndarray) -> int:
     """The largest id, a negative one counting as larger than any valid id: one pass (read as
     unsigned, a negative id of 32 bits or more exceeds ``MAX_TOKEN_ID``) where two would
@@ -105,7 +129,7 @@ class Sequence:
         self.spans = validated_spans(multimodal, initial.size)
         self._span_starts = [span.start for span in self.spans]
         self.want_routed_experts = bool(want_routed_experts)
-        self.seq_id = next(_ids) if seq_id is None else int(seq_id)
+        self.seq_id = next(_ids) if seq_id is None else as_int("seq_id", seq_id)
         self._set_buffer(token_buffers.take(token_buffers.capacity_class(max(_INITIAL_CAPACITY, initial.size))))
         self._tokens[: initial.size] = initial
         self._num_tokens = int(initial.size)
@@ -146,6 +170,8 @@ class Sequence:
 
     def token_view(self, start: int, end: int) -> np.ndarray:
         """Read-only view of tokens ``[start, end)``; it stays valid after later appends."""
+        if type(start) is not int or type(end) is not int:  # the common call pays two checks
+            start, end = _as_positions(start, end)
         if not 0 <= start <= end <= self._num_tokens:
             raise InvalidStepError(f"token range [{start}, {end}) outside [0, {self._num_tokens})")
         view = self._tokens[start:end]
@@ -182,6 +208,8 @@ class Sequence:
     def token_words(self, start: int, end: int) -> np.ndarray:
         """Read-only view of tokens ``[start, end)`` packed in pairs into 64-bit words (block
         hashing); ``start`` and ``end`` are even."""
+        if type(start) is not int or type(end) is not int:
+            start, end = _as_positions(start, end)
         if not 0 <= start <= end <= self._num_tokens or (start | end) & 1:
             raise InvalidStepError(f"token words [{start}, {end}) outside [0, {self._num_tokens}) or odd")
         return self._words[start >> 1 : end >> 1]
@@ -189,6 +217,8 @@ class Sequence:
     def token_address(self, start: int, end: int) -> int:
         """Memory address of token ``start`` for a native read of tokens ``[start, end)``
         (exact comparisons); valid until the next append."""
+        if type(start) is not int or type(end) is not int:
+            start, end = _as_positions(start, end)
         if not 0 <= start <= end <= self._num_tokens:
             raise InvalidStepError(f"token range [{start}, {end}) outside [0, {self._num_tokens})")
         return self._tokens_address + start * _TOKEN_BYTES
@@ -241,10 +271,7 @@ class Sequence:
 
         Writing starts at or before the current end of the table: a table has no holes.
         """
-        ids = np.asarray(block_ids)
-        if ids.size and (ids.dtype.kind not in "iu" or int(ids.min()) < 0):
-            raise InvalidBlockIdError("block ids must be non-negative integers")
-        ids = ids.astype(np.int32, copy=False).reshape(-1)
+        ids = as_block_ids(block_ids)
         if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
             raise InvalidTypeError("block index must be an int")
         if not 0 <= index <= self._num_blocks:
@@ -270,6 +297,7 @@ class Sequence:
 
     def truncate_blocks(self, count: int) -> np.ndarray:
         """Shorten the table to ``count`` blocks and return the removed ids (caller unrefs)."""
+        count = as_int("count", count)
         if not 0 <= count <= self._num_blocks:
             raise InvalidBlockIdError(f"cannot truncate {self._num_blocks} blocks to {count}")
         removed = self._blocks[count : self._num_blocks].copy()
@@ -321,16 +349,29 @@ class Sequence:
 
     def append_routed_experts(self, rows: object) -> None:
         """Append routed-expert rows for the next tokens (one row per token, fixed width)."""
-        array = np.asarray(rows)
-        if array.ndim != 2 or array.dtype.kind not in "iu":
+        self.place_routed_experts(self.checked_routed_experts(rows))
+
+    def checked_routed_experts(self, rows: object) -> np.ndarray:
+        """``rows`` as the 2-D integer array ``append_routed_experts`` would append, or the
+        error it would raise; changes nothing (a caller that must check before it changes
+        anything else)."""
+        try:
+            array = np.asarray(rows)
+        except ValueError:  # ragged rows
+            array = None
+        if array is None or array.ndim != 2 or array.dtype.kind not in "iu":
             raise InvalidTypeError("routed experts must be a 2-D integer array (tokens, width)")
         if array.size and (int(array.min()) < 0 or int(array.max()) > MAX_EXPERT_ID):
             raise InvalidArgumentError(f"expert ids must lie in [0, {MAX_EXPERT_ID}]")
         if self._experts is not None and array.shape[1] != self._experts.shape[1]:
             raise InvalidArgumentError("routed-expert row width changed")
-        needed = self._num_experts + array.shape[0]
-        if needed > self._num_tokens:
+        if self._num_experts + array.shape[0] > self._num_tokens:
             raise InvalidStepError("routed experts beyond the known tokens")
+        return array
+
+    def place_routed_experts(self, array: np.ndarray) -> None:
+        """``append_routed_experts`` of rows ``checked_routed_experts`` returned."""
+        needed = self._num_experts + array.shape[0]
         if self._experts is None or needed > self._experts.shape[0]:
             capacity = max(needed, 2 * (0 if self._experts is None else self._experts.shape[0]), 64)
             grown = np.zeros((capacity, array.shape[1]), dtype=EXPERT_DTYPE)

@@ -120,3 +120,21 @@ def test_attach_table_refuses_free_duplicate_or_foreign_ids_and_changes_nothing(
     with pytest.raises(InvalidTypeError):
         trie.attach_table(seq, [0.5])
     assert seq.num_blocks == 0 and trie.nodes.num_attached == 0
+
+
+@pytest.mark.parametrize("wrap", [lambda ids: ids.astype(np.int64) + 2**32, lambda ids: ids.astype(np.uint64) + 2**63,
+                                  lambda ids: [int(block) + 2**40 for block in ids]])
+def test_attach_table_checks_ids_before_the_int32_cast_could_wrap_them(wrap):
+    parts, pool = _engine_cache()
+    trie = parts.trie
+    held = pool.allocate(2)  # the engine's blocks: an id 2**32 + k would wrap onto block k
+    seq = Sequence(list(range(8)))
+    with pytest.raises(InvalidBlockIdError):
+        trie.attach_table(seq, wrap(held))
+    with pytest.raises(InvalidTypeError):
+        trie.attach_table(seq, [[int(held[0])], [int(held[1]), 3]])  # ragged
+    assert seq.num_blocks == 0 and trie.nodes.num_attached == 0
+    assert pool.refcounts(held).tolist() == [1, 1]
+    trie.attach_table(seq, held, upto=8)
+    assert seq.block_table.tolist() == held.tolist()
+    trie.check_invariants([seq])

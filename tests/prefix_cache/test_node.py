@@ -74,6 +74,9 @@ def test_chain_is_one_run_and_slots_are_reused_after_detach():
     # stop in the middle of the run
     runs, top = table.path_runs(int(slots[-1]), 2)
     assert runs == [(int(slots[2]), int(slots[3]))] and top == slots[1]
+    # a negative stop depth stops at the root: the walk never climbs past it
+    assert table.path_runs(int(slots[-1]), -1) == table.path_runs(int(slots[-1]), 0)
+    assert table.path_runs(root, -5) == ([], root)
     assert NodeTable.slot_at_depth(runs, table.depth, 3) == slots[2]
     with pytest.raises(KeyError):
         NodeTable.slot_at_depth(runs, table.depth, 1)

@@ -13,14 +13,35 @@ from __future__ import annotations
 
 import numpy as np
 
-from hybridcache.errors import InvalidBlockIdError, InvalidTypeError, LifecycleError
+from hybridcache.errors import InvalidBlockIdError, InvalidStepError, LifecycleError
 from hybridcache.memory.protocols import KVBlockAllocator
 from hybridcache.prefix_cache.kv_lifecycle import KVLifecycle
 from hybridcache.prefix_cache.lookup import PathLookup
 from hybridcache.prefix_cache.routed_experts import RoutedExpertStore
 from hybridcache.prefix_state import NO_FRESH_RANGE
-from hybridcache.sequence import Sequence
+from hybridcache.sequence import Sequence, as_block_ids
+from hybridcache.types import as_int
 
+
+
+def forward_start(seq: Sequence, start: object) -> int:
+    """The first position of the forward that computed ``seq`` up to its computed tokens: an
+    int in ``[0, num_computed]``."""
+    if type(start) is not int:
+        start = as_int("start", start)
+    if not 0 <= start <= seq.num_computed:
+        raise InvalidStepError(f"forward start {start} outside [0, {seq.num_computed}]")
+    return start
+
+
+def position_range(start: object, end: object) -> tuple[int, int]:
+    """Positions ``[start, end)``: ints with ``0 <= start <= end`` (the end may lie beyond the
+    tokens: a save's block one past its step)."""
+    if type(start) is not int or type(end) is not int:
+        start, end = as_int("start", start), as_int("end", end)
+    if not 0 <= start <= end:
+        raise InvalidStepError(f"positions [{start}, {end}) are not 0 <= start <= end")
+    return start, end
 
 
 class Attacher:
@@ -115,14 +136,7 @@ class Attacher:
     def validated_new_blocks(self, seq: Sequence, block_ids: object) -> np.ndarray:
         """``block_ids`` as a flat int32 array of in-use blocks, distinct and absent from the
         sequence's table (blocks an engine grew the table with itself)."""
-        ids = np.asarray(block_ids)
-        if ids.size == 0:
-            return np.empty(0, dtype=np.int32)
-        if ids.dtype.kind not in "iu":
-            raise InvalidTypeError(f"block ids must be integers, got {ids.dtype}")
-        ids = ids.reshape(-1).astype(np.int32)
-        if int(ids.min()) < 0 or int(ids.max()) >= self.pool.num_blocks:
-            raise InvalidBlockIdError(f"block id outside [0, {self.pool.num_blocks})")
+        ids = as_block_ids(block_ids, self.pool.num_blocks)
         table = seq.block_table
         if ids.size == 1:  # the common step: one block a decode or a short prefill appended
             repeated = bool((table == ids[0]).any())
@@ -207,6 +221,7 @@ class Attacher:
         """Blocks the sequence may write for positions ``[start, end)``: held by it alone, or
         co-owned only by a pending trie node it attached itself (its own uncomputed block).
         A borrowed block is never writable."""
+        start, end = position_range(start, end)
         size = self.block_size
         indices = range(max(start // size, seq.prefix_state.borrow.depth), -(-end // size))
         table = seq.block_table
@@ -231,6 +246,7 @@ class Attacher:
     def mark_computed(self, seq: Sequence, start: int) -> None:
         """A forward computed the sequence's tokens from ``start`` to ``num_computed``: its own
         pending nodes in that range become matchable."""
+        start = forward_start(seq, start)
         state = seq.prefix_state
         position = state.trie
         if not self.track_pending or not self.nodes.is_valid(position.cursor, position.cursor_generation):

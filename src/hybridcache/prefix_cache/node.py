@@ -265,8 +265,11 @@ class NodeTable:
 
     def path_runs(self, slot: int, stop_depth: int) -> tuple[list[tuple[int, int]], int]:
         """Runs ``(first, last)`` of the path from ``slot`` up to depth ``stop_depth`` (exclusive),
-        deepest run first, and the ancestor at ``stop_depth``."""
+        deepest run first, and the ancestor at ``stop_depth``. A negative ``stop_depth`` stops
+        at the root, whose parent is no node: the walk cannot climb past it."""
         runs = []
+        if stop_depth < 0:
+            stop_depth = 0
         depth, run_head, parent = self.depth.item, self.run_head.item, self.parent.item  # Python ints
         while (slot_depth := depth(slot)) > stop_depth:
             head = run_head(slot)

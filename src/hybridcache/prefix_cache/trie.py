@@ -366,6 +366,14 @@ class BlockTrie:
             return 0
         return self.pressure.free_kv_blocks(count)
 
+    def reclaimable_kv_blocks(self) -> int:
+        """At most how many blocks eviction could ever free: one per attached node and one per
+        live record's frozen block, and no more than are in use. A need beyond it and the free
+        blocks is refused without evicting anything."""
+        if not self.enabled:
+            return 0
+        return min(self.nodes.num_attached + self.checkpoints.num_live, self.pool.num_blocks - self.pool.num_free)
+
     def free_state_slots(self, count: int) -> int:
         """Free up to ``count`` state slots by releasing least recently used unpinned
         checkpoints (state-slot pressure). Returns how many were released."""
