@@ -17,6 +17,7 @@ from hybridcache.cache import CacheComponents
 from hybridcache.errors import InvalidArgumentError, InvalidTypeError
 from hybridcache.prefix_cache.match_txn import MatchTxn
 from hybridcache.prefix_cache.trie import BlockTrie
+from hybridcache.protocol_args import require_idle
 from hybridcache.protocol_values import Admission
 from hybridcache.sequence import Sequence
 from hybridcache.types import as_int, is_int
@@ -70,11 +71,12 @@ def admit_remembered(cache: CacheComponents, seqs: list[Sequence], budgets: list
 
 def validated_batch(trie: BlockTrie, seqs: object, budgets: object) -> tuple[list[Sequence], list[int]]:
     """``admit_many``'s arguments checked before anything changes: sequences the trie can
-    match, none twice, one budget each (an int for all)."""
+    match, none twice, none whose forward is in flight, one budget each (an int for all)."""
     if isinstance(seqs, (str, bytes)) or not isinstance(seqs, SequenceLike):
         raise InvalidTypeError("seqs must be a sequence of Sequence objects")
     seqs = list(seqs)
     for seq in seqs:
+        require_idle(seq, "admit")
         trie.check_matchable(seq)
     if len({id(seq) for seq in seqs}) != len(seqs):
         raise InvalidArgumentError("a sequence appears twice in one admit_many call")

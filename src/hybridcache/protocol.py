@@ -46,15 +46,16 @@ import numpy as np
 
 from hybridcache.batch_admission import DeferredAdmissions, admission_of, admit_remembered, validated_batch
 from hybridcache.cache import CacheComponents
-from hybridcache.errors import AdoptionWriteError, HybridCacheError, InvalidStepError, InvalidTypeError, LifecycleError
+from hybridcache.errors import AdoptionWriteError, HybridCacheError, InvalidArgumentError, InvalidStepError, InvalidTypeError
 from hybridcache.memory.protocols import BatchBlockAllocator, BatchSlotAllocator
 from hybridcache.prefix_cache.change_log import CacheChanges
+from hybridcache.prefix_cache.attach import forward_start
 from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord
 from hybridcache.policies.admission import SPECULATIVE, checked_kind
 from hybridcache.prefix_cache.checkpoint_store import NO_RELEASE_COUNTS, NO_RELEASES, CheckpointReleases
 from hybridcache.prefix_cache.eviction_view import UNHEEDED_NOTES, ProducerNotes
 from hybridcache.prefix_cache.match_txn import MatchTxn
-from hybridcache.protocol_args import forward_ends, forward_saves
+from hybridcache.protocol_args import forward_ends, forward_saves, require_idle, require_sequence, runtime_slot_of, token_count
 from hybridcache.protocol_values import Admission, Adopted, Adoption, ForwardLanded, ForwardRun, Refusal, SaveReservation
 from hybridcache.sequence import Sequence
 from hybridcache.types import NO_SAVE, NO_SLOT, as_int, ceil_div
@@ -104,7 +105,11 @@ class CacheProtocol:
         """Admit ``seq`` for a first chunk of at most ``tokens`` tokens, or change nothing.
         ``stop_at(start)``, called once the match fixed the resume point, may end the chunk
         earlier (where an admission policy wants a checkpoint); None or a position outside the
-        chunk changes nothing."""
+        chunk changes nothing. A ``stop_at`` that returns neither None nor an int, or raises,
+        is refused (``InvalidTypeError``; what it raised, a non-hybridcache error as
+        ``InvalidArgumentError``) after the match is rolled back, so nothing changed. A
+        sequence whose forward is in flight is refused with ``LifecycleError``."""
+        require_idle(seq, "admit")
         admitted = self._admit_one(seq, as_int("tokens", tokens, 0), stop_at)
         self._note_admitted(seq, admitted)
         return admitted
@@ -174,15 +179,18 @@ class CacheProtocol:
                 return Admission(refused=Refusal.RESTORE_GONE)
         start = seq.num_computed
         end = min(seq.num_tokens, start + tokens)
-        hint = None if stop_at is None else stop_at(start)
+        hint = None if stop_at is None else self._stop_hint(txn, stop_at, start)
         if hint is not None and start < hint < end:
-            end = int(hint)
+            end = hint
+        needed = self._blocks_needed(seq, end)
         refused = None
         if end <= start:
             refused = Refusal.NOTHING_TO_RUN
+        elif not self._could_fit(needed):  # never fits: refused before any state slot is freed
+            refused = Refusal.NO_KV_BLOCKS
         elif not self._make_state_room():
             refused = Refusal.NO_STATE_SLOT
-        elif not self.make_block_room(self.blocks_needed(seq, end)):
+        elif not self._make_block_room(needed):
             refused = Refusal.NO_KV_BLOCKS
         if refused is not None:
             trie.rollback(txn)
@@ -193,16 +201,40 @@ class CacheProtocol:
         trie.commit(txn)
         return admission_of(seq, txn, start, end, runtime_slot)
 
+    def _stop_hint(self, txn: MatchTxn, stop_at: Callable[[int], int | None], start: int) -> int | None:
+        """``stop_at(start)`` as None or an int; on anything else, or an error, ``txn`` is
+        rolled back first (its blocks, step, restore pin and counted hit given back), and a
+        non-hybridcache error raised as ``InvalidArgumentError``, as ``adopt`` wraps its write's."""
+        failed = True
+        try:
+            hint = stop_at(start)
+            hint = None if hint is None else as_int("stop_at(start)", hint)
+            failed = False
+            return hint
+        except HybridCacheError:
+            raise
+        except Exception as error:
+            raise InvalidArgumentError(f"stop_at raised {type(error).__name__}: {error}") from error
+        finally:
+            if failed:
+                self.trie.rollback(txn)
+
     def swap_computed_duplicates(self, seq: Sequence) -> None:
         """Swap a running sequence's private duplicates of blocks already computed for their
         canonical trie blocks. That frees blocks: call it before deciding whether the next chunk
         fits (or whom to preempt); deciding without it can livelock."""
+        require_sequence(seq)
         self.trie.allocate(seq, upto=seq.num_computed)
 
     def extend(self, seq: Sequence, end: int) -> bool:
         """Give a running sequence the blocks of its next chunk (up to ``end`` tokens), evicting
-        what pressure needs; False (and no block taken) when they cannot be had."""
-        if not self.make_block_room(self.blocks_needed(seq, end)):
+        what pressure needs; False (and no block taken) when they cannot be had, and nothing
+        evicted when they never could."""
+        require_sequence(seq)
+        return self._extend(seq, token_count("end", end))
+
+    def _extend(self, seq: Sequence, end: int) -> bool:
+        if not self._make_block_room(self._blocks_needed(seq, end)):
             return False
         self.pool.grow_table(seq, end, self.block_size)
         self.trie.allocate(seq, upto=end)
@@ -210,12 +242,29 @@ class CacheProtocol:
 
     def blocks_needed(self, seq: Sequence, tokens: int) -> int:
         """Fresh blocks ``seq``'s table needs to cover ``tokens`` tokens."""
+        require_sequence(seq)
+        return self._blocks_needed(seq, token_count("tokens", tokens))
+
+    def _blocks_needed(self, seq: Sequence, tokens: int) -> int:
         return max(0, ceil_div(tokens, self.block_size) - seq.num_blocks)
 
     def make_block_room(self, needed: int) -> bool:
-        """Free KV blocks until ``needed`` are free (frozen checkpoints, then leaves); True when they are."""
-        if self.pool.num_free < needed:
-            self.trie.free_kv_blocks(needed - self.pool.num_free)
+        """Free KV blocks until ``needed`` are free (frozen checkpoints, then leaves); True when
+        they are. A need that eviction could never meet evicts nothing."""
+        return self._make_block_room(as_int("needed", needed, 0))
+
+    def _could_fit(self, needed: int) -> bool:
+        """Whether evicting everything the cache holds could leave ``needed`` blocks free."""
+        free = self.pool.num_free
+        return needed <= free or needed - free <= self.trie.reclaimable_kv_blocks()
+
+    def _make_block_room(self, needed: int) -> bool:
+        free = self.pool.num_free
+        if free >= needed:
+            return True
+        if needed - free > self.trie.reclaimable_kv_blocks():
+            return False
+        self.trie.free_kv_blocks(needed - free)
         return self.pool.num_free >= needed
 
     def _make_state_room(self) -> bool:
@@ -278,7 +327,7 @@ class CacheProtocol:
         for index, end in enumerate(ends):
             if index:
                 self.swap_computed_duplicates(seq)
-                if not self.extend(seq, end):
+                if not self._extend(seq, end):
                     break
             if end in saves:
                 self._reserve(seq, end, saves[end], last_published or parent_step)
@@ -291,7 +340,8 @@ class CacheProtocol:
 
     def writable_blocks(self, seq: Sequence, start: int, end: int) -> frozenset[int]:
         """Blocks the forward carrying ``seq`` may write for positions ``[start, end)`` (the
-        shared-write guard): never a block another holder shares."""
+        shared-write guard): never a block another holder shares. ``start`` and ``end`` are
+        ints with ``0 <= start <= end``."""
         return self.trie.exclusive_blocks(seq, start, end)
 
     def forward_queued(self, seq: Sequence) -> None:
@@ -306,18 +356,22 @@ class CacheProtocol:
         """The forward's output is in and ``seq`` computed ``[start, end)`` (its step already set
         by the caller): the save becomes usable, its pending nodes matchable, and its
         routed-expert rows (when it records them) join the cached blocks. Says which save is
-        now usable and what was released as it landed."""
+        now usable and what was released as it landed. ``start`` lies in ``[0, computed
+        tokens]``; it and the rows are checked before anything changes."""
         before = self.checkpoints.release_counts()
         save = self._land(seq, start, expert_rows)
         return ForwardLanded(save, self._released_since(before))
 
     def _land(self, seq: Sequence, start: int, expert_rows: np.ndarray | None = None) -> CheckpointRecord | None:
-        if not isinstance(seq, Sequence):
-            raise InvalidTypeError(f"expected a Sequence, got {type(seq).__name__}")
+        require_sequence(seq)
+        start = forward_start(seq, start)
+        rows = None
+        if expert_rows is not None and seq.want_routed_experts and seq.num_routed_experts == start:
+            rows = seq.checked_routed_experts(expert_rows)
         save = seq.prefix_state.checkpoints.producer_pin
         self.checkpoints.unpin_save(seq)
-        if expert_rows is not None and seq.want_routed_experts and seq.num_routed_experts == start:
-            seq.append_routed_experts(expert_rows)
+        if rows is not None:
+            seq.place_routed_experts(rows)
         self.trie.mark_computed(seq, start)
         self.trie.cache_routed_experts(seq)
         return save if save is not None and save.is_published else None
@@ -341,6 +395,7 @@ class CacheProtocol:
         way before its error propagates (a non-hybridcache error as ``AdoptionWriteError``).
         ``seq`` is the caller's scratch sequence of exactly those tokens and is freed on
         return, whatever happens."""
+        require_sequence(seq)
         step = as_int("step", step, 1)
         if step != seq.num_tokens or seq.num_computed or seq.num_blocks:
             raise InvalidStepError("adopt takes a fresh sequence of exactly the adopted tokens")
@@ -389,9 +444,9 @@ class CacheProtocol:
         """Release what a finished, cancelled or preempted sequence holds. A sequence whose
         forward is in flight (``forward_queued`` without ``forward_done`` or ``forward_failed``)
         is refused with ``LifecycleError`` and nothing changes: its save would stay pinned, with
-        nobody left to release it."""
-        if isinstance(seq, Sequence) and seq.prefix_state.checkpoints.producer_pin is not None:
-            raise LifecycleError("the sequence's forward is in flight: call forward_done or forward_failed before free")
+        nobody left to release it. So is a ``runtime_slot`` that holds no runtime state."""
+        require_idle(seq, "free")
+        runtime_slot = runtime_slot_of(self.states, runtime_slot)
         self.trie.free_sequence(seq)
         if runtime_slot != NO_SLOT:
             self.states.free_runtime(runtime_slot)

@@ -9,10 +9,45 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from collections.abc import Sequence as SequenceLike
 
-from hybridcache.errors import InvalidStepError, InvalidTypeError
+from hybridcache.errors import DoubleFreeError, InvalidStepError, InvalidTypeError, LifecycleError, WrongRoleError
+from hybridcache.memory.protocols import StateSlotAllocator
+from hybridcache.memory.state_pool import SlotRole
 from hybridcache.policies.admission import checked_kind
 from hybridcache.sequence import Sequence
-from hybridcache.types import as_int, ceil_div
+from hybridcache.types import NO_SLOT, as_int, ceil_div
+
+
+def require_sequence(seq: object) -> None:
+    if not isinstance(seq, Sequence):
+        raise InvalidTypeError(f"expected a Sequence, got {type(seq).__name__}")
+
+
+def require_idle(seq: object, action: str) -> None:
+    """Refuse a sequence whose forward is in flight (it holds its save's producer pin:
+    ``forward_queued`` without ``forward_done`` or ``forward_failed``): admitting or freeing it
+    would leave that save pinned with nobody to release it."""
+    require_sequence(seq)
+    if seq.prefix_state.checkpoints.producer_pin is not None:  # type: ignore[union-attr]
+        raise LifecycleError(f"the sequence's forward is in flight: call forward_done or forward_failed before {action}")
+
+
+def token_count(name: str, value: object) -> int:
+    """A count of tokens (a chunk's end, a table's coverage): a non-negative int."""
+    value = as_int(name, value)
+    if value < 0:
+        raise InvalidStepError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+def runtime_slot_of(states: StateSlotAllocator, slot: object) -> int:
+    """``free``'s runtime slot: ``NO_SLOT``, or a slot of ``states`` that holds a runtime state."""
+    slot = as_int("runtime_slot", slot)
+    if slot != NO_SLOT:
+        role = states.role_of(slot)  # a slot outside the pool raises InvalidBlockIdError
+        if role != SlotRole.RUNTIME:
+            error = DoubleFreeError if role == SlotRole.FREE else WrongRoleError
+            raise error(f"slot {slot} holds no runtime state ({role.name.lower()})")
+    return slot
 
 
 def forward_ends(seq: Sequence, ends: SequenceLike[int], block_size: int) -> tuple[int, ...]:
