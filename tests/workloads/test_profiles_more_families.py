@@ -21,6 +21,7 @@ transformers = pytest.importorskip("transformers")
 from hybridcache.errors import InvalidConfigError  # noqa: E402
 from hybridcache.profiles import profile_from_config  # noqa: E402
 from tests.engine.hf.tiny_configs import VOCAB, tiny_config  # noqa: E402
+from tests.workloads.model_caches import config_values, row_bytes  # noqa: E402
 from tests.workloads.test_profiles_against_models import JSON_VALUES  # noqa: E402
 
 PROBE = 3
@@ -51,14 +52,6 @@ def _with(config, **fields):
     return type(config)(**{**values, **fields})
 
 
-def _values(config, dtype: str = "float32") -> dict:
-    values = config.to_dict()
-    values.pop("torch_dtype", None)
-    return {**values, "dtype": dtype}
-
-
-def _nbytes(tensor: torch.Tensor) -> int:
-    return math.prod(tensor.shape[1:]) * tensor.element_size()
 
 
 def _measured(outputs) -> tuple[int, int, int, int]:
@@ -66,14 +59,14 @@ def _measured(outputs) -> tuple[int, int, int, int]:
     the probe forward returned."""
     if getattr(outputs, "state", None) is not None:  # RWKV: five [1, hidden, layers] tensors
         layers = outputs.state[0].shape[-1]
-        return 0, sum(_nbytes(tensor) for tensor in outputs.state), 0, layers
+        return 0, sum(row_bytes(tensor) for tensor in outputs.state), 0, layers
     cache = outputs.past_key_values
     kv = state = attending = recurrent = 0
     for index, layer in enumerate(cache.layers):
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
         if isinstance(keys, torch.Tensor) and keys.numel():  # MLA caches its latent and its rotary key apart
             assert keys.shape[-2] == values.shape[-2] == PROBE
-            kv += (_nbytes(keys) + _nbytes(values)) // PROBE
+            kv += (row_bytes(keys) + row_bytes(values)) // PROBE
             attending += 1
         states = [tensor for kind in ("conv_states", "recurrent_states")
                   for tensor in getattr(layer, kind, {}).values() if isinstance(tensor, torch.Tensor)]
@@ -82,7 +75,7 @@ def _measured(outputs) -> tuple[int, int, int, int]:
         if index < len(lightning) and isinstance(lightning[index], torch.Tensor):
             states.append(lightning[index])
         if states:
-            state += sum(_nbytes(tensor) for tensor in states) - sum(_nbytes(tensor[..., 0]) for tensor in convolutions)
+            state += sum(row_bytes(tensor) for tensor in states) - sum(row_bytes(tensor[..., 0]) for tensor in convolutions)
             recurrent += 1
     return kv, state, attending, recurrent
 
@@ -97,7 +90,7 @@ def _probe(config, dtype=torch.float32):
 def test_a_profile_charges_what_the_model_caches(family):
     config = TINY[family]()
     kv, state, attending, recurrent = _probe(config)
-    profile = profile_from_config(_values(config))
+    profile = profile_from_config(config_values(config))
     assert (profile.kv_bytes_per_token, profile.state_bytes) == (kv, state)
     assert (profile.attention_layers, profile.recurrent_layers) == (attending, recurrent)
     assert profile.pure_recurrent == (family in PURE_RECURRENT)
@@ -109,13 +102,13 @@ def test_a_profile_charges_what_the_model_caches(family):
 def test_rwkv_keeps_its_wkv_state_in_float32_under_bfloat16():
     config = TINY["rwkv"]()
     _, state, _, _ = _probe(config, torch.bfloat16)
-    assert profile_from_config(_values(config, "bfloat16")).state_bytes == state == 3 * 32 * (2 * 2 + 3 * 4)
+    assert profile_from_config(config_values(config, "bfloat16")).state_bytes == state == 3 * 32 * (2 * 2 + 3 * 4)
 
 
 def test_zamba2_counts_the_kv_of_every_hybrid_layer_that_calls_a_shared_block():
     config = _with(tiny_config("zamba2"), num_mem_blocks=1, layers_block_type=["hybrid", "mamba", "hybrid", "hybrid"])
     kv, state, attending, _ = _probe(config)
-    profile = profile_from_config(_values(config))
+    profile = profile_from_config(config_values(config))
     assert attending == 3 and profile.kv_bytes_per_token == kv == 3 * 2 * 4 * 16 * 4
     assert profile.state_bytes == state
 
@@ -148,7 +141,7 @@ PUBLISHED = {
 @pytest.mark.parametrize("spelling", sorted(PUBLISHED))
 def test_the_published_spellings_give_the_same_profile(spelling):
     family = spelling.split("_layout")[0].split("_auto")[0]
-    values = _values(TINY[family]())
+    values = config_values(TINY[family]())
     if spelling == "rwkv":
         values = {**values, "intermediate_size": 4 * 32}
     if spelling == "zamba_layout":
@@ -161,13 +154,13 @@ def test_olmo_hybrid_fills_in_its_linear_widths_as_transformers_does():
               "num_key_value_heads", "layer_types")
     config = transformers.OlmoHybridConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=48, num_hidden_layers=5,
                                            num_attention_heads=4)
-    values = _values(config)
+    values = config_values(config)
     assert (values["linear_key_head_dim"], values["linear_value_head_dim"]) == (12, 24)
     assert profile_from_config(_without(values, *linear)) == profile_from_config(values)
 
 
 def test_bailing_reads_the_checkpoints_expert_names():
-    values = _values(TINY["bailing_hybrid"]())
+    values = config_values(TINY["bailing_hybrid"]())
     assert {"num_experts", "num_experts_per_token", "num_shared_experts"} <= set(values)
     renamed = {**_without(values, "num_experts", "num_experts_per_token", "num_shared_experts"),
                "num_local_experts": values["num_experts"], "num_experts_per_tok": values["num_experts_per_token"],
@@ -180,7 +173,7 @@ def test_bailing_reads_the_checkpoints_expert_names():
     ("nemotron_h_omni", "llm_config", "nemotron_h"), ("nemotron_h_omni", "text_config", "nemotron_h"),
 ])
 def test_a_multimodal_checkpoint_is_profiled_by_its_language_model(wrapper, key, family):
-    text = _values(TINY[family]() if family in TINY else tiny_config(family))
+    text = config_values(TINY[family]() if family in TINY else tiny_config(family))
     wrapped = {"model_type": wrapper, "dtype": "float32", "vision_config": {"model_type": "siglip2_vision_model"},
                key: {name: value for name, value in text.items() if name != "dtype"}}
     assert profile_from_config(wrapped, "m") == profile_from_config(text, "m")
@@ -202,7 +195,7 @@ def test_a_multimodal_checkpoint_is_profiled_by_its_language_model(wrapper, key,
     ("rwkv", {"attention_hidden_size": "wide"}, "attention_hidden_size"),
 ])
 def test_a_bad_field_or_a_windowed_attention_is_refused_by_name(family, change, named):
-    values = _values(tiny_config(family) if family == "lara_mini" else TINY[family]())
+    values = config_values(tiny_config(family) if family == "lara_mini" else TINY[family]())
     for name, value in (change or {}).items():
         if value is None:
             values.pop(name, None)
@@ -216,14 +209,14 @@ def test_a_bad_field_or_a_windowed_attention_is_refused_by_name(family, change, 
                                                      ("xLSTMConfig", "not profiled: its mLSTM cells")])
 def test_recurrent_families_not_profiled_are_refused_with_the_reason(config_class, reason):
     with pytest.raises(InvalidConfigError, match=reason):
-        profile_from_config(_values(getattr(transformers, config_class)()))
+        profile_from_config(config_values(getattr(transformers, config_class)()))
 
 
 @pytest.mark.parametrize("kind", ["full_attention", "linear_attention"])
 def test_a_hybrid_family_needs_both_kinds_of_layer(kind):
     """Only the pure recurrent families may lack attention: a hybrid's config without it is
     more likely a slip than a model."""
-    values = _values(tiny_config("olmo_hybrid"))
+    values = config_values(tiny_config("olmo_hybrid"))
     values["layer_types"] = [kind] * 4
     with pytest.raises(InvalidConfigError, match="not a hybrid model"):
         profile_from_config(values)
@@ -232,7 +225,7 @@ def test_a_hybrid_family_needs_both_kinds_of_layer(kind):
 @settings(max_examples=300, deadline=None)
 @given(family=st.sampled_from(sorted(TINY)), data=st.data())
 def test_any_corrupted_field_gives_a_profile_or_an_invalid_config_error(family, data):
-    values = _values(TINY[family]())
+    values = config_values(TINY[family]())
     for _ in range(data.draw(st.integers(1, 3))):
         values[data.draw(st.sampled_from(sorted(values)))] = data.draw(JSON_VALUES)
     try:
@@ -250,7 +243,7 @@ def test_any_corrupted_field_gives_a_profile_or_an_invalid_config_error(family, 
 ])
 def test_fields_the_model_reads_over_their_defaults_are_charged(family, fields):
     config = TINY[family]()
-    values = {**_values(config), **fields}
+    values = {**config_values(config), **fields}
     if fields.get("head_dim", 0) is None:
         del values["head_dim"]
     built = type(config)(**{key: value for key, value in values.items() if key not in ("dtype", "hybrid_layer_ids")

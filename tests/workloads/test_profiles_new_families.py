@@ -12,7 +12,6 @@ wrapper by its language model, and bad fields and windowed layers are refused by
 
 from __future__ import annotations
 
-import math
 
 import pytest
 from hypothesis import given, settings
@@ -23,6 +22,7 @@ transformers = pytest.importorskip("transformers")
 
 from hybridcache.errors import InvalidConfigError  # noqa: E402
 from hybridcache.profiles import profile_from_config  # noqa: E402
+from tests.workloads.model_caches import config_values, row_bytes  # noqa: E402
 from tests.workloads.test_profiles_against_models import JSON_VALUES  # noqa: E402
 
 PROBE = 3
@@ -75,14 +75,6 @@ def _tiny(family: str, **fields):
     return getattr(transformers, class_name)(**{**values, **fields})
 
 
-def _values(config, dtype: str = "float32") -> dict:
-    values = config.to_dict()
-    values.pop("torch_dtype", None)
-    return {**values, "dtype": dtype}
-
-
-def _nbytes(tensor: torch.Tensor) -> int:
-    return math.prod(tensor.shape[1:]) * tensor.element_size()
 
 
 def _measured(cache, whole_windows: tuple[int, ...]) -> tuple[int, int, int, int]:
@@ -93,13 +85,13 @@ def _measured(cache, whole_windows: tuple[int, ...]) -> tuple[int, int, int, int
         per_token = [tensor for tensor in per_token if isinstance(tensor, torch.Tensor)]
         if per_token:
             assert all(tensor.shape[-2 if tensor.dim() == 4 else 1] == PROBE for tensor in per_token)
-            kv += sum(_nbytes(tensor) for tensor in per_token) // PROBE
+            kv += sum(row_bytes(tensor) for tensor in per_token) // PROBE
             attending += 1
         windows = {index: tensor for index, tensor in getattr(layer, "conv_states", {}).items() if tensor is not None}
         states = [tensor for tensor in getattr(layer, "recurrent_states", {}).values() if tensor is not None]
         if windows or states:
-            state += sum(_nbytes(tensor) for tensor in states)
-            state += sum(_nbytes(tensor) - (0 if index in whole_windows else _nbytes(tensor[..., 0]))
+            state += sum(row_bytes(tensor) for tensor in states)
+            state += sum(row_bytes(tensor) - (0 if index in whole_windows else row_bytes(tensor[..., 0]))
                          for index, tensor in windows.items())
             recurrent += 1
     return kv, state, attending, recurrent
@@ -124,7 +116,7 @@ def test_a_profile_charges_what_the_model_caches(family, dtype):
     config = _tiny(family)
     cache = _probe(config, getattr(torch, dtype))
     kv, state, attending, recurrent = _measured(cache, TINY[family][2])
-    values = _values(config, dtype)
+    values = config_values(config, dtype)
     if family in FLOAT32_STATES:
         values["mamba_ssm_cache_dtype"] = "float32"
     profile = profile_from_config(values)
@@ -149,7 +141,7 @@ def test_the_tiny_bytes_by_hand():
         "zaya": (4 * 2 * 2 * 16 * 4, 4 * (96 * 3 + 16) * 4),
     }
     for family, (kv, state) in expected.items():
-        profile = profile_from_config(_values(_tiny(family)))
+        profile = profile_from_config(config_values(_tiny(family)))
         assert (profile.kv_bytes_per_token, profile.state_bytes) == (kv, state), family
 
 
@@ -185,7 +177,7 @@ _QSA = {"indexer_n_heads": 8, "indexer_kv_heads": 1, "indexer_head_dim": 256, "i
     ("ZayaConfig", {}, (40 * 2 * 2 * 128 * 2, 40 * (1280 * 2 + 128) * 2, 40, 40)),
 ])
 def test_the_default_configs_by_hand(config_class, fields, expected):
-    values = _values(getattr(transformers, config_class)(**fields), "bfloat16")
+    values = config_values(getattr(transformers, config_class)(**fields), "bfloat16")
     profile = profile_from_config(values)
     assert (profile.kv_bytes_per_token, profile.state_bytes, profile.attention_layers, profile.recurrent_layers) == expected
 
@@ -195,7 +187,7 @@ def test_the_default_configs_by_hand(config_class, fields, expected):
     ("Inkling2Config", "inkling2_text"), ("Inkling2LoopConfig", "inkling2_loop_text"),
 ])
 def test_a_multimodal_checkpoint_is_profiled_by_its_language_model(wrapper, family):
-    text = {name: value for name, value in _values(_tiny(family)).items() if name != "dtype"}
+    text = {name: value for name, value in config_values(_tiny(family)).items() if name != "dtype"}
     vision = {"vision_config": {"text_hidden_size": text["hidden_size"]}} if "Inkling" in wrapper else {}
     outer = getattr(transformers, wrapper)(text_config=text, **vision).to_dict()
     outer.pop("torch_dtype", None)
@@ -205,8 +197,8 @@ def test_a_multimodal_checkpoint_is_profiled_by_its_language_model(wrapper, fami
 
 
 def test_a_text_only_glm5_next_checkpoint_keeps_its_fields_at_the_top_level():
-    flat = {**_values(_tiny("glm5_next_text")), "model_type": "glm5_next"}
-    assert profile_from_config(flat, "g") == profile_from_config(_values(_tiny("glm5_next_text")), "g")
+    flat = {**config_values(_tiny("glm5_next_text")), "model_type": "glm5_next"}
+    assert profile_from_config(flat, "g") == profile_from_config(config_values(_tiny("glm5_next_text")), "g")
 
 
 @pytest.mark.parametrize(("family", "change", "named"), [
@@ -232,7 +224,7 @@ def test_a_text_only_glm5_next_checkpoint_keeps_its_fields_at_the_top_level():
     ("zaya", {"num_key_value_heads": 3}, "multiple of num_key_value_heads"),
 ])
 def test_a_bad_field_is_refused_by_name(family, change, named):
-    values = _values(_tiny(family))
+    values = config_values(_tiny(family))
     for name, value in change.items():
         if value is None:
             values.pop(name, None)
@@ -253,13 +245,13 @@ def test_a_bad_field_is_refused_by_name(family, change, named):
 ])
 def test_windowed_layers_and_unbuildable_defaults_are_refused_with_the_reason(config, named):
     with pytest.raises(InvalidConfigError, match=named):
-        profile_from_config(_values(config(), "bfloat16"))
+        profile_from_config(config_values(config(), "bfloat16"))
 
 
 @settings(max_examples=200, deadline=None)
 @given(family=st.sampled_from(sorted(TINY)), data=st.data())
 def test_any_corrupted_field_gives_a_profile_or_an_invalid_config_error(family, data):
-    values = _values(_tiny(family))
+    values = config_values(_tiny(family))
     for _ in range(data.draw(st.integers(1, 3))):
         values[data.draw(st.sampled_from(sorted(values)))] = data.draw(JSON_VALUES)
     try:
