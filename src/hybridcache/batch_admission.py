@@ -17,7 +17,7 @@ from hybridcache.cache import CacheComponents
 from hybridcache.errors import InvalidArgumentError, InvalidTypeError
 from hybridcache.prefix_cache.match_txn import MatchTxn
 from hybridcache.prefix_cache.trie import BlockTrie
-from hybridcache.protocol_args import require_idle
+from hybridcache.protocol_args import require_not_in_flight
 from hybridcache.protocol_values import Admission
 from hybridcache.sequence import Sequence
 from hybridcache.types import as_int, is_int
@@ -76,7 +76,7 @@ def validated_batch(trie: BlockTrie, seqs: object, budgets: object) -> tuple[lis
         raise InvalidTypeError("seqs must be a sequence of Sequence objects")
     seqs = list(seqs)
     for seq in seqs:
-        require_idle(seq, "admit")
+        require_not_in_flight(seq, "admit")
         trie.check_matchable(seq)
     if len({id(seq) for seq in seqs}) != len(seqs):
         raise InvalidArgumentError("a sequence appears twice in one admit_many call")

@@ -55,7 +55,15 @@ from hybridcache.policies.admission import SPECULATIVE, checked_kind
 from hybridcache.prefix_cache.checkpoint_store import NO_RELEASE_COUNTS, NO_RELEASES, CheckpointReleases
 from hybridcache.prefix_cache.eviction_view import UNHEEDED_NOTES, ProducerNotes
 from hybridcache.prefix_cache.match_txn import MatchTxn
-from hybridcache.protocol_args import forward_ends, forward_saves, require_idle, require_sequence, runtime_slot_of, token_count
+from hybridcache.protocol_args import (
+    forward_ends,
+    forward_saves,
+    require_not_in_flight,
+    require_sequence,
+    require_unpinned_save,
+    runtime_slot_of,
+    token_count,
+)
 from hybridcache.protocol_values import Admission, Adopted, Adoption, ForwardLanded, ForwardRun, Refusal, SaveReservation
 from hybridcache.sequence import Sequence
 from hybridcache.types import NO_SAVE, NO_SLOT, as_int, ceil_div
@@ -109,7 +117,7 @@ class CacheProtocol:
         is refused (``InvalidTypeError``; what it raised, a non-hybridcache error as
         ``InvalidArgumentError``) after the match is rolled back, so nothing changed. A
         sequence whose forward is in flight is refused with ``LifecycleError``."""
-        require_idle(seq, "admit")
+        require_not_in_flight(seq, "admit")
         admitted = self._admit_one(seq, as_int("tokens", tokens, 0), stop_at)
         self._note_admitted(seq, admitted)
         return admitted
@@ -445,7 +453,7 @@ class CacheProtocol:
         forward is in flight (``forward_queued`` without ``forward_done`` or ``forward_failed``)
         is refused with ``LifecycleError`` and nothing changes: its save would stay pinned, with
         nobody left to release it. So is a ``runtime_slot`` that holds no runtime state."""
-        require_idle(seq, "free")
+        require_unpinned_save(seq)
         runtime_slot = runtime_slot_of(self.states, runtime_slot)
         self.trie.free_sequence(seq)
         if runtime_slot != NO_SLOT:

@@ -22,13 +22,25 @@ def require_sequence(seq: object) -> None:
         raise InvalidTypeError(f"expected a Sequence, got {type(seq).__name__}")
 
 
-def require_idle(seq: object, action: str) -> None:
-    """Refuse a sequence whose forward is in flight (it holds its save's producer pin:
-    ``forward_queued`` without ``forward_done`` or ``forward_failed``): admitting or freeing it
-    would leave that save pinned with nobody to release it."""
+def require_not_in_flight(seq: object, action: str) -> None:
+    """Refuse a sequence that still holds the table its in-flight forward is writing
+    (``forward_queued`` without ``forward_done`` or ``forward_failed``: its save published
+    pinned and not ready): admitting it again would match over that table and leave blocks
+    held after the sequence is freed. Once the trie freed its table (a preemption) it may be
+    admitted again, the pin released when its forward lands; a save pinned at a boundary
+    (ready, released by ``unpin_save``) is not in flight."""
+    require_sequence(seq)
+    pin = seq.prefix_state.checkpoints.producer_pin  # type: ignore[union-attr]
+    if pin is not None and not pin.ready and seq.num_blocks:  # type: ignore[union-attr]
+        raise LifecycleError(f"the sequence's forward is in flight: call forward_done or forward_failed before {action}")
+
+
+def require_unpinned_save(seq: object) -> None:
+    """Refuse to free a sequence that still holds its save's producer pin (in flight, or at a
+    boundary): that save would stay pinned with nobody left to release it."""
     require_sequence(seq)
     if seq.prefix_state.checkpoints.producer_pin is not None:  # type: ignore[union-attr]
-        raise LifecycleError(f"the sequence's forward is in flight: call forward_done or forward_failed before {action}")
+        raise LifecycleError("the sequence's forward is in flight: call forward_done or forward_failed before free")
 
 
 def token_count(name: str, value: object) -> int:

@@ -193,7 +193,7 @@ ROWS = [
     Row("write_blocks-index-hole", lambda w: w.running.write_blocks(w.running.num_blocks + 1, [0]), E.InvalidBlockIdError),
     Row("write_blocks-index-str", lambda w: w.running.write_blocks("0", [0]), E.InvalidTypeError),
     Row("write_blocks-id-negative", lambda w: w.running.write_blocks(0, [-1]), E.InvalidBlockIdError),
-    Row("write_blocks-id-float", lambda w: w.running.write_blocks(0, [1.5]), E.InvalidBlockIdError),
+    Row("write_blocks-id-float", lambda w: w.running.write_blocks(0, [1.5]), E.InvalidTypeError),  # a wrong type, as attach_table says
     # BlockPool
     Row("BlockPool-negative", lambda w: BlockPool(-1), E.InvalidArgumentError),
     Row("BlockPool-float", lambda w: BlockPool(4.0), E.InvalidArgumentError),
