@@ -127,10 +127,15 @@ def test_a_timeout_that_is_not_a_positive_number_of_seconds_is_refused(name, bad
         fleet.close()
 
 
-def _metric(base: str, name: str) -> int:
-    status, text = get(base, "/metrics")
-    assert status == 200
-    return int(next(line.split()[-1] for line in text.decode().splitlines() if line.startswith(name + " ")))
+def _served(base: str, path: str) -> bytes:
+    """``path``'s answer once the router has a free slot for it (the slots of closed connections
+    free as the router reads each close)."""
+    deadline = time.monotonic() + DEADLINE_S
+    while (answer := get(base, path))[0] == 503:
+        assert time.monotonic() < deadline, "a slot was never freed"
+        time.sleep(0.05)
+    assert answer[0] == 200
+    return answer[1]
 
 
 def test_past_max_connections_a_client_is_answered_503_and_served_once_one_leaves():
@@ -146,13 +151,12 @@ def test_past_max_connections_a_client_is_answered_503_and_served_once_one_leave
             _assert_error_object(error, "too_many_connections")
         finally:
             idle.pop().close()
-        deadline = time.monotonic() + DEADLINE_S  # the slot frees once the router reads the close
-        while get(process.url, "/health")[0] != 200:
-            assert time.monotonic() < deadline, "a slot was never freed"
-            time.sleep(0.05)
+        assert _served(process.url, "/health") == b"ok"  # served beside the one idle client left
         for sock in idle:
             sock.close()
-        assert _metric(process.url, "hybridcache_router_connections_refused_total") >= 1
+        metrics = _served(process.url, "/metrics").decode().splitlines()
+        assert int(next(line.split()[-1] for line in metrics
+                        if line.startswith("hybridcache_router_connections_refused_total "))) >= 1
     finally:
         process.stop()
 
