@@ -55,7 +55,9 @@ def test_a_tiny_top_p_keeps_only_the_most_likely_token():
     "field, value, error",
     [("temperature", -0.1, InvalidArgumentError), ("temperature", float("nan"), InvalidArgumentError),
      ("temperature", "hot", InvalidTypeError), ("top_p", 0.0, InvalidArgumentError), ("top_p", 1.5, InvalidArgumentError),
-     ("seed", -1, InvalidArgumentError), ("seed", 2**63, InvalidArgumentError), ("seed", 1.5, InvalidTypeError)],
+     ("seed", -1, InvalidArgumentError), ("seed", 2**63, InvalidArgumentError), ("seed", 1.5, InvalidTypeError),
+     ("temperature", 10**400, InvalidArgumentError), ("temperature", -(10**400), InvalidArgumentError),
+     ("top_p", 10**400, InvalidArgumentError)],
 )
 def test_bad_sampling_arguments_are_refused_when_the_request_is_built(field, value, error):
     with pytest.raises(error):

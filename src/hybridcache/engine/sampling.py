@@ -45,7 +45,10 @@ def as_seed(value: object) -> int:
 def _as_float(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise InvalidTypeError(f"{name} must be a number, got {type(value).__name__}")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond every float
+        raise InvalidArgumentError(f"{name} must be finite, got an int of {int(value).bit_length()} bits") from None
     if not np.isfinite(number):
         raise InvalidArgumentError(f"{name} must be finite, got {number}")
     return number
