@@ -105,6 +105,8 @@ class CheckpointLifecycle(CheckpointStore):
             return NO_SAVE
         if self._states.num_free_checkpoint == 0 and self.evict(1, ReleaseCause.SAVE_SLOT) == 0:
             return NO_SAVE
+        if self._anchor_for(seq, step) != anchor:  # an eviction released the empty namespace's root it was
+            return NO_SAVE
         try:
             slot = self._states.allocate_checkpoint()
         except OutOfStateSlotsError:

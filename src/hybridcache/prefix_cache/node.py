@@ -167,6 +167,7 @@ class NodeTable:
         self.attached[slot] = False
         self.is_root[slot] = False
         self.generation[slot] += 1
+        self._recent_paths.pop(slot, None)
         self._free_slots.append(slot)
         self.version += 1
 
@@ -305,6 +306,8 @@ class NodeTable:
                 break
         path = NodePath(slot, int(depth[slot]), runs, node, int(self.generation[slot]))
         recent.pop(slot, None)
+        if not self.attached[slot]:  # a freed slot's path would pass for the node that reuses it
+            return path
         recent[slot] = path
         if len(recent) > RECENT_PATHS:
             del recent[next(iter(recent))]
