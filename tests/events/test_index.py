@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hybridcache.events.index import AnnouncedBlocks, AnnouncedCheckpoints
+from hybridcache.events.index import MAX_MEDIA, AnnouncedBlocks, AnnouncedCheckpoints
 from hybridcache.events.schema import (
     AllBlocksCleared,
     AllCheckpointsCleared,
@@ -51,3 +51,22 @@ def test_checkpoints_are_found_by_anchor_and_removed_by_id():
     checkpoints.check_invariants()
     checkpoints.apply([AllCheckpointsCleared()])
     assert len(checkpoints) == 0
+
+
+def test_a_replica_announcing_past_the_bounds_costs_skipped_stores_not_memory():
+    blocks = AnnouncedBlocks(block_size=4, max_blocks=3)
+    blocks.apply([_stored([1, 2]), _stored([3, 4, 5], 2), _stored([1], medium="CPU")])
+    assert len(blocks) == 3 and blocks.matched_blocks([1, 2, 3, 4]) == 3 and blocks.skipped == 1
+    blocks.apply([_stored([1], medium=f"tier-{i}") for i in range(20)])
+    assert len(blocks.media(1)) == MAX_MEDIA and blocks.skipped == 1 + 20 - (MAX_MEDIA - 2)
+    checkpoints = AnnouncedCheckpoints(max_checkpoints=2)
+    checkpoints.apply([CheckpointStored(i, 2, None, [7, 8], 4, "GPU", None) for i in range(5)])
+    assert len(checkpoints) == 2 and checkpoints.skipped == 3
+    blocks.check_invariants()
+    checkpoints.check_invariants()
+
+
+def test_blocks_of_another_size_than_the_stream_or_of_no_size_are_skipped():
+    blocks = AnnouncedBlocks(block_size=4)
+    blocks.apply([BlockStored([1], None, [0] * 8, 8, None, "GPU", None), BlockStored([2, 3], None, [], 0, None, "GPU", None)])
+    assert len(blocks) == 0 and blocks.skipped == 2

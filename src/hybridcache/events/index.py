@@ -5,6 +5,13 @@ per medium (vLLM does not deduplicate physical copies, so a removal takes one co
 each block's parent hash. ``AnnouncedCheckpoints`` owns the checkpoints announced and not
 removed, by id and by anchor hash. Both apply events as they come and know nothing about
 sockets or ordering (``subscriber.StreamSubscriber`` does that); a reset is ``clear``.
+
+Both are bounded, since a replica's stream is another process's word: at most
+``MAX_ANNOUNCED_BLOCKS`` hashes (each in at most ``MAX_MEDIA`` media) and
+``MAX_ANNOUNCED_CHECKPOINTS`` checkpoints; a store past a bound, or of blocks of another size
+than the stream's, is skipped and counted (``skipped``), as an event not indexable is. A skipped
+block only costs the router a prediction, never a wrong route to data: the replica checks
+every hit itself.
 """
 
 from __future__ import annotations
@@ -22,13 +29,19 @@ from hybridcache.events.schema import (
 )
 
 _DEFAULT_MEDIUM = "GPU"
+MAX_ANNOUNCED_BLOCKS = 2**20  # 16 M tokens of 16-token blocks, a few hundred MB of index at most
+MAX_MEDIA = 8  # GPU, CPU, disk and the like: a medium is a tier's name
+MAX_ANNOUNCED_CHECKPOINTS = 2**20
 
 
 class AnnouncedBlocks:
-    def __init__(self) -> None:
+    def __init__(self, block_size: int | None = None, max_blocks: int = MAX_ANNOUNCED_BLOCKS) -> None:
+        """``block_size``: the stream's (None: any); ``max_blocks``: the most hashes indexed."""
         self._copies: dict[int, dict[str, int]] = {}
         self._parent: dict[int, int | None] = {}
-        self.skipped = 0  # events not indexable as dense full-attention KV
+        self._block_size = block_size
+        self._max_blocks = max_blocks
+        self.skipped = 0  # events not indexable as dense full-attention KV, or past a bound
 
     def __len__(self) -> int:
         return len(self._copies)
@@ -49,15 +62,22 @@ class AnnouncedBlocks:
                 self.clear()
 
     def _store(self, event: BlockStored) -> None:
-        dense = len(event.token_ids) == len(event.block_hashes) * event.block_size
+        dense = event.block_size > 0 and len(event.token_ids) == len(event.block_hashes) * event.block_size
         kind_ok = event.kv_cache_spec_kind in (None, FULL_ATTENTION) and event.group_idx in (None, 0)
-        if not dense or not kind_ok:
+        sized = self._block_size is None or event.block_size == self._block_size
+        if not dense or not kind_ok or not sized:
             self.skipped += 1
             return
         medium = event.medium or _DEFAULT_MEDIUM
         parent = event.parent_block_hash
         for block_hash in event.block_hashes:
-            copies = self._copies.setdefault(block_hash, {})
+            copies = self._copies.get(block_hash)
+            if copies is None and len(self._copies) >= self._max_blocks or copies is not None and (
+                    medium not in copies and len(copies) >= MAX_MEDIA):
+                self.skipped += 1  # the rest of the event's chain hangs below this block: not indexed
+                return
+            if copies is None:
+                copies = self._copies[block_hash] = {}
             copies[medium] = copies.get(medium, 0) + 1
             self._parent[block_hash] = parent
             parent = block_hash
@@ -97,9 +117,11 @@ class AnnouncedBlocks:
 
 
 class AnnouncedCheckpoints:
-    def __init__(self) -> None:
+    def __init__(self, max_checkpoints: int = MAX_ANNOUNCED_CHECKPOINTS) -> None:
         self._by_id: dict[int, CheckpointStored] = {}
         self._by_anchor: dict[int | None, dict[int, CheckpointStored]] = {}
+        self._max_checkpoints = max_checkpoints
+        self.skipped = 0  # stores past the bound
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -108,6 +130,9 @@ class AnnouncedCheckpoints:
         for event in events:
             if isinstance(event, CheckpointStored):
                 self._forget(event.checkpoint_id)
+                if len(self._by_id) >= self._max_checkpoints:
+                    self.skipped += 1
+                    continue
                 self._by_id[event.checkpoint_id] = event
                 self._by_anchor.setdefault(event.anchor_block_hash, {})[event.checkpoint_id] = event
             elif isinstance(event, CheckpointRemoved):

@@ -26,7 +26,7 @@ class Depths:
 class ReplicaIndex:
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
-        self.blocks = AnnouncedBlocks()
+        self.blocks = AnnouncedBlocks(block_size)
         self.checkpoints = AnnouncedCheckpoints()
 
     def apply_kv(self, events) -> None:
