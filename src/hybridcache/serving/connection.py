@@ -8,7 +8,9 @@ sends nothing, leaves its headers or body unfinished, or stops reading a stream 
 ``send`` then blocks on a full buffer and holds its request in the engine); here such a
 connection is aborted once it has waited on its client, with no progress, for between one and
 two ``client_timeout_s`` periods, which for a request in the engine reads as the client going
-away (the request is cancelled). A connection the server is busy on (a prefill before the
+away (the request is cancelled). Bytes received count as progress only when they complete a
+request's head or add up to ``BODY_PROGRESS_BYTES`` of its body, so a client trickling its
+headers or body a byte at a time (slowloris) is held to the same bound as a silent one. A connection the server is busy on (a prefill before the
 first token, a long answer the client is reading) is never timed out. Past ``max_connections``
 connections at once a new one is answered 503 (``too_many_connections``) as it opens, read and
 dropped until its client closes, and aborted after ``REFUSAL_S``, so a flood holds at most a
@@ -32,6 +34,7 @@ from hybridcache.types import is_positive_finite
 
 
 UNSENT_BYTES = 128 * 1024  # what the kernel may queue for a client beyond what is in flight
+BODY_PROGRESS_BYTES = 1024  # a body's bytes that reset the wait on its client
 REFUSAL_S = 1.0  # the most a turned-away connection is kept open for its client to read the 503
 
 
@@ -40,6 +43,7 @@ class ClientTimeoutProtocol(H11Protocol):
     max_connections = 1024
     refusal = b""
     _turned_away = False
+    _body_bytes = 0  # of the body being received, since the wait on the client was last reset
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -62,8 +66,15 @@ class ClientTimeoutProtocol(H11Protocol):
     def data_received(self, data: bytes) -> None:
         if self._turned_away:
             return
-        self._progressed()
+        receiving_head = self.conn.their_state is h11.IDLE
         super().data_received(data)
+        if self.conn.their_state is h11.SEND_BODY and not receiving_head:
+            self._body_bytes += len(data)
+            if self._body_bytes < BODY_PROGRESS_BYTES:
+                return
+        elif receiving_head and self.conn.their_state is h11.IDLE:
+            return  # still inside a head: a whole head must come within a period
+        self._progressed()
 
     def pause_writing(self) -> None:
         self._progressed()  # a stalled reader's period starts when its buffer fills
@@ -84,6 +95,7 @@ class ClientTimeoutProtocol(H11Protocol):
         super().connection_lost(exc)
 
     def _progressed(self) -> None:
+        self._body_bytes = 0
         if self._waited_from is not None:
             self._waited_from = self.loop.time()
 
