@@ -169,3 +169,31 @@ def test_a_max_connections_that_is_not_a_count_the_process_can_hold_is_refused(b
             RouterServer(fleet, max_connections=bad)
     finally:
         fleet.close()
+
+
+def _trickled_until_closed(sock: socket.socket, head: bytes, trickle: bytes) -> bool:
+    """Send ``head``, then ``trickle`` a byte at a time (slowloris), each well within a period;
+    True once the router closed the connection, False if the trickle ran out first."""
+    sock.sendall(head)
+    sock.settimeout(CLIENT_TIMEOUT_S / 5)
+    for byte in trickle:
+        try:
+            sock.sendall(bytes([byte]))
+            if sock.recv(65536) == b"":
+                return True
+        except TimeoutError:
+            continue  # nothing to read: the router waits on us
+        except OSError:  # reset, or a broken pipe: closed
+            return True
+    return False
+
+
+# each trickle lasts about 40 periods (200 bytes, 0.1 s apart): if each byte counted it would outlast the bound
+@pytest.mark.parametrize("head", [
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Padding: ",
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n",
+], ids=["head", "body"])
+def test_a_client_trickling_its_request_a_byte_at_a_time_loses_its_connection(front, head):
+    with _connect(front) as sock:
+        assert _trickled_until_closed(sock, head, b"a" * 200)
+    assert get(front.url, "/health")[0] == 200

@@ -39,11 +39,16 @@ import http.client
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler
 
 from hybridcache.errors import InvalidArgumentError
 from hybridcache.machine import connection_bound
-from hybridcache.router.connections import DESCRIPTORS_EACH, MAX_CONNECTIONS, BoundedHTTPServer, error_body
+from hybridcache.router.connections import (
+    DESCRIPTORS_EACH,
+    MAX_CONNECTIONS,
+    BoundedHTTPServer,
+    PacedRequestHandler,
+    error_body,
+)
 from hybridcache.router.answers import MAX_BODY, UPSTREAM_FAILURES, last_usage_event, only_role, reported_cached_tokens
 from hybridcache.router.discovery import answer_next_seqs
 from hybridcache.router.fleet import PREFILL_WAIT_S, Fleet, Relay, Replica
@@ -115,7 +120,7 @@ class RouterServer:
         return key_for(self.fleet, path, body)
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(PacedRequestHandler):
     protocol_version = "HTTP/1.1"
     router: RouterServer
 
