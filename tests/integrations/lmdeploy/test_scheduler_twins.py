@@ -121,6 +121,31 @@ def test_recompute_overlap_keeps_the_dropped_suffix_private():
     assert mtp["blocks"][3] != cached["seqs"]["cached"]["blocks"][3] and mtp["refs"][3] == 1
 
 
+def test_an_overlap_block_evicted_before_the_allocate_stays_private_as_on_lmdeploy():
+    """The match finds both cached blocks and recomputes them (recompute_blocks=2), so it holds
+    neither; making room for its three blocks evicts the cached second block. lmdeploy's
+    allocate stops at that lost overlap block: the request's fresh block there (and after it)
+    stays private until its forward ran, and joins the trie at the next allocate. The adapter
+    attached it at once (2 references instead of 1) and then failed to schedule the next turn."""
+    twins = Twins(ssm=False, num_gpu_blocks=4)
+    prefix = [1] * (2 * BLOCK)
+    _serve(twins, "cached", 0, prefix + [2])
+    freed = twins.step(lambda w: w.finish("cached"))
+    assert freed["free_gpu"] == 2  # the trie's two blocks, held by nobody
+    observed = _serve(twins, "mtp", 1, prefix + [3], recompute_blocks=2)
+    mtp = observed["seqs"]["mtp"]
+    assert mtp["step"] == 0 and observed["free_gpu"] == 0
+    assert mtp["refs"] == [1, 1, 1]  # the first private block maps to the trie's; none is shared
+    twins.step(lambda w: w.continue_turn("mtp", [5] * BLOCK))
+    observed = twins.step(lambda w: w.schedule())
+    assert observed["seqs"]["mtp"]["refs"] == [2, 2, 2, 1]  # computed now: all three in the trie
+    twins.step(lambda w: w.forward())
+    twins.step(lambda w: w.add("again", 2, prefix + [4]))
+    twins.step(lambda w: w.finish("mtp"))
+    again = twins.step(lambda w: w.schedule())
+    assert again["seqs"]["again"]["step"] == 2 * BLOCK and again["hits"] == 2 * BLOCK
+
+
 def test_routed_experts_are_replayed_for_a_hit():
     twins = Twins(ssm=False, num_gpu_blocks=32)
     _serve(twins, "first", 0, [1] * (2 * BLOCK) + [2], experts=True)

@@ -178,6 +178,7 @@ class LmdeployBlockTrie:
         self._close_match(shadow)
         hc_seq = shadow.seq
         limit = hc_seq.num_valid if seq.kv_token_limit is None else min(hc_seq.num_valid, int(seq.kv_token_limit))
+        limit = self._before_lost_overlap_block(hc_seq, limit)
         if self._nothing_to_attach(hc_seq, limit):  # as lmdeploy: no complete block beyond the cursor
             self._shadows.sync_table(shadow, seq)
             seq.prefix_cache.recompute_overlap.clear_fresh_block_range()
@@ -220,6 +221,26 @@ class LmdeployBlockTrie:
             return None
         limit = int(seq.num_valid_ids) if seq.kv_token_limit is None else min(int(seq.num_valid_ids), int(seq.kv_token_limit))
         return shadow if cursor.depth >= limit // self.block_size else None
+
+    def _before_lost_overlap_block(self, hc_seq: object, limit: int) -> int:
+        """``limit`` cut at the first block of the recompute overlap that the trie lost since
+        the match (evicted while lmdeploy made room for this batch), as lmdeploy's allocate
+        stops there: the sequence's fresh block at that position is still to be written by the
+        forward and must not become a trie node, nor may any block after it. The overlap here
+        is the fresh range the match found cached; a hybrid model's range without recompute
+        blocks is only its partial restore block, which hybridcache attaches on purpose (the
+        documented partial-checkpoint difference), so it is not cut."""
+        overlap = hc_seq.prefix_state.overlap
+        fresh_start, fresh_end = overlap.fresh_range
+        size = self.block_size
+        if fresh_start >= fresh_end or fresh_start >= limit // size:
+            return limit
+        if self._uses_checkpoints and overlap.recompute_blocks <= 0:
+            return limit
+        cached_blocks = self.trie.cached_prefix_tokens(hc_seq) // size
+        if cached_blocks >= fresh_end:
+            return limit
+        return min(limit, max(cached_blocks, fresh_start) * size)
 
     def _nothing_to_attach(self, hc_seq: object, limit: int) -> bool:
         """No block beyond the cursor completes, and no private block waits to be settled or
