@@ -19,6 +19,7 @@ from hybridcache.router.policy import check_policy
 from hybridcache.router.proxy import RouterServer
 from hybridcache.tiers.local_servers import free_port
 from tests.router.cluster import get, router
+from tests.slow_clients import trickled_until_closed
 
 CLIENT_TIMEOUT_S = 0.5
 DEADLINE_S = 30  # our side's bound on waiting for the router: a deadline, not a measurement
@@ -171,23 +172,6 @@ def test_a_max_connections_that_is_not_a_count_the_process_can_hold_is_refused(b
         fleet.close()
 
 
-def _trickled_until_closed(sock: socket.socket, head: bytes, trickle: bytes) -> bool:
-    """Send ``head``, then ``trickle`` a byte at a time (slowloris), each well within a period;
-    True once the router closed the connection, False if the trickle ran out first."""
-    sock.sendall(head)
-    sock.settimeout(CLIENT_TIMEOUT_S / 5)
-    for byte in trickle:
-        try:
-            sock.sendall(bytes([byte]))
-            if sock.recv(65536) == b"":
-                return True
-        except TimeoutError:
-            continue  # nothing to read: the router waits on us
-        except OSError:  # reset, or a broken pipe: closed
-            return True
-    return False
-
-
 # each trickle lasts about 40 periods (200 bytes, 0.1 s apart): if each byte counted it would outlast the bound
 @pytest.mark.parametrize("head", [
     b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Padding: ",
@@ -195,5 +179,5 @@ def _trickled_until_closed(sock: socket.socket, head: bytes, trickle: bytes) -> 
 ], ids=["head", "body"])
 def test_a_client_trickling_its_request_a_byte_at_a_time_loses_its_connection(front, head):
     with _connect(front) as sock:
-        assert _trickled_until_closed(sock, head, b"a" * 200)
+        assert trickled_until_closed(sock, head, b"a" * 200, CLIENT_TIMEOUT_S / 5)
     assert get(front.url, "/health")[0] == 200

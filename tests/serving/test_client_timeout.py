@@ -14,6 +14,7 @@ from hybridcache.errors import InvalidConfigError
 from hybridcache.serving.config import ServeConfig
 from hybridcache.serving.connection import connection_protocol
 from tests.serving.conftest import metric, request, running_server
+from tests.slow_clients import trickled_until_closed
 
 CLIENT_TIMEOUT_S = 0.5
 DEADLINE_S = 60  # our side's bound on waiting for the server: a deadline, not a measurement
@@ -82,23 +83,6 @@ def test_a_client_that_never_finishes_its_request_loses_its_connection(server, s
             sock.close()
 
 
-def _trickled_until_closed(sock: socket.socket, head: bytes, trickle: bytes) -> bool:
-    """Send ``head``, then ``trickle`` a byte at a time (slowloris), each well within a period;
-    True once the server closed the connection, False if the trickle ran out first."""
-    sock.sendall(head)
-    sock.settimeout(CLIENT_TIMEOUT_S / 5)
-    for byte in trickle:
-        try:
-            sock.sendall(bytes([byte]))
-            if sock.recv(1) == b"":
-                return True
-        except TimeoutError:
-            continue  # nothing to read: the server waits on us
-        except OSError:  # reset, or a broken pipe: closed
-            return True
-    return False
-
-
 SLOW_HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Padding: "
 SLOW_BODY = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
              b"Content-Length: 100000\r\n\r\n")
@@ -108,7 +92,7 @@ SLOW_BODY = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: applica
 @pytest.mark.parametrize("head", [SLOW_HEAD, SLOW_BODY], ids=["head", "body"])
 def test_a_client_trickling_its_request_a_byte_at_a_time_loses_its_connection(server, head):
     with _connect(server) as sock:
-        assert _trickled_until_closed(sock, head, b"a" * int(40 / 0.2))
+        assert trickled_until_closed(sock, head, b"a" * 200, CLIENT_TIMEOUT_S / 5)
     assert request(server, "GET", "/health")[0] == 200
 
 
