@@ -1,6 +1,6 @@
 """The batch side of ``CacheProtocol.admit_many``: its argument checks, the run of remembered
-checkpoint hits admitted over arrays, and the admissions whose allocations are deferred and
-then taken for the whole batch at once.
+checkpoint hits admitted over arrays, the admissions whose allocations are deferred and then
+taken for the whole batch at once, and the step that drives them (``admit_batch``).
 
 Owns: the deferred admissions of one ``admit_many`` call (``DeferredAdmissions``), for that
 call only; everything else it changes belongs to the pools and the trie it is handed.
@@ -8,6 +8,7 @@ call only; everything else it changes belongs to the pools and the trie it is ha
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence as SequenceLike
 from typing import NamedTuple
 
@@ -67,6 +68,35 @@ def admit_remembered(cache: CacheComponents, seqs: list[Sequence], budgets: list
         step = found.record.step
         admitted[index] = Admission(step, end, slot, found.record, step)
     return count
+
+
+AdmitMatched = Callable[[Sequence, MatchTxn, bool, int], Admission]
+
+
+def admit_batch(cache: CacheComponents, seqs: list[Sequence], budgets: list[int], admit_matched: AdmitMatched) -> list[Admission]:
+    """``admit_many`` over batch pools: the remembered hits first (``admit_remembered``), then
+    each sequence matched and its restore pinned in turn, its allocations deferred while they
+    fit what is free without eviction, else (the deferred ones taken first) admitted by
+    ``admit_matched(seq, txn, pinned, budget)`` as ``admit`` would."""
+    trie, checkpoints, pool, states = cache.trie, cache.trie.checkpoints, cache.pool, cache.states
+    admitted: list[Admission | None] = [None] * len(seqs)
+    first = admit_remembered(cache, seqs, budgets, admitted)
+    deferred = DeferredAdmissions(cache, admitted)
+    try:
+        for index in range(first, len(seqs)):
+            seq = seqs[index]
+            txn = trie.match(seq)
+            pinned = seq.prefix_state.checkpoints.restore is None or checkpoints.pin_restore(seq)
+            if pool.num_free != deferred.free_blocks or states.num_free != deferred.free_slots:
+                deferred.take_beneath_frees()  # the match freed blocks or slots (a stale checkpoint released)
+            if pinned and deferred.defer(index, seq, txn, budgets[index]):
+                continue
+            deferred.take()
+            admitted[index] = admit_matched(seq, txn, pinned, budgets[index])
+            deferred.restart()
+    finally:  # admissions decided before a failure end admitted, as they would one by one
+        deferred.take()
+    return admitted  # type: ignore[return-value]  # every entry was filled
 
 
 def validated_batch(trie: BlockTrie, seqs: object, budgets: object) -> tuple[list[Sequence], list[int]]:

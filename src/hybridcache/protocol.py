@@ -33,8 +33,8 @@ reserved record, the save a landed forward made usable, what an adoption gained 
 and the checkpoints each released on the way, by cause. ``branch_point``, ``cached_prefix``,
 ``stats`` and ``released_checkpoints`` answer the rest, so a caller never reads the trie.
 
-Check, then mutate: every reason ``admit`` can refuse for is checked before its first
-allocation, so a refusal only rolls back the tentative match, which is exact.
+How one admission is decided and taken (match, room, allocation, commit) is
+``admission_steps.AdmissionSteps``; the batch side of ``admit_many`` is ``batch_admission``.
 """
 
 from __future__ import annotations
@@ -44,9 +44,10 @@ from collections.abc import Sequence as SequenceLike
 
 import numpy as np
 
-from hybridcache.batch_admission import DeferredAdmissions, admission_of, admit_remembered, validated_batch
+from hybridcache.admission_steps import AdmissionSteps
+from hybridcache.batch_admission import admit_batch, validated_batch
 from hybridcache.cache import CacheComponents
-from hybridcache.errors import AdoptionWriteError, HybridCacheError, InvalidArgumentError, InvalidStepError, InvalidTypeError
+from hybridcache.errors import AdoptionWriteError, InvalidStepError, InvalidTypeError
 from hybridcache.memory.protocols import BatchBlockAllocator, BatchSlotAllocator
 from hybridcache.prefix_cache.change_log import CacheChanges
 from hybridcache.prefix_cache.attach import forward_start
@@ -54,8 +55,8 @@ from hybridcache.prefix_cache.checkpoint_record import CheckpointRecord
 from hybridcache.policies.admission import SPECULATIVE, checked_kind
 from hybridcache.prefix_cache.checkpoint_store import NO_RELEASE_COUNTS, NO_RELEASES, CheckpointReleases
 from hybridcache.prefix_cache.eviction_view import UNHEEDED_NOTES, ProducerNotes
-from hybridcache.prefix_cache.match_txn import MatchTxn
 from hybridcache.protocol_args import (
+    called_back,
     forward_ends,
     forward_saves,
     require_not_in_flight,
@@ -66,7 +67,10 @@ from hybridcache.protocol_args import (
 )
 from hybridcache.protocol_values import Admission, Adopted, Adoption, ForwardLanded, ForwardRun, Refusal, SaveReservation
 from hybridcache.sequence import Sequence
-from hybridcache.types import NO_SAVE, NO_SLOT, as_int, ceil_div
+from hybridcache.types import NO_SAVE, NO_SLOT, as_int
+
+# the protocol and the values its calls answer with, importable from here
+__all__ = ["Admission", "Adopted", "Adoption", "CacheProtocol", "ForwardLanded", "ForwardRun", "Refusal", "SaveReservation"]
 
 
 class CacheProtocol:
@@ -80,6 +84,7 @@ class CacheProtocol:
         # pools that take a batch's deferred allocations in one call (admit_many)
         self._batch_pools = isinstance(self.pool, BatchBlockAllocator) and isinstance(self.states, BatchSlotAllocator)
         self._notes = components.eviction if isinstance(components.eviction, ProducerNotes) else UNHEEDED_NOTES
+        self._steps = AdmissionSteps(components)
 
     @property
     def is_hybrid(self) -> bool:
@@ -118,7 +123,7 @@ class CacheProtocol:
         ``InvalidArgumentError``) after the match is rolled back, so nothing changed. A
         sequence whose forward is in flight is refused with ``LifecycleError``."""
         require_not_in_flight(seq, "admit")
-        admitted = self._admit_one(seq, as_int("tokens", tokens, 0), stop_at)
+        admitted = self._steps.admit(seq, as_int("tokens", tokens, 0), stop_at)
         self._note_admitted(seq, admitted)
         return admitted
 
@@ -144,88 +149,11 @@ class CacheProtocol:
         ones are taken."""
         seqs, budgets = validated_batch(self.trie, seqs, budgets)
         if not self._batch_pools:
-            return [self._admit_one(seq, budget, None) for seq, budget in zip(seqs, budgets)]
-        trie, checkpoints, pool, states = self.trie, self.checkpoints, self.pool, self.states
-        admitted: list[Admission | None] = [None] * len(seqs)
-        first = admit_remembered(self._components, seqs, budgets, admitted)
-        deferred = DeferredAdmissions(self._components, admitted)
-        try:
-            for index in range(first, len(seqs)):
-                seq = seqs[index]
-                txn = trie.match(seq)
-                pinned = seq.prefix_state.checkpoints.restore is None or checkpoints.pin_restore(seq)
-                if pool.num_free != deferred.free_blocks or states.num_free != deferred.free_slots:
-                    deferred.take_beneath_frees()  # the match freed blocks or slots (a stale checkpoint released)
-                if pinned and deferred.defer(index, seq, txn, budgets[index]):
-                    continue
-                deferred.take()
-                admitted[index] = self._admit_matched(seq, txn, pinned, budgets[index], None)
-                deferred.restart()
-        finally:  # admissions decided before a failure end admitted, as they would one by one
-            deferred.take()
+            return [self._steps.admit(seq, budget, None) for seq, budget in zip(seqs, budgets)]
+        admitted = admit_batch(self._components, seqs, budgets, lambda *matched: self._steps.admit_matched(*matched, None))
         for seq, admission in zip(seqs, admitted):  # told after the step's admissions, in order
             self._note_admitted(seq, admission)
-        return admitted  # type: ignore[return-value]  # every entry was filled
-
-    def _admit_one(self, seq: Sequence, tokens: int, stop_at: Callable[[int], int | None] | None) -> Admission:
-        """``admit`` of a validated budget."""
-        txn = self.trie.match(seq)
-        pinned = seq.prefix_state.checkpoints.restore is None or self.checkpoints.pin_restore(seq)
-        return self._admit_matched(seq, txn, pinned, tokens, stop_at)
-
-    def _admit_matched(
-        self, seq: Sequence, txn: MatchTxn, pinned: bool, tokens: int, stop_at: Callable[[int], int | None] | None
-    ) -> Admission:
-        """The rest of ``admit`` after the match ``txn`` and the restore pin (``pinned``: the
-        pin held, or no restore selected)."""
-        trie = self.trie
-        if not pinned:
-            trie.rollback(txn)  # the checkpoint vanished since the match; retry once without it
-            txn = trie.match(seq)
-            if seq.prefix_state.checkpoints.restore is not None and not self.checkpoints.pin_restore(seq):
-                trie.rollback(txn)
-                return Admission(refused=Refusal.RESTORE_GONE)
-        start = seq.num_computed
-        end = min(seq.num_tokens, start + tokens)
-        hint = None if stop_at is None else self._stop_hint(txn, stop_at, start)
-        if hint is not None and start < hint < end:
-            end = hint
-        needed = self._blocks_needed(seq, end)
-        refused = None
-        if end <= start:
-            refused = Refusal.NOTHING_TO_RUN
-        elif not self._could_fit(needed):  # never fits: refused before any state slot is freed
-            refused = Refusal.NO_KV_BLOCKS
-        elif not self._make_state_room():
-            refused = Refusal.NO_STATE_SLOT
-        elif not self._make_block_room(needed):
-            refused = Refusal.NO_KV_BLOCKS
-        if refused is not None:
-            trie.rollback(txn)
-            return Admission(refused=refused)
-        self.pool.grow_table(seq, end, self.block_size)
-        runtime_slot = self.states.allocate_runtime()
-        trie.allocate(seq, upto=end)
-        trie.commit(txn)
-        return admission_of(seq, txn, start, end, runtime_slot)
-
-    def _stop_hint(self, txn: MatchTxn, stop_at: Callable[[int], int | None], start: int) -> int | None:
-        """``stop_at(start)`` as None or an int; on anything else, or an error, ``txn`` is
-        rolled back first (its blocks, step, restore pin and counted hit given back), and a
-        non-hybridcache error raised as ``InvalidArgumentError``, as ``adopt`` wraps its write's."""
-        failed = True
-        try:
-            hint = stop_at(start)
-            hint = None if hint is None else as_int("stop_at(start)", hint)
-            failed = False
-            return hint
-        except HybridCacheError:
-            raise
-        except Exception as error:
-            raise InvalidArgumentError(f"stop_at raised {type(error).__name__}: {error}") from error
-        finally:
-            if failed:
-                self.trie.rollback(txn)
+        return admitted
 
     def swap_computed_duplicates(self, seq: Sequence) -> None:
         """Swap a running sequence's private duplicates of blocks already computed for their
@@ -239,46 +167,17 @@ class CacheProtocol:
         what pressure needs; False (and no block taken) when they cannot be had, and nothing
         evicted when they never could."""
         require_sequence(seq)
-        return self._extend(seq, token_count("end", end))
-
-    def _extend(self, seq: Sequence, end: int) -> bool:
-        if not self._make_block_room(self._blocks_needed(seq, end)):
-            return False
-        self.pool.grow_table(seq, end, self.block_size)
-        self.trie.allocate(seq, upto=end)
-        return True
+        return self._steps.extend(seq, token_count("end", end))
 
     def blocks_needed(self, seq: Sequence, tokens: int) -> int:
         """Fresh blocks ``seq``'s table needs to cover ``tokens`` tokens."""
         require_sequence(seq)
-        return self._blocks_needed(seq, token_count("tokens", tokens))
-
-    def _blocks_needed(self, seq: Sequence, tokens: int) -> int:
-        return max(0, ceil_div(tokens, self.block_size) - seq.num_blocks)
+        return self._steps.blocks_needed(seq, token_count("tokens", tokens))
 
     def make_block_room(self, needed: int) -> bool:
         """Free KV blocks until ``needed`` are free (frozen checkpoints, then leaves); True when
         they are. A need that eviction could never meet evicts nothing."""
-        return self._make_block_room(as_int("needed", needed, 0))
-
-    def _could_fit(self, needed: int) -> bool:
-        """Whether evicting everything the cache holds could leave ``needed`` blocks free."""
-        free = self.pool.num_free
-        return needed <= free or needed - free <= self.trie.reclaimable_kv_blocks()
-
-    def _make_block_room(self, needed: int) -> bool:
-        free = self.pool.num_free
-        if free >= needed:
-            return True
-        if needed - free > self.trie.reclaimable_kv_blocks():
-            return False
-        self.trie.free_kv_blocks(needed - free)
-        return self.pool.num_free >= needed
-
-    def _make_state_room(self) -> bool:
-        if self.states.num_free_runtime == 0:
-            self.trie.free_state_slots(1)
-        return self.states.num_free_runtime > 0
+        return self._steps.make_block_room(as_int("needed", needed, 0))
 
     # --- forward boundaries ----------------------------------------------------------------
 
@@ -335,7 +234,7 @@ class CacheProtocol:
         for index, end in enumerate(ends):
             if index:
                 self.swap_computed_duplicates(seq)
-                if not self._extend(seq, end):
+                if not self._steps.extend(seq, end):
                     break
             if end in saves:
                 self._reserve(seq, end, saves[end], last_published or parent_step)
@@ -416,7 +315,7 @@ class CacheProtocol:
         return Adopted(gained, checkpoint, self._released_since(before))
 
     def _adopt(self, seq: Sequence, step: int, write: Callable[[Adoption], bool]) -> tuple[int, CheckpointRecord | None]:
-        admitted = self._admit_one(seq, step, None)  # a restore, not a request: no producer notes
+        admitted = self._steps.admit(seq, step, None)  # a restore, not a request: no producer notes
         if not admitted.admitted:
             self.free(seq)
             return 0, None
@@ -428,18 +327,13 @@ class CacheProtocol:
             admitted.start, step, tuple(seq.block_table), self.writable_blocks(seq, admitted.start, step), record.slot
         )
         self.forward_queued(seq)
-        written = False
-        try:
-            written = bool(write(adoption))
-        except HybridCacheError:
-            raise
-        except Exception as error:
-            raise AdoptionWriteError(f"the adoption's write raised {type(error).__name__}: {error}") from error
-        finally:
-            if not written:  # returned False or raised: nothing it touched stays matchable or held
-                self.forward_failed(seq)
-                self.free(seq, admitted.runtime_slot)
-        if not written:
+
+        def undo() -> None:  # returned False or raised: nothing it touched stays matchable or held
+            self.forward_failed(seq)
+            self.free(seq, admitted.runtime_slot)
+
+        if not called_back(lambda: bool(write(adoption)), AdoptionWriteError, "the adoption's write", undo):
+            undo()
             return 0, None
         seq.set_computed(step)
         checkpoint = self._land(seq, admitted.start)

@@ -1,20 +1,31 @@
 """What the cache protocol's forward boundaries accept, checked before anything changes.
 
 Owns no state: each function turns a caller's argument into the validated, immutable form the
-protocol works on, or raises the specific ``hybridcache.errors`` exception.
+protocol works on, or raises the specific ``hybridcache.errors`` exception; ``called_back`` runs
+a caller's callback so that its failure is undone first and raised as one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from collections.abc import Sequence as SequenceLike
+from typing import TypeVar
 
-from hybridcache.errors import DoubleFreeError, InvalidStepError, InvalidTypeError, LifecycleError, WrongRoleError
+from hybridcache.errors import (
+    DoubleFreeError,
+    HybridCacheError,
+    InvalidStepError,
+    InvalidTypeError,
+    LifecycleError,
+    WrongRoleError,
+)
 from hybridcache.memory.protocols import StateSlotAllocator
 from hybridcache.memory.state_pool import SlotRole
 from hybridcache.policies.admission import checked_kind
 from hybridcache.sequence import Sequence
 from hybridcache.types import NO_SLOT, as_int, ceil_div
+
+_T = TypeVar("_T")
 
 
 def require_sequence(seq: object) -> None:
@@ -86,3 +97,15 @@ def forward_saves(saves: Collection[int] | Mapping[int, str], ends: tuple[int, .
     if isinstance(saves, Mapping):
         return {end: checked_kind(saves[end]) for end in ends if end in saves}
     return {end: None for end in ends if end in saves}
+
+
+def called_back(call: Callable[[], _T], wrap_as: type[HybridCacheError], what: str, undo: Callable[[], None]) -> _T:
+    """``call()``, a caller's callback: when it raises, ``undo()`` first, then its error
+    propagates (a non-hybridcache one as ``wrap_as``, chained)."""
+    try:
+        return call()
+    except BaseException as error:
+        undo()
+        if isinstance(error, HybridCacheError) or not isinstance(error, Exception):
+            raise
+        raise wrap_as(f"{what} raised {type(error).__name__}: {error}") from error
