@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from hybridcache.error_objects import error_object
+
 
 MAX_CONNECTIONS = 256  # clients served at once by default (each also holds one replica connection)
 DESCRIPTORS_EACH = 2  # the client's socket and the replica's
@@ -36,7 +38,7 @@ BODY_PROGRESS_BYTES = 1024  # a body's bytes that push its client's deadline bac
 def error_body(status: int, code: str, message: str) -> bytes:
     """An OpenAI-style error object, as the replicas send theirs."""
     kind = "invalid_request_error" if status < 500 else "server_overloaded"
-    return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}).encode()
+    return json.dumps(error_object(message, kind, code)).encode()
 
 
 class BoundedHTTPServer(ThreadingHTTPServer):

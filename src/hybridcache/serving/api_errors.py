@@ -7,6 +7,7 @@ maps its class to the HTTP status, ``error_body`` builds ``{"error": {"message",
 
 from __future__ import annotations
 
+from hybridcache.error_objects import error_object
 from hybridcache.errors import (
     BodyTooLargeError,
     HybridCacheError,
@@ -52,10 +53,10 @@ def error_body(error: BaseException) -> tuple[int, dict]:
     """The status and the OpenAI-style body for ``error``."""
     status, kind, code = error_status(error)
     message = str(error) if isinstance(error, HybridCacheError) and status != 500 else "the server failed this request"
-    return status, {"error": {"message": message, "type": kind, "param": getattr(error, "param", None), "code": code}}
+    return status, error_object(message, kind, code, getattr(error, "param", None))
 
 
 def too_many_connections(limit: int) -> tuple[int, dict]:
     """The status and body for a connection past ``limit`` (``serve --max-connections``)."""
     message = f"the server holds at most {limit:,} connections at once; try again"
-    return 503, {"error": {"message": message, "type": "server_overloaded", "param": None, "code": "too_many_connections"}}
+    return 503, error_object(message, "server_overloaded", "too_many_connections")

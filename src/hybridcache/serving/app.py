@@ -23,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
 from hybridcache.engine import Request
+from hybridcache.error_objects import error_object
 from hybridcache.errors import (
     BodyTooLargeError,
     HybridCacheError,
@@ -158,7 +159,7 @@ def error_response(runtime: ServingRuntime, error: BaseException) -> JSONRespons
 
 async def _http_error(http: HttpRequest, error: HTTPException) -> JSONResponse:
     kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
-    body = {"error": {"message": str(error.detail), "type": kind, "param": None, "code": None}}
+    body = error_object(str(error.detail), kind)
     return JSONResponse(body, status_code=error.status_code)
 
 

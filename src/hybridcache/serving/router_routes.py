@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse
 
+from hybridcache.error_objects import error_object
 from hybridcache.errors import InvalidArgumentError
 from hybridcache.serving.api_errors import error_body, rejected
 from hybridcache.serving.runtime import ServingRuntime
@@ -53,7 +54,7 @@ async def _kv_events(http: HttpRequest) -> JSONResponse:
     runtime: ServingRuntime = http.app.state.runtime
     if runtime.events_description is None:
         message = "this server publishes no KV events (start it with --kv-events-config)"
-        return JSONResponse({"error": {"message": message, "type": "not_found_error", "param": None, "code": None}},
+        return JSONResponse(error_object(message, "not_found_error"),
                             status_code=404)
     adapters = list(runtime.adapters)
     # next_seq reads two monotonic counters the loop thread only ever increments
