@@ -35,7 +35,7 @@ from hybridcache.sequence import Sequence
 
 STAGE_FUNCTION = "admit_many"
 # stages shown by their callees: the deferred admissions', and the remembered hits' (nested)
-EXPANDED_STAGES = ("defer", "take", "admit_remembered", "take_remembered_hits")
+EXPANDED_STAGES = ("admit_batch", "defer", "take", "admit_remembered", "take_remembered_hits")
 
 
 def _prepared_batch(protocol: CacheProtocol, prompts: list, round_index: int) -> list[Sequence]:
